@@ -1,0 +1,48 @@
+"""The `vlbatch` command line: one subcommand per user action.
+
+Exit codes: 0 success; 1 the job ran but failed (or its error fraction exceeded the
+configured limit); 2 bad usage or an invalid config (nothing was started).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from jobs.demo import run_demo
+
+    return run_demo(out_dir=args.out)
+
+
+def _cmd_tiny(args: argparse.Namespace) -> int:
+    from operators.checkpoints.tiny import make_tiny_checkpoint
+
+    print(make_tiny_checkpoint(args.out_dir, args.variant, seed=args.seed, shards=args.shards))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vlbatch", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the demo end to end on the bundled model and sample media")
+    demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    demo.set_defaults(func=_cmd_demo)
+
+    tiny = sub.add_parser("make-tiny-checkpoint", help="write a tiny random Qwen3.5 checkpoint (HF layout)")
+    tiny.add_argument("out_dir")
+    tiny.add_argument("--variant", choices=["dense", "dense_tied", "moe"], default="dense")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--shards", type=int, default=1)
+    tiny.set_defaults(func=_cmd_tiny)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
