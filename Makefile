@@ -13,7 +13,12 @@ install: .deps
 demo: .deps
 	$(PY) -m jobs.cli demo
 
-test: .deps
+# Airflow (for tests/test_infra_airflow.py) in its own venv: its dependencies never touch ours.
+.venv-airflow/.ok: .deps infra/airflow/setup-venv.sh
+	PY=$(PY) infra/airflow/setup-venv.sh .venv-airflow
+	touch $@
+
+test: .deps .venv-airflow/.ok
 	$(PY) -m pytest -q
 
 lint: .deps

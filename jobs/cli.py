@@ -1,7 +1,14 @@
 """The `vlbatch` command line: one subcommand per user action.
 
-Exit codes: 0 success; 1 the job ran but failed (or its error fraction exceeded the
-configured limit); 2 bad usage or an invalid config (nothing was started).
+Exit codes (also in README "Running jobs"; constants in jobs/errors.py):
+  0  success (for submit/logs without --wait/--follow: the request was accepted)
+  1  the job ran but failed (or its error fraction exceeded max_error_fraction)
+  2  bad usage or an invalid config (nothing was started)
+  3  duplicate: this submission id (job name + slot) was already submitted; not started again
+  4  no job with this submission id on the cluster
+  5  the Ray cluster / Jobs API could not be reached
+  6  another run of the same job is still running (overlap guard); not started
+  7  the job was stopped before it finished
 """
 from __future__ import annotations
 
@@ -23,7 +30,10 @@ def _cmd_tiny(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="vlbatch", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="vlbatch", description=__doc__.split("\n\n")[0],
+        epilog=__doc__[__doc__.index("Exit codes"):], formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the demo end to end on the bundled model and sample media")
@@ -36,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--shards", type=int, default=1)
     tiny.set_defaults(func=_cmd_tiny)
+
+    from jobs.commands import add_job_commands
+
+    add_job_commands(sub)
     return ap
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import pytest
 
@@ -25,3 +26,77 @@ def tiny_ckpt(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def ray_jobs_head():
+    """A real local Ray head with the dashboard and Jobs API (jobs/infra tests); stopped at teardown."""
+    from test_jobs_support import RayHead
+
+    head = RayHead.start()
+    yield head
+    head.stop()
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A moto S3 server on loopback. Credentials are fake and also exported as AWS_* env vars.
+
+    endpoint_url: `http://127.0.0.1:<port>`; env: the variables a child process (Ray worker,
+    subprocess) needs to reach it with the standard AWS credential chain.
+    """
+
+    endpoint_url: str
+    region: str
+    access_key: str
+    secret_key: str
+
+    @property
+    def env(self) -> dict:
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_DEFAULT_REGION": self.region, "AWS_ENDPOINT_URL_S3": self.endpoint_url}
+
+    def client(self):
+        """A boto3 S3 client for arranging test data (create buckets, put objects)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
+                            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API (moto server mode, in a thread of this process) on 127.0.0.1:<free port>.
+
+    Yields `S3Server`. While the session runs, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+    AWS_DEFAULT_REGION are set to the fake credentials (restored at teardown) so code under
+    test finds them the standard way. Buckets are shared by the session: use unique names.
+    """
+    from moto.server import ThreadedMotoServer
+
+    server = S3Server(endpoint_url="", region="us-east-1", access_key="testing-key-id",
+                      secret_key="testing-secret-key")
+    port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto.start()
+    server = S3Server(f"http://127.0.0.1:{port}", server.region, server.access_key, server.secret_key)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update({k: v for k, v in server.env.items() if k in saved})
+    try:
+        yield server
+    finally:
+        moto.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -102,8 +102,11 @@ VIDEO_PROCESSOR = {
 }
 
 
-def tiny_config_dict(variant: str = "dense", **text_overrides) -> dict:
-    """The config.json content (before transformers normalises it) for a variant."""
+def tiny_config_dict(variant: str = "dense", vision_overrides: dict | None = None, **text_overrides) -> dict:
+    """The config.json content (before transformers normalises it) for a variant.
+
+    `vision_overrides` / `text_overrides` replace entries of the vision / text config
+    (the bundled demo model uses them for its sizes)."""
     if variant not in TINY_VARIANTS:
         raise ValueError(f"variant must be one of {TINY_VARIANTS}, got {variant!r}")
     ids = tok.special_token_ids()
@@ -119,7 +122,7 @@ def tiny_config_dict(variant: str = "dense", **text_overrides) -> dict:
         tie_word_embeddings=variant == "dense_tied",
     )
     text.update(text_overrides)
-    vision = dict(_VISION, out_hidden_size=text["hidden_size"])
+    vision = {**_VISION, "out_hidden_size": text["hidden_size"], **(vision_overrides or {})}
     return {
         "model_type": "qwen3_5_moe" if variant == "moe" else "qwen3_5",
         "text_config": text,
@@ -132,13 +135,15 @@ def tiny_config_dict(variant: str = "dense", **text_overrides) -> dict:
     }
 
 
-def build_reference_model(variant: str = "dense", seed: int = 0, init_std: float = 0.05, **text_overrides):
+def build_reference_model(
+    variant: str = "dense", seed: int = 0, init_std: float = 0.05, vision_overrides: dict | None = None, **text_overrides
+):
     """The transformers model for a variant, randomly initialised from `seed` (fp32, eval)."""
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
     from transformers import Qwen3_5MoeForConditionalGeneration
 
-    cfg = tiny_config_dict(variant, **text_overrides)
+    cfg = tiny_config_dict(variant, vision_overrides, **text_overrides)
     cfg.pop("model_type")
     cfg["text_config"]["initializer_range"] = init_std
     cfg["vision_config"]["initializer_range"] = init_std

@@ -1,0 +1,1 @@
+"""One-command benchmarks; each prints ours vs the reference measured side by side."""

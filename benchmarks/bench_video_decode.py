@@ -1,0 +1,181 @@
+"""Video decoding benchmark: sampled frames/s at 2 fps and peak RSS, ours vs transformers.
+
+    python3 -m benchmarks.bench_video_decode [--cache DIR] [--fps 2] [--clips 720p_60s 480p_10min]
+
+Clips (generated once into the cache dir, H.264 High with B-frames, GOP 250, 25 fps,
+low-complexity content whose frames carry their index): a 60 s 1280x720 clip and a
+10 min 854x480 clip. Every sampled frame is decoded (`max_frames` lifted), so each
+method returns the same number of frames: int(total / 25 * fps).
+
+Methods, each in its own child process (so peak RSS is per method):
+- decord:        our decord backend in process (`decode_video_inprocess`, 1 thread)
+- pyav:          our PyAV backend in process (1 thread)
+- decord+worker: the production path: decord in the killable `DecodeWorker` child,
+                 frames streamed back over a pipe (RSS = parent peak + child peak)
+- transformers:  `transformers.video_utils.load_video(path, fps=fps)` with its default
+                 backend (PyAV), the reference's loading path
+`ok` is the fraction of returned frames whose embedded index equals the index the
+method claims to have sampled. Ratios are frames/s over transformers'.
+A last line measures per-call overhead of the worker on a 1 s 160x96 clip.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLIPS = {"720p_60s": (1280, 720, 60), "480p_10min": (854, 480, 600)}
+CLIP_FPS = 25
+METHODS = ("decord", "pyav", "decord+worker", "transformers")
+
+
+def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
+    """Encode the benchmark clip straight from YUV planes (cheap to generate; written via a temp name)."""
+    import av
+    import numpy as np
+
+    tmp = path.with_suffix(".part.mp4")
+    out = av.open(str(tmp), "w")
+    stream = out.add_stream("libx264", rate=CLIP_FPS)
+    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+    stream.options = {"preset": "ultrafast", "bf": "2", "g": "250", "crf": "30"}
+    base = np.empty((height * 3 // 2, width), np.uint8)
+    base[:height], base[height:] = 24, 128
+    bw, bh, side = width // 8, height // 4, height // 6
+    for i in range(seconds * CLIP_FPS):
+        y = base.copy()
+        for b in range(16):  # the same bit layout as operators.media.samples.index_pattern
+            if (i >> b) & 1:
+                r, c = divmod(b, 8)
+                y[r * bh:(r + 1) * bh, c * bw:(c + 1) * bw] = 232
+        x = (i * 5) % (width - side)
+        y[height // 2 + 2:height // 2 + 2 + side, x:x + side] = 160
+        for packet in stream.encode(av.VideoFrame.from_ndarray(y, format="yuv420p")):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
+    out.close()
+    tmp.rename(path)
+
+
+def peak_rss_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + kids) / 1024
+
+
+def run_one(method: str, path: str, fps: float) -> dict:
+    """Child side: decode once, report time, frames, correctness and peak RSS."""
+    import numpy as np
+
+    from operators.media.samples import frame_index
+    from operators.media.video import FrameSampling, decode_video_inprocess
+    from operators.media.worker import DecodeWorker
+
+    sampling = FrameSampling(fps=fps, max_frames=10**7)
+    base_rss = peak_rss_mb()
+    t = time.perf_counter()
+    if method == "transformers":
+        from transformers.video_utils import load_video
+
+        frames, meta = load_video(path, fps=fps)
+        indices = list(meta.frames_indices)
+    else:
+        data = Path(path).read_bytes()
+        if method == "decord+worker":
+            with DecodeWorker(timeout_s=3600) as w:
+                clip = w.decode(data, sampling, "decord")
+        else:
+            clip = decode_video_inprocess(data, sampling, method)
+        frames, indices = clip.frames, list(clip.indices)
+    seconds = time.perf_counter() - t
+    ok = float(np.mean([frame_index(f) == (i % 65536) for f, i in zip(frames, indices, strict=True)]))
+    return {"frames": len(indices), "seconds": seconds, "ok": ok, "rss_mb": peak_rss_mb(),
+            "rss_before_mb": base_rss, "shape": list(frames.shape[1:])}
+
+
+def overhead() -> dict:
+    """Per-call cost of the worker vs in-process on a tiny clip (mean of 20 calls after warm-up)."""
+    import tempfile
+
+    from operators.media.samples import encode_video
+    from operators.media.video import FrameSampling, decode_video_inprocess
+    from operators.media.worker import DecodeWorker
+
+    with tempfile.TemporaryDirectory() as d:
+        encode_video(Path(d) / "t.mp4", 25, 160, 96, 25, options={"bf": "2"})
+        data = (Path(d) / "t.mp4").read_bytes()
+    sampling = FrameSampling(fps=2)
+    decode_video_inprocess(data, sampling, "decord")
+    t = time.perf_counter()
+    for _ in range(20):
+        decode_video_inprocess(data, sampling, "decord")
+    inproc = (time.perf_counter() - t) / 20
+    with DecodeWorker(timeout_s=60) as w:
+        t = time.perf_counter()
+        w.decode(data, sampling, "decord")
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(20):
+            w.decode(data, sampling, "decord")
+        warm = (time.perf_counter() - t) / 20
+    return {"inprocess_ms": inproc * 1e3, "worker_first_call_ms": first * 1e3, "worker_warm_ms": warm * 1e3}
+
+
+def child(args: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.bench_video_decode", "--child", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cache", default=os.path.expanduser("~/.cache/vlbatch/bench_video"))
+    p.add_argument("--fps", type=float, default=2.0)
+    p.add_argument("--clips", nargs="+", default=list(CLIPS), choices=list(CLIPS))
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        result = overhead() if a.child[0] == "overhead" else run_one(a.child[0], a.child[1], float(a.child[2]))
+        print(json.dumps(result))
+        return
+    cache = Path(a.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    print(f"video decode benchmark: sampling {a.fps:g} fps, every sampled frame decoded; cache {cache}")
+    print(f"{'clip':11s} {'method':14s} {'frames':>6s} {'s':>7s} {'frames/s':>9s} {'x ref':>6s} "
+          f"{'peak RSS MB':>11s} {'x ref':>6s} {'ok':>5s}")
+    for name in a.clips:
+        w, h, secs = CLIPS[name]
+        path = cache / f"{name}.mp4"
+        if not path.exists():
+            t = time.perf_counter()
+            make_clip(path, w, h, secs)
+            print(f"  generated {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t:.0f} s")
+        results = {m: child([m, str(path), str(a.fps)]) for m in a.methods}
+        ref = results.get("transformers", {})
+        for m, r in results.items():
+            if "error" in r:
+                print(f"{name:11s} {m:14s} error: {r['error']}")
+                continue
+            fps = r["frames"] / r["seconds"]
+            speed = f"{fps / (ref['frames'] / ref['seconds']):.2f}" if "seconds" in ref else "-"
+            mem = f"{r['rss_mb'] / ref['rss_mb']:.2f}" if "rss_mb" in ref else "-"
+            print(f"{name:11s} {m:14s} {r['frames']:6d} {r['seconds']:7.2f} {fps:9.1f} {speed:>6s} "
+                  f"{r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
+    o = child(["overhead"])
+    if "error" not in o:
+        print(f"per-call overhead, 1 s 160x96 clip: in-process {o['inprocess_ms']:.1f} ms, worker warm "
+              f"{o['worker_warm_ms']:.1f} ms, worker first call (process start) {o['worker_first_call_ms']:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Errors of the jobs layer (CLI, submission, scheduling) and their exit codes.
+
+Each error maps to one documented exit code of the `vlbatch` command (see `jobs.cli`).
+They subclass `operators.errors.VlbatchError` so callers can catch one base class.
+"""
+from __future__ import annotations
+
+from operators.errors import VlbatchError
+
+# Exit codes of `vlbatch` (documented in jobs/cli.py and the README).
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1  # the job ran and failed (or exceeded max_error_fraction)
+EXIT_USAGE = 2  # bad usage or invalid config; nothing was started
+EXIT_DUPLICATE = 3  # a submission with this id (job name + slot) already exists
+EXIT_NOT_FOUND = 4  # no job with this submission id on the cluster
+EXIT_UNREACHABLE = 5  # the Ray cluster / Jobs API could not be reached
+EXIT_OVERLAP = 6  # another run of the same job is still running (lock held)
+EXIT_STOPPED = 7  # the job was stopped before it finished
+
+
+class JobsError(VlbatchError):
+    """Base of the jobs layer; `exit_code` is what the CLI returns for it."""
+
+    exit_code: int = EXIT_JOB_FAILED
+
+
+class DuplicateSubmissionError(JobsError):
+    """A job with the same submission id (job name + schedule slot) was already submitted."""
+
+    exit_code = EXIT_DUPLICATE
+
+
+class JobNotFoundError(JobsError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class ClusterUnreachableError(JobsError):
+    permanent = False
+    exit_code = EXIT_UNREACHABLE
+
+
+class OverlapError(JobsError):
+    """Another run of the same job holds the lock (local) or is running (cluster)."""
+
+    permanent = False
+    exit_code = EXIT_OVERLAP
+
+
+class SubmissionError(JobsError):
+    """The submission request itself is wrong (e.g. config outside the working dir)."""
+
+    exit_code = EXIT_USAGE

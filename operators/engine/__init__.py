@@ -1,0 +1,26 @@
+"""The batch engine: continuous batching over a hybrid (Gated DeltaNet + full attention) model.
+
+Public API: `Engine.from_pretrained(model_dir, device=..., dtype=..., <budgets>)`,
+`engine.generate(requests) -> Iterator[Result]`, `Request` / `MediaItem` /
+`SamplingParams` / `Result`.
+
+Request path (one file each): `request` (types) -> `engine` (loop) -> `scheduler`
+(continuous batching, chunked prefill, preemption, sibling gating) with `block_manager`
+(paged KV ids), `state_pool` (DeltaNet slots + snapshots), `prefix_cache` (radix tree
+with hybrid snapshots), `branch_points` (offline planning) -> `model_runner` (inputs,
+`vision_cache`, `paged_attention`, the model's `forward_packed`) -> `sampler`.
+Submodules import lazily: importing the package loads no model code.
+"""
+from __future__ import annotations
+
+from operators.engine.request import MediaItem, Request, Result, SamplingParams, Timings
+
+__all__ = ["Engine", "EngineConfig", "MediaItem", "Request", "Result", "SamplingParams", "Timings"]
+
+
+def __getattr__(name: str):
+    if name in ("Engine", "EngineConfig"):
+        from operators.engine import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

@@ -1,0 +1,245 @@
+"""`Engine`: the public entry point. Requests in, results out as each finishes.
+
+The request path (nano-vllm style): `generate` keys every prompt for the prefix cache,
+plans the branch points shared between prompts, queues them; then each step the
+`Scheduler` picks chunks, the `ModelRunner` computes logits, the scheduler commits
+(snapshots at branch points), the sampler picks tokens, and finished requests are
+yielded immediately (no whole-batch barrier).
+
+Budgets (bytes): `kv_budget_bytes` sizes the paged KV pool of the full-attention layers
+(blocks held by the prefix cache live in it too, and are evicted before anything is
+preempted); `prefix_cache_bytes` bounds what the radix tree keeps (DeltaNet snapshots +
+the distinct KV blocks it references; 0 turns the prefix cache off);
+`vision_cache_bytes` bounds cached vision features (0 turns it off). DeltaNet slots:
+`max_num_seqs` of them (`state_bytes_per_seq` each).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from operators.engine.block_manager import BlockManager, blocks_for_budget
+from operators.engine.branch_points import plan_branch_points
+from operators.engine.model_runner import ModelRunner
+from operators.engine.prefix_cache import KeyCodec, PrefixCache
+from operators.engine.request import Request, Result, Timings
+from operators.engine.sampler import make_generator, sample
+from operators.engine.scheduler import Scheduler
+from operators.engine.sequence import Sequence
+from operators.engine.vision_cache import VisionCache
+from operators.errors import ConfigError, EngineError, InputError
+
+THINK_END = "</think>"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kv_budget_bytes: int = 256 << 20
+    prefix_cache_bytes: int = 128 << 20
+    vision_cache_bytes: int = 256 << 20
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    chunk_size: int | None = None  # None: prefill chunks only limited by the token budget
+    block_size: int = 16
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ConfigError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
+        for name in ("kv_budget_bytes", "prefix_cache_bytes", "vision_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+
+
+class Engine:
+    def __init__(self, model, tokenizer, eos_ids: tuple[int, ...], config: EngineConfig):
+        from operators.engine.block_manager import kv_bytes_per_block
+
+        text = model.config.text
+        self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
+        elem = torch.empty(0, dtype=model.dtype).element_size()
+        block_bytes = kv_bytes_per_block(config.block_size, len(text.full_layers), text.num_key_value_heads,
+                                         text.head_dim, elem)
+        num_blocks = blocks_for_budget(config.kv_budget_bytes, block_bytes)
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        vcache = VisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else None
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs, vcache)
+        self.prefix_cache = (PrefixCache(self.blocks, block_bytes, config.prefix_cache_bytes)
+                             if config.prefix_cache_bytes > 0 else None)
+        self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache,
+                                   max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   chunk_size=config.chunk_size)
+        self.codec = KeyCodec()
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype = torch.float32,
+                        **budgets) -> "Engine":
+        """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
+        generation_config.json); `budgets` are `EngineConfig` fields."""
+        from tokenizers import Tokenizer
+
+        from operators.model import load_model
+
+        model_dir = Path(model_dir)
+        model = load_model(model_dir, device=device, dtype=dtype)
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
+
+    # -- stats ----------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.runner.kv_bytes_per_token
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        return self.runner.pool.bytes_per_slot
+
+    def stats(self) -> dict:
+        out = {**asdict(self.runner.stats), **asdict(self.scheduler.stats)}
+        out["prefix_cache_bytes"] = self.prefix_cache.nbytes if self.prefix_cache else 0
+        out["prefix_evicted_nodes"] = self.prefix_cache.evicted_nodes if self.prefix_cache else 0
+        out["vision_cache_bytes"] = self.runner.vision_cache.nbytes if self.runner.vision_cache else 0
+        return out
+
+    # -- generation -----------------------------------------------------------------------
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        """Run every request; yield each `Result` as soon as its request finishes.
+
+        Requests of one call are planned together (shared prefixes found, siblings held
+        back until the first has cached the prefix). Bad requests yield an error result.
+        """
+        t0 = time.perf_counter()
+        seqs: list[Sequence] = []
+        reqs = _group_adjacent(list(requests))
+        keys = [self.codec.encode(r.prompt_token_ids, r.media) for r in reqs]
+        plans = plan_branch_points(keys) if self.prefix_cache is not None else [()] * len(reqs)
+        if self.prefix_cache is not None:  # also after the last media item: reuse across calls
+            plans = [tuple(sorted(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()) - {r.prompt_len}))
+                     for r, bp in zip(reqs, plans)]
+        for r, k, bp in zip(reqs, keys, plans):
+            seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
+            problem = self._check(seq)
+            if problem:
+                yield self._error(seq, problem)
+                continue
+            self.scheduler.add(seq)
+            seqs.append(seq)
+        try:
+            while self.scheduler.has_work:
+                yield from self._step()
+        finally:
+            for seq in list(self.scheduler.running):
+                self.scheduler.finish(seq)
+            self.scheduler.waiting.clear()
+
+    def _check(self, seq: Sequence) -> str | None:
+        merge2 = self.runner.merge ** 2
+        for m in seq.request.media:
+            t, h, w = m.grid_thw
+            if m.num_tokens * merge2 != t * h * w:
+                return f"{m.kind} grid {m.grid_thw} needs {t * h * w // merge2} placeholders, the prompt has {m.num_tokens}"
+        if max(seq.request.prompt_token_ids) >= self.model.config.text.vocab_size:
+            return "prompt token id beyond the vocabulary"
+        if not self.scheduler.fits_at_all(seq):
+            return (f"prompt ({seq.prompt_len}) + max_new_tokens ({seq.request.sampling.max_new_tokens}) "
+                    f"exceeds the KV pool ({self.blocks.num_blocks * self.blocks.block_size} tokens)")
+        return None
+
+    def _step(self) -> Iterator[Result]:
+        plan = self.scheduler.schedule()
+        for seq, msg in self.scheduler.failed:
+            yield self._error(seq, msg)
+        self.scheduler.failed.clear()
+        if not plan.chunks:
+            if self.scheduler.has_work:
+                raise EngineError("scheduler made no progress")  # a bug, never a budget problem
+            return
+        try:
+            logits = self.runner.run(plan)
+        except InputError as exc:
+            for c in plan.chunks:  # roll the step back: every sequence recomputes from its cache hit
+                self.scheduler.preempt(c.seq)
+            raise EngineError(f"step failed: {exc}") from exc
+        self.scheduler.commit(plan)
+        picked = [c for c in plan.chunks if c.sample]
+        if not picked:
+            return
+        params = [c.seq.request.sampling for c in picked]
+        hist = [torch.tensor(c.seq.token_ids) if c.seq.request.sampling.repetition_penalty else None for c in picked]
+        tokens = sample(logits, params, hist, [c.seq.generator for c in picked])
+        now = time.perf_counter()
+        for c, tok in zip(picked, tokens):
+            seq = c.seq
+            seq.token_ids.append(tok)
+            seq.t_first = seq.t_first or now
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                self.scheduler.finish(seq)
+                yield self._result(seq, reason)
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        sp = seq.request.sampling
+        stops = sp.stop_token_ids if sp.stop_token_ids is not None else self.eos_ids
+        if tok in stops:
+            return "stop"
+        if sp.stop_strings:
+            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+            if any(s in text for s in sp.stop_strings):
+                return "stop"
+        if len(seq.output_ids) >= sp.max_new_tokens:
+            return "length"
+        return None
+
+    # -- results --------------------------------------------------------------------------
+    def _result(self, seq: Sequence, reason: str) -> Result:
+        req = seq.request
+        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in req.sampling.stop_strings if s in text]
+        if cuts:
+            text = text[: min(cuts)]
+        thinking = None
+        if req.thinking:
+            head, sep, tail = text.partition(THINK_END)
+            thinking, text = (head.strip(), tail.strip()) if sep else (text.strip(), "")
+        now = time.perf_counter()
+        timings = Timings(queued_s=(seq.t_admitted or now) - seq.arrival,
+                          first_token_s=(seq.t_first or now) - seq.arrival, total_s=now - seq.arrival)
+        return Result(id=req.id, token_ids=tuple(seq.output_ids), text=text, thinking=thinking,
+                      finish_reason=reason, prompt_tokens=seq.prompt_len, visual_tokens=req.visual_tokens,
+                      generated_tokens=len(seq.output_ids), cached_tokens=seq.cached_tokens, timings=timings)
+
+    def _error(self, seq: Sequence, message: str) -> Result:
+        req = seq.request
+        now = time.perf_counter() - seq.arrival
+        return Result(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
+                      prompt_tokens=seq.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
+                      cached_tokens=0, timings=Timings(now, now, now), error=message)
+
+
+def _group_adjacent(reqs: list[Request]) -> list[Request]:
+    """Stable order in which requests sharing a `group` follow the group's first request."""
+    first: dict[str, int] = {}
+    keyed = []
+    for i, r in enumerate(reqs):
+        k = first.setdefault(r.group, i) if r.group is not None else i
+        keyed.append((k, i))
+    return [reqs[i] for _, i in sorted(keyed)]
+
+
+def _eos_ids(model_dir: Path) -> tuple[int, ...]:
+    for name, key in (("generation_config.json", "eos_token_id"), ("config.json", "eos_token_id")):
+        path = model_dir / name
+        if path.exists():
+            raw = json.loads(path.read_text())
+            val = raw.get(key, raw.get("text_config", {}).get(key))
+            if val is not None:
+                return tuple(val) if isinstance(val, list) else (int(val),)
+    return ()

@@ -1,0 +1,159 @@
+"""Runs one scheduled step through the model: inputs, vision features, paged cache, logits.
+
+Owns the KV tensors `[n_attn, 2, num_blocks, bs, H_kv, D]` (model dtype) and the DeltaNet
+`StatePool`, and implements `StepCache` over them (`PagedStepCache`). Per step:
+1. copy-on-write copies of partially shared tail blocks;
+2. input ids and MRoPE positions per chunk: prompt positions from the request's
+   `position_ids`, generated token i at `i + rope_delta` on all three axes;
+3. embeddings, with vision features written over placeholder rows. Features come from
+   the sequence (already fetched for an earlier chunk), the vision cache, or the vision
+   tower — one item per call, so an item's features never depend on what else ran. A
+   prefix hit that covers an item never reaches this point for it: no tower call;
+4. `model.forward_packed` -> logits for the chunks that end at their last token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from operators.engine.paged_attention import PagedLayout, paged_attention
+from operators.engine.scheduler import StepPlan
+from operators.engine.state_pool import StatePool
+from operators.engine.vision_cache import VisionCache
+from operators.errors import InputError
+
+
+class PagedStepCache:
+    """`StepCache` over paged K/V blocks and pooled DeltaNet slots for one step."""
+
+    def __init__(self, kv: torch.Tensor, pool: StatePool, layout: PagedLayout, query_lens: tuple[int, ...],
+                 slots: torch.Tensor):
+        self.kv, self.pool, self.layout = kv, pool, layout
+        self._query_lens = query_lens
+        self.slots = slots  # [B] pool slot of each sequence, packing order
+
+    @property
+    def query_lens(self) -> tuple[int, ...]:
+        return self._query_lens
+
+    def attention(self, attn_idx: int, q, k, v):
+        return paged_attention(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v)
+
+    def linear_states(self, linear_idx: int):
+        return self.pool.gather(linear_idx, self.slots)
+
+    def set_linear_states(self, linear_idx: int, conv, recurrent) -> None:
+        self.pool.scatter(linear_idx, self.slots, conv, recurrent)
+
+
+@dataclass
+class RunnerStats:
+    vision_encodes: int = 0  # media items run through the vision tower
+    vision_cache_hits: int = 0
+    prefill_tokens: int = 0  # prompt (or recomputed) tokens run through the decoder
+    decode_tokens: int = 0
+    steps: int = 0
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache | None):
+        text = model.config.text
+        self.model, self.block_size = model, block_size
+        self.device, self.dtype = model.device, model.dtype
+        self.merge = model.config.vision.spatial_merge_size
+        self.kv = torch.zeros(len(text.full_layers), 2, num_blocks, block_size, text.num_key_value_heads,
+                              text.head_dim, dtype=self.dtype, device=self.device)
+        self.pool = StatePool(num_slots, len(text.linear_layers), text.linear_conv_dim, text.linear_conv_kernel_dim,
+                              text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim,
+                              dtype=self.dtype, device=self.device)
+        self.vision_cache = vision_cache
+        self.stats = RunnerStats()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        per_block = self.kv[:, :, 0].numel() * self.kv.element_size()
+        return per_block // self.block_size
+
+    def copy_blocks(self, copies) -> None:
+        for src, dst, n in copies:
+            self.kv[:, :, dst, :n] = self.kv[:, :, src, :n]
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Logits [n, V] (float32) of the chunks with `sample`, in plan order."""
+        self.copy_blocks(plan.copies)
+        chunks = plan.chunks
+        ids, pos = [], []
+        for c in chunks:
+            seq = c.seq
+            ids.append(torch.tensor(seq.token_ids[c.start: c.end], dtype=torch.long))
+            pos.append(_positions(seq, c.start, c.end))
+        input_ids = torch.cat(ids).to(self.device)
+        positions = torch.cat(pos, dim=1).to(self.device)
+        embeds = self.model.embed(input_ids)
+        row = 0
+        for c in chunks:
+            self._place_vision(c, embeds, row)
+            row += c.length
+        layout = PagedLayout.build([c.seq.block_table for c in chunks], [c.start for c in chunks],
+                                   [c.end for c in chunks], self.block_size, self.device)
+        slots = torch.tensor([c.seq.slot for c in chunks], dtype=torch.long, device=self.device)
+        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots)
+        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
+        logits_idx = ends[[i for i, c in enumerate(chunks) if c.sample]].to(self.device)
+        logits = self.model.forward_packed(embeds, positions, cache, logits_idx)
+        self.stats.steps += 1
+        for c in chunks:
+            self.stats.prefill_tokens += max(0, min(c.end, c.seq.prompt_len) - c.start)
+            self.stats.decode_tokens += max(0, c.end - max(c.start, c.seq.prompt_len))
+        return logits.float()
+
+    # -- vision ---------------------------------------------------------------------------
+    def _place_vision(self, c, embeds: torch.Tensor, row0: int) -> None:
+        seq = c.seq
+        for j, item in enumerate(seq.request.media):
+            first, last = item.spans[0][0], item.spans[-1][1]
+            if last <= c.start or first >= c.end:
+                continue
+            pos = torch.from_numpy(item.positions())
+            sel = (pos >= c.start) & (pos < c.end)
+            if not bool(sel.any()):
+                continue
+            feats = self._features(seq, j, item)
+            embeds[row0 + (pos[sel] - c.start).to(self.device)] = feats[sel.to(feats.device)].to(embeds.dtype)
+            if last <= c.end:
+                seq.features.pop(j, None)  # the item is fully placed: drop the sequence's reference
+
+    def _features(self, seq, j: int, item) -> torch.Tensor:
+        feats = seq.features.get(j)
+        if feats is not None:
+            return feats
+        if self.vision_cache is not None:
+            feats = self.vision_cache.get(item.content_hash)
+            if feats is not None:
+                self.stats.vision_cache_hits += 1
+        if feats is None:
+            grid = torch.tensor([item.grid_thw], dtype=torch.long, device=self.device)
+            (feats,) = self.model.encode_media(item.pixel_values.to(self.device), grid)
+            self.stats.vision_encodes += 1
+            if feats.shape[0] != item.num_tokens:
+                raise InputError(f"request {seq.id!r}: {item.kind} grid {item.grid_thw} gives {feats.shape[0]} "
+                                 f"features for {item.num_tokens} placeholders")
+            if self.vision_cache is not None:
+                self.vision_cache.put(item.content_hash, feats)
+        seq.features[j] = feats
+        return feats
+
+
+def _positions(seq, start: int, end: int) -> torch.Tensor:
+    """[3, end - start] MRoPE positions of sequence positions [start, end)."""
+    req = seq.request
+    L = seq.prompt_len
+    parts = []
+    if start < L:
+        parts.append(req.position_ids[:, start: min(end, L)])
+    if end > L:
+        gen = torch.arange(max(start, L), end, dtype=torch.long) + req.rope_delta
+        parts.append(gen[None].expand(3, -1))
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]

@@ -1,0 +1,96 @@
+"""Attention over paged K/V (torch path) and its naive reference.
+
+K/V of one full-attention layer live in `k_cache` / `v_cache` `[num_blocks, bs, H_kv, D]`;
+token position p of a sequence is at flat slot `table[p // bs] * bs + p % bs`.
+`PagedLayout` turns a step's (block table, start, end) per sequence into index tensors
+once per step; `paged_attention` then, for every full-attention layer:
+- writes the new K/V at their slots (`index_copy_`),
+- decodes (one query each) together: gathered K/V `[B, L_max, H_kv, D]` with a padding
+  mask, one `scaled_dot_product_attention` call,
+- prefill chunks one by one: gathered K/V `[ctx, H_kv, D]`, causal offset by the
+  chunk's start.
+Everything is computed in float32 (GQA via `enable_gqa`). A fused paged kernel could
+replace this function with the same arguments; `attention_naive` is the reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """Index tensors of one step. rows: packed query rows; slots: flat cache slots."""
+
+    slot_mapping: torch.Tensor  # [T] slot of each new token
+    decode_rows: torch.Tensor  # [B_d] packed row of each one-token sequence
+    decode_slots: torch.Tensor  # [B_d, L_max] slots of its context (padded with 0)
+    decode_mask: torch.Tensor  # [B_d, 1, 1, L_max] True where a real context slot
+    prefills: tuple[tuple[int, int, int, torch.Tensor], ...]  # (row0, n, start, ctx slots [start + n])
+
+    @classmethod
+    def build(cls, tables: list[list[int]], starts: list[int], ends: list[int], block_size: int,
+              device) -> "PagedLayout":
+        mapping, d_rows, d_ctx, prefills = [], [], [], []
+        row = 0
+        for table, s, e in zip(tables, starts, ends):
+            blocks = torch.tensor(table, dtype=torch.long)
+            pos = torch.arange(e)
+            ctx = blocks[pos // block_size] * block_size + pos % block_size  # [e]
+            mapping.append(ctx[s:])
+            if e - s == 1:
+                d_rows.append(row)
+                d_ctx.append(ctx)
+            else:
+                prefills.append((row, e - s, s, ctx.to(device)))
+            row += e - s
+        lmax = max((len(c) for c in d_ctx), default=0)
+        slots = torch.zeros(len(d_ctx), lmax, dtype=torch.long)
+        mask = torch.zeros(len(d_ctx), 1, 1, lmax, dtype=torch.bool)
+        for i, c in enumerate(d_ctx):
+            slots[i, : len(c)] = c
+            mask[i, 0, 0, : len(c)] = True
+        return cls(torch.cat(mapping).to(device), torch.tensor(d_rows, dtype=torch.long, device=device),
+                   slots.to(device), mask.to(device), tuple(prefills))
+
+
+def paged_attention(layout: PagedLayout, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [T, H_q, D], k / v [T, H_kv, D]; caches [num_blocks, bs, H_kv, D] -> out [T, H_q, D]."""
+    h_kv, d = k.shape[1], k.shape[2]
+    kc, vc = k_cache.view(-1, h_kv, d), v_cache.view(-1, h_kv, d)
+    kc.index_copy_(0, layout.slot_mapping, k.to(kc.dtype))
+    vc.index_copy_(0, layout.slot_mapping, v.to(vc.dtype))
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    gqa = q.shape[1] != h_kv
+    if len(layout.decode_rows):
+        qd = q[layout.decode_rows].float().unsqueeze(2)  # [B, H_q, 1, D]
+        kd = kc[layout.decode_slots].float().transpose(1, 2)  # [B, H_kv, L, D]
+        vd = vc[layout.decode_slots].float().transpose(1, 2)
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.decode_mask, enable_gqa=gqa)
+        out[layout.decode_rows] = o.squeeze(2)
+    for row0, n, start, ctx in layout.prefills:
+        qp = q[row0: row0 + n].float().transpose(0, 1)[None]  # [1, H_q, n, D]
+        kp = kc[ctx].float().transpose(0, 1)[None]  # [1, H_kv, ctx, D]
+        vp = vc[ctx].float().transpose(0, 1)[None]
+        mask = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(start)
+        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=gqa)
+        out[row0: row0 + n] = o[0].transpose(0, 1)
+    return out
+
+
+def attention_naive(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor) -> torch.Tensor:
+    """Reference for one sequence: q [n, H_q, D] are the last n of k_all / v_all [ctx, H_kv, D]."""
+    n, hq, d = q.shape
+    ctx, hkv = k_all.shape[0], k_all.shape[1]
+    rep = hq // hkv
+    out = torch.empty(n, hq, d, dtype=torch.float64)
+    for h in range(hq):
+        kh, vh = k_all[:, h // rep].double(), v_all[:, h // rep].double()
+        for i in range(n):
+            last = ctx - n + i
+            s = (kh[: last + 1] @ q[i, h].double()) / d**0.5
+            out[i, h] = torch.softmax(s, 0) @ vh[: last + 1]
+    return out

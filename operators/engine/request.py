@@ -1,0 +1,202 @@
+"""What goes into the engine (`Request`) and what comes out (`Result`).
+
+A request is one prompt, already preprocessed: token ids, the media items whose
+placeholder tokens it contains (pixel values, grid, content hash, the placeholder
+positions), MRoPE position ids for the prompt and the rope delta that places generated
+tokens (generated token at sequence index `i >= L` sits at position `i + rope_delta` on
+all three axes, as transformers' generate does). `Request.from_processor` builds one
+from the processor's output (ours or transformers').
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from operators.errors import InputError
+
+MEDIA_KINDS = ("image", "video")
+FINISH_REASONS = ("stop", "length", "error")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings with transformers' generate semantics.
+
+    Greedy when `do_sample` is False (repetition penalty still applies, as in generate).
+    When sampling: repetition penalty, then temperature, top-k, top-p, then a draw from a
+    per-request `torch.Generator` seeded with `seed` (reproducible whatever the batch).
+    `stop_token_ids=None` means the checkpoint's eos ids (generation_config.json).
+    """
+
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.do_sample and not self.temperature > 0:
+            raise InputError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise InputError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise InputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if any(not s for s in self.stop_strings):
+            raise InputError("stop_strings must be non-empty strings")
+
+
+def media_hash(kind: str, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> str:
+    """sha256 over kind, grid, dtype, shape and the raw pixel bytes: equal iff the vision input is equal."""
+    h = hashlib.sha256()
+    pv = pixel_values.detach().contiguous().cpu()
+    h.update(f"{kind}|{tuple(grid_thw)}|{pv.dtype}|{tuple(pv.shape)}|".encode())
+    h.update(pv.view(torch.uint8).numpy().tobytes() if pv.numel() else b"")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class MediaItem:
+    """One image or video of a prompt.
+
+    pixel_values: [N_patch, C * T_p * P * P] as the processor packs them.
+    grid_thw:     (t, h, w) in patches; the item fills t * h * w / merge**2 placeholders.
+    spans:        placeholder runs [start, end) in the prompt, in order (a video has one
+                  run per temporal group, separated by timestamp text).
+    content_hash: `media_hash(...)`; equal hashes mean interchangeable features.
+    """
+
+    kind: str
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    spans: tuple[tuple[int, int], ...]
+    content_hash: str = ""
+
+    def __post_init__(self):
+        if self.kind not in MEDIA_KINDS:
+            raise InputError(f"media kind must be one of {MEDIA_KINDS}, got {self.kind!r}")
+        t, h, w = self.grid_thw
+        if self.pixel_values.shape[0] != t * h * w:
+            raise InputError(f"{self.kind} pixel_values has {self.pixel_values.shape[0]} patches, grid "
+                             f"{self.grid_thw} needs {t * h * w}")
+        if not self.content_hash:
+            object.__setattr__(self, "content_hash", media_hash(self.kind, self.pixel_values, self.grid_thw))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e - s for s, e in self.spans)
+
+    def positions(self) -> np.ndarray:
+        """[num_tokens] prompt positions of the placeholders, feature row order."""
+        return np.concatenate([np.arange(s, e) for s, e in self.spans]) if self.spans else np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One prompt for the engine.
+
+    prompt_token_ids: the L prompt tokens (placeholders included).
+    position_ids:     [3, L] int64 MRoPE positions of the prompt (get_rope_index's).
+    rope_delta:       generated token i (i >= L) is at position i + rope_delta.
+    group:            optional sibling key; requests sharing a prefix are found
+                      automatically, `group` only keeps siblings adjacent in the queue.
+    thinking:         the prompt ends in a thinking generation prompt; the text before
+                      `</think>` goes to `Result.thinking`.
+    """
+
+    id: str
+    prompt_token_ids: tuple[int, ...]
+    position_ids: torch.Tensor
+    rope_delta: int = 0
+    media: tuple[MediaItem, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    group: str | None = None
+    thinking: bool = False
+
+    def __post_init__(self):
+        n = len(self.prompt_token_ids)
+        if n < 1:
+            raise InputError(f"request {self.id!r}: empty prompt")
+        if tuple(self.position_ids.shape) != (3, n):
+            raise InputError(f"request {self.id!r}: position_ids must be [3, {n}], got {tuple(self.position_ids.shape)}")
+        for m in self.media:
+            if any(s < 0 or e > n or s >= e for s, e in m.spans):
+                raise InputError(f"request {self.id!r}: media span outside the prompt: {m.spans}")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def visual_tokens(self) -> int:
+        return sum(m.num_tokens for m in self.media)
+
+    @classmethod
+    def from_processor(cls, id: str, out: dict, index: int = 0, *, sampling: SamplingParams | None = None,
+                       group: str | None = None, thinking: bool = False, merge_size: int = 2) -> "Request":
+        """Build the `index`-th prompt of a processor output (numpy or torch values).
+
+        Needs input_ids, mm_token_type_ids (when media are present), pixel_values /
+        image_grid_thw, pixel_values_videos / video_grid_thw, position_ids [3, B, L] and
+        rope_deltas [B] or [B, 1]. Padding (attention_mask == 0) is removed.
+        """
+        from operators.engine.media_spans import split_media
+
+        ids = _t(out["input_ids"])
+        keep = _t(out["attention_mask"])[index].bool() if "attention_mask" in out else torch.ones_like(ids[index]).bool()
+        types = _t(out["mm_token_type_ids"]) if "mm_token_type_ids" in out else torch.zeros_like(ids)
+        media = split_media(ids, types, out, index, keep, merge_size)
+        pos = _t(out["position_ids"])[:, index][:, keep].to(torch.int64).contiguous()
+        delta = int(_t(out["rope_deltas"]).reshape(-1)[index])
+        return cls(id=id, prompt_token_ids=tuple(int(x) for x in ids[index][keep]), position_ids=pos,
+                   rope_delta=delta, media=media, sampling=sampling or SamplingParams(), group=group,
+                   thinking=thinking)
+
+
+def _t(x) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds from `generate` receiving the request: admitted, first token, finished."""
+
+    queued_s: float
+    first_token_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Result:
+    """One finished request.
+
+    text:       the answer (after `</think>` when the request has `thinking`), special
+                tokens skipped, cut before a matched stop string.
+    thinking:   the reasoning text before `</think>` (None when thinking is off).
+    token_ids:  every generated token, the final stop token included.
+    finish_reason: "stop" (stop token or stop string), "length" (max_new_tokens) or
+                "error" (`error` says why; the request could not run, nothing crashed).
+    cached_tokens: prompt tokens served by the prefix cache.
+    """
+
+    id: str
+    token_ids: tuple[int, ...]
+    text: str
+    thinking: str | None
+    finish_reason: str
+    prompt_tokens: int
+    visual_tokens: int
+    generated_tokens: int
+    cached_tokens: int
+    timings: Timings
+    error: str | None = None

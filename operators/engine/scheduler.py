@@ -1,0 +1,239 @@
+"""Continuous batching: which sequences run which tokens in the next step.
+
+Each step packs, under `max_num_batched_tokens` and `max_num_seqs`:
+1. every running sequence, in admission order: one token if decoding, else its next
+   prefill chunk (at most `chunk_size`, and cut at its next branch point so the DeltaNet
+   states can be snapshotted at that exact position);
+2. then waiting sequences, first come first served, each starting from its prefix-cache
+   hit. A waiting sequence whose next planned branch point is being computed right now
+   by another sequence is skipped until that prefix is cached (sibling groups: the
+   shared prefix is computed once).
+
+KV blocks are allocated chunk by chunk. When none are free, unlocked prefix-cache leaves
+are evicted first, then the most recently admitted running sequence is preempted
+(released and requeued in front; it recomputes later, from whatever prefix is cached),
+so running out of KV memory never crashes. A request whose prompt plus max_new_tokens
+cannot fit in the whole pool is rejected with an error result up front.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from operators.engine.block_manager import BlockManager
+from operators.engine.branch_points import prefix_digest
+from operators.engine.prefix_cache import Match, PrefixCache
+from operators.engine.sequence import Sequence, Status
+from operators.engine.state_pool import StatePool
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Sequence `seq` computes positions [start, end); `sample` when end is its last token."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def sample(self) -> bool:
+        return self.end == self.seq.num_tokens
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class StepPlan:
+    chunks: list[Chunk] = field(default_factory=list)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src block, dst block, tokens)
+
+
+@dataclass
+class SchedulerStats:
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_hits: int = 0
+    snapshots_inserted: int = 0
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, states: StatePool, cache: PrefixCache | None, *,
+                 max_num_seqs: int, max_num_batched_tokens: int, chunk_size: int | None):
+        self.bm, self.pool, self.cache = blocks, states, cache
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens = max_num_batched_tokens
+        self.chunk_size = chunk_size or max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._in_flight: dict[bytes, Sequence] = {}  # prefix digest -> the sequence computing it
+        self._digests: dict[int, dict[int, bytes]] = {}  # id(seq) -> {branch point: digest}
+        self.stats = SchedulerStats()
+        self.failed: list[tuple[Sequence, str]] = []  # finished with an error; the engine reports them
+
+    # -- queue -----------------------------------------------------------------------------
+    def fits_at_all(self, seq: Sequence) -> bool:
+        need = seq.prompt_len + seq.request.sampling.max_new_tokens
+        return self.bm.blocks_needed(need) <= self.bm.num_blocks
+
+    def add(self, seq: Sequence) -> None:
+        if self.cache is not None:
+            self._digests[id(seq)] = {p: prefix_digest(seq.keys, p) for p in seq.planned}
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- planning a step -------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_tokens
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or budget <= 0:
+                continue
+            n = self._chunk_len(seq, budget)
+            while not self._grow(seq, seq.num_computed + n):
+                victim = self.running[-1]
+                if victim is seq and len(self.running) == 1:
+                    self.finish(seq)
+                    self.failed.append((seq, f"request {seq.id!r} does not fit in the KV pool even alone"))
+                    break
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                plan.chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
+                budget -= n
+        self._admit(plan, budget)
+        return plan
+
+    def _chunk_len(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.remaining, self.chunk_size, budget)
+        nb = seq.next_branch()
+        if nb is not None:
+            n = min(n, nb - seq.num_computed)
+        return n
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        need = self.bm.blocks_needed(num_tokens) - len(seq.block_table)
+        if need > self.bm.num_free and self.cache is not None:
+            self.cache.evict_blocks(need)
+        if need > self.bm.num_free:
+            return False
+        self.bm.grow_table(seq.block_table, num_tokens)
+        return True
+
+    def _match(self, seq: Sequence) -> Match:
+        if self.cache is None:
+            return Match(0, 0, (), None, None)
+        return self.cache.match(seq.keys, min(seq.prompt_len, seq.num_tokens - 1))
+
+    def _gated(self, seq: Sequence, hit: int) -> bool:
+        for p, d in self._digests.get(id(seq), {}).items():
+            owner = self._in_flight.get(d)
+            if p > hit and owner is not None and owner is not seq:
+                return True
+        return False
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        i = 0
+        while (i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs
+               and self.pool.num_free > 0):
+            seq = self.waiting[i]
+            match = self._match(seq)
+            if self._gated(seq, match.length):
+                i += 1
+                continue
+            if not self._start(seq, match, plan, budget):
+                return  # out of KV blocks: wait for running sequences to finish
+            del self.waiting[i]
+            budget -= plan.chunks[-1].length
+
+    def _start(self, seq: Sequence, match: Match, plan: StepPlan, budget: int) -> bool:
+        bs, m = self.bm.block_size, match.length
+        if self.cache is not None:
+            self.cache.lock(match.node)
+        full = list(match.blocks[: m // bs])
+        self.bm.incref(full)
+        seq.block_table, seq.num_computed = full, m
+        seq.branches = sorted({p for p in seq.planned if p > m}
+                              | ({match.key_len} if m < match.key_len < seq.prompt_len else set()))
+        n = self._chunk_len(seq, budget)
+        # admit only when the whole rest of the prompt (+1 token) fits now: chunk-by-chunk
+        # allocation then rarely has to preempt a sequence that was just admitted
+        whole = self.bm.blocks_needed(seq.num_tokens + 1) - len(full)
+        if whole > self.bm.num_free and self.cache is not None:
+            self.cache.evict_blocks(whole)
+        if whole > self.bm.num_free or not self._grow(seq, m + n):
+            self.bm.decref(full)
+            if self.cache is not None:
+                self.cache.unlock(match.node)
+            seq.block_table, seq.num_computed, seq.branches = [], 0, []
+            return False
+        if m % bs:  # copy-on-write of the partially shared tail block
+            plan.copies.append((match.blocks[m // bs], seq.block_table[m // bs], m % bs))
+        seq.slot = self.pool.allocate()
+        if match.snapshot is not None:
+            self.pool.restore(seq.slot, match.snapshot)
+        seq.node, seq.cached_tokens = match.node, m
+        seq.status = Status.RUNNING
+        seq.t_admitted = seq.t_admitted or time.perf_counter()
+        if m:
+            self.stats.prefix_hits += 1
+            self.stats.prefix_hit_tokens += m
+        for p, d in self._digests.get(id(seq), {}).items():
+            if p > m:
+                self._in_flight.setdefault(d, seq)
+        self.running.append(seq)
+        plan.chunks.append(Chunk(seq, m, m + n))
+        return True
+
+    # -- after a step ----------------------------------------------------------------------
+    def commit(self, plan: StepPlan) -> None:
+        """Advance every chunk; snapshot + insert into the prefix cache at branch points."""
+        for c in plan.chunks:
+            seq = c.seq
+            seq.num_computed = c.end
+            if seq.node is not None and self.cache is not None:
+                self.cache.unlock(seq.node)  # snapshot restored, tail block copied: hit no longer needed
+                seq.node = None
+            if self.cache is None or c.end >= seq.prompt_len:
+                continue
+            if seq.branches and seq.branches[0] == c.end:
+                node = self.cache.insert(seq.keys[: c.end], seq.block_table, self.pool.snapshot(seq.slot))
+                self.stats.snapshots_inserted += node.snapshot is not None
+                d = self._digests.get(id(seq), {}).get(c.end)
+                if d is not None and self._in_flight.get(d) is seq:
+                    del self._in_flight[d]
+
+    def _release(self, seq: Sequence) -> None:
+        self.bm.decref(seq.block_table)
+        seq.block_table = []
+        if seq.slot is not None:
+            self.pool.free(seq.slot)
+            seq.slot = None
+        if self.cache is not None:
+            self.cache.unlock(seq.node)
+        seq.node = None
+        seq.features.clear()
+        for d, owner in list(self._in_flight.items()):
+            if owner is seq:
+                del self._in_flight[d]
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.num_computed, seq.branches = 0, []
+        seq.status = Status.WAITING
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.status = Status.FINISHED
+        self._digests.pop(id(seq), None)

@@ -1,0 +1,31 @@
+"""Media I/O: bytes from local paths / s3:// with retries, video decoding in a killable process.
+
+Owns `io` (StorageOptions, read_bytes), `decoders` (decord default, PyAV second,
+behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the
+time-limited child process), `load` (`load_media` for images and videos) and the
+deterministic sample media (`samples`, `sample_images`). Submodules are imported
+lazily by callers; importing this package loads nothing heavy.
+"""
+from __future__ import annotations
+
+__all__ = ["StorageOptions", "read_bytes", "FrameSampling", "DecodeWorker", "decode_video", "load_media"]
+
+
+def __getattr__(name: str):
+    if name in ("StorageOptions", "read_bytes"):
+        from operators.media import io
+
+        return getattr(io, name)
+    if name == "FrameSampling":
+        from operators.media.video import FrameSampling
+
+        return FrameSampling
+    if name in ("DecodeWorker", "decode_video"):
+        from operators.media import worker
+
+        return getattr(worker, name)
+    if name == "load_media":
+        from operators.media.load import load_media
+
+        return load_media
+    raise AttributeError(name)

@@ -1,0 +1,66 @@
+"""`load_media`: one entry point from a URI to pixels, for images and videos alike.
+
+Owns the choice between image and video and the glue between storage
+(`operators.media.io.read_bytes`), the image loader of preprocessing
+(`operators.preprocess.image.load_image`) and the killable video decoder
+(`operators.media.worker`). Errors are the same typed ones everywhere:
+`MediaError` (bad bytes, missing object), `MediaTimeoutError`, `StorageError`,
+`InputError`.
+
+Media type: the caller's `media_type` if given, else the file extension, else the
+first bytes (JPEG / PNG / GIF / WebP / BMP / TIFF signatures mean image;
+anything else is tried as video).
+"""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import numpy as np
+
+from operators.errors import ConfigError
+from operators.media.io import StorageOptions, read_bytes
+from operators.media.video import FrameSampling
+from operators.media.worker import DecodeWorker, decode_video
+from operators.types import VideoClip
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".jfif"}
+VIDEO_EXTENSIONS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mpg", ".mpeg", ".flv", ".3gp"}
+
+
+def media_type_of(uri: str, head: bytes) -> str:
+    """'image' or 'video' from the extension of `uri`, else from the signature in `head`."""
+    ext = PurePosixPath(uri.split("?", 1)[0]).suffix.lower()
+    if ext in IMAGE_EXTENSIONS:
+        return "image"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
+    if head.startswith((b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM", b"II*\x00", b"MM\x00*")):
+        return "image"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image"
+    return "video"
+
+
+def load_media(
+    uri: str,
+    storage: StorageOptions = StorageOptions(),
+    *,
+    media_type: str | None = None,
+    sampling: FrameSampling = FrameSampling(),
+    backend: str = "decord",
+    timeout_s: float = 60.0,
+    worker: DecodeWorker | None = None,
+) -> np.ndarray | VideoClip:
+    """An image `[H, W, 3]` uint8 or a `VideoClip` for the media at `uri`.
+
+    Pass a long-lived `worker` when loading many videos (one child process reused).
+    """
+    if media_type not in (None, "image", "video"):
+        raise ConfigError(f"media_type must be 'image' or 'video', got {media_type!r}")
+    data = read_bytes(uri, storage)
+    kind = media_type or media_type_of(uri, data[:16])
+    if kind == "image":
+        from operators.preprocess.image import load_image
+
+        return load_image(data)
+    return decode_video(data, sampling, backend=backend, timeout_s=timeout_s, worker=worker)

@@ -1,0 +1,111 @@
+"""From video bytes to a `VideoClip`: probe, sample, decode only the sampled frames.
+
+Owns the decode plan shared by the in-process path and the worker process:
+1. open the container with the chosen backend; `info.frames` is the number of
+   frames present in the data (not the header's claim);
+2. sample indices with `operators.preprocess.sample_frame_indices` over those
+   frames (so indices never exceed what exists: the clamp against decord #373);
+3. stream the sampled frames; if the backend finds the stream shorter than the
+   probe promised (or cannot read the file at all), PyAV decodes the file once to
+   count the frames that really decode, the indices are re-sampled over that
+   count, and decoding restarts with PyAV (a new `Plan` is emitted).
+
+Memory bound (per video): the input bytes + the output `F x H x W x 3` bytes + the
+backend's working set (decord: `chunk` = 8 frames; PyAV: one frame plus the
+codec's reference frames, <= 16). Nothing scales with the video's length except
+the packet index (16 bytes per frame).
+
+Rotation: frames come out upright (the container's display matrix applied), as a
+player shows them. transformers' loaders do not rotate; we do, because captions
+should describe what a viewer sees.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from operators.media.decoders import ShortVideo, VideoInfo, get_decoder
+from operators.types import VideoClip
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """How to pick frames (the reference's semantics): `fps` or `num_frames`, never both."""
+
+    fps: float | None = None
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+
+    def indices(self, info: VideoInfo) -> np.ndarray:
+        """[F] int64 indices in the source's index space, within [0, info.frames)."""
+        from operators.preprocess.sampling import sample_frame_indices
+
+        idx = sample_frame_indices(info.frames, info.fps, fps=self.fps, num_frames=self.num_frames,
+                                   min_frames=self.min_frames, max_frames=self.max_frames)
+        return np.clip(idx, 0, info.frames - 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What is about to be decoded: metadata, indices `[F]` and the output shape `(F, H, W, 3)`."""
+
+    info: VideoInfo
+    indices: tuple[int, ...]
+    backend: str
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.indices), self.info.height, self.info.width, 3)
+
+
+def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "decord",
+                  threads: int = 1) -> Iterator[Plan | tuple[int, np.ndarray]]:
+    """Yield a `Plan`, then `(slot, frame [H, W, 3])` per sampled frame; a second `Plan` restarts the slots."""
+    decoder = get_decoder(backend, threads)
+    try:
+        video = decoder.open(data)  # MediaError for non-videos; ShortVideo if only PyAV can read it
+    except ShortVideo:
+        video = None
+    if video is not None:
+        with video:
+            plan = Plan(video.info, tuple(int(i) for i in sampling.indices(video.info)), decoder.name)
+            yield plan
+            try:
+                for slot, frame in enumerate(video.iter_frames(plan.indices)):
+                    yield slot, frame
+                return
+            except ShortVideo:
+                pass
+    yield from _recount_and_decode(data, sampling, threads)
+
+
+def _recount_and_decode(data: bytes, sampling: FrameSampling, threads: int):
+    """Slow path for files cut short: PyAV counts frames that decode, then decodes the re-sampled set."""
+    from operators.media.decoders.pyav_backend import PyAVDecoder
+
+    with PyAVDecoder(threads).open(data) as video:
+        info = video.recount()
+        plan = Plan(info, tuple(int(i) for i in sampling.indices(info)), "pyav")
+        yield plan
+        yield from enumerate(video.iter_frames(plan.indices))
+
+
+def collect(stream: Iterator[Plan | tuple[int, np.ndarray]]) -> VideoClip:
+    """Assemble a `decode_stream` into a `VideoClip` (frames preallocated once per plan)."""
+    plan, frames = None, None
+    for item in stream:
+        if isinstance(item, Plan):
+            plan, frames = item, np.empty(item.shape, np.uint8)
+        else:
+            slot, frame = item
+            frames[slot] = frame
+    return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames, indices=plan.indices)
+
+
+def decode_video_inprocess(data: bytes, sampling: FrameSampling = FrameSampling(), backend: str = "decord",
+                           threads: int = 1) -> VideoClip:
+    """Decode in this process (no time limit: tests and benchmarks; production uses `DecodeWorker`)."""
+    return collect(decode_stream(data, sampling, backend, threads))

@@ -1,0 +1,188 @@
+"""A killable decoder process: video decoding with a hard time limit.
+
+Owns process isolation for decoding. decord's native loop cannot be interrupted
+from Python (dmlc/decord #373) and a native crash would take the caller with it,
+so decoding runs in a child process (`python -m operators.media.worker`, started
+with `subprocess`, not `multiprocessing`: no re-import of the caller's `__main__`,
+which matters inside Ray workers). The parent talks to it over two pipes with
+`multiprocessing.connection.Connection` framing:
+
+    parent -> child: (backend, threads, sampling) then the video bytes
+    child -> parent: ("plan", Plan) | ("frame", slot) + raw frame bytes | ("done",) | ("error", type, msg)
+
+Frames stream one at a time straight into the parent's preallocated output, so
+the child never holds more than its backend's working set. Every read waits at
+most until the call's deadline; past it the child is SIGKILLed and the call raises
+`MediaTimeoutError`. A child that dies (native crash) gives `MediaError`. The
+next call starts a fresh child. A child is reused across calls (start-up costs
+about 0.3 s) and recycled after `max_calls` to cap slow native leaks.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from operators import errors
+from operators.errors import MediaError, MediaTimeoutError
+from operators.media.video import FrameSampling, Plan, decode_stream
+from operators.types import VideoClip
+
+
+class DecodeWorker:
+    """One decoder child process, reused across calls. Not thread-safe: one call at a time.
+
+    timeout_s: wall-clock limit per video (probe + decode + transfer);
+    max_calls: recycle the child after this many videos.
+    """
+
+    def __init__(self, timeout_s: float = 60.0, max_calls: int = 500, threads: int = 1):
+        if not timeout_s > 0:
+            raise errors.ConfigError(f"decode timeout_s must be positive, got {timeout_s!r}")
+        self.timeout_s = timeout_s
+        self.max_calls = max_calls
+        self.threads = threads
+        self._proc: subprocess.Popen | None = None
+        self._calls = 0
+        self.starts = 0  # how many children were started (observable by tests and benchmarks)
+
+    def __enter__(self) -> DecodeWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "operators.media.worker", str(req_r), str(res_w)],
+            pass_fds=(req_r, res_w), env=env, stdin=subprocess.DEVNULL,
+        )
+        os.close(req_r)
+        os.close(res_w)
+        self._send = Connection(req_w, readable=False)
+        self._recv = Connection(res_r, writable=False)
+        self._calls = 0
+        self.starts += 1
+
+    def close(self) -> None:
+        """Stop the child (closing its request pipe lets it exit; kill if it does not)."""
+        if self._proc is None:
+            return
+        self._send.close()
+        self._recv.close()
+        try:
+            self._proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._send.close()
+            self._recv.close()
+            self._proc = None
+
+    def decode(self, data: bytes, sampling: FrameSampling = FrameSampling(), backend: str = "decord") -> VideoClip:
+        """Decode the sampled frames of `data` in the child within `timeout_s`.
+
+        Raises `MediaError` (not a video, crash), `MediaTimeoutError` (over the limit;
+        the child was killed), `InputError` (bad sampling), `ConfigError` (unknown backend).
+        """
+        if self._proc is None or self._calls >= self.max_calls:
+            self.close()
+            self._start()
+        self._calls += 1
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            self._send.send((backend, self.threads, sampling))
+            self._send.send_bytes(data)
+            return self._receive(deadline)
+        except MediaTimeoutError:
+            self._kill()
+            raise
+        except (EOFError, OSError) as e:
+            code = self._proc.poll() if self._proc is not None else None
+            self._kill()
+            raise MediaError(f"the decoder process died (exit code {code}) on this file") from e
+
+    def _wait(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not self._recv.poll(left):
+            raise MediaTimeoutError(f"decoding took longer than the {self.timeout_s:g} s limit; the decoder was killed")
+
+    def _receive(self, deadline: float) -> VideoClip:
+        plan: Plan | None = None
+        frames = None
+        while True:
+            self._wait(deadline)
+            msg = self._recv.recv()
+            if msg[0] == "plan":
+                plan = msg[1]
+                frames = np.empty(plan.shape, np.uint8)  # restarts on a second plan
+            elif msg[0] == "frame":
+                self._wait(deadline)
+                self._recv.recv_bytes_into(frames[msg[1]].reshape(-1))
+            elif msg[0] == "done":
+                return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames,
+                                 indices=plan.indices)
+            else:
+                _, kind, text = msg
+                raise getattr(errors, kind, MediaError)(text)
+
+
+def decode_video(data: bytes, sampling: FrameSampling = FrameSampling(), backend: str = "decord",
+                 timeout_s: float = 60.0, worker: DecodeWorker | None = None) -> VideoClip:
+    """Decode sampled frames in a killable child. Pass a long-lived `worker` to avoid a start per call."""
+    if worker is not None:
+        return worker.decode(data, sampling, backend)
+    with DecodeWorker(timeout_s=timeout_s, max_calls=1) as one_shot:
+        return one_shot.decode(data, sampling, backend)
+
+
+def _serve(req: Connection, res: Connection) -> None:
+    """Child loop: one request at a time until the parent closes the request pipe."""
+    while True:
+        try:
+            backend, threads, sampling = req.recv()
+            data = req.recv_bytes()
+        except EOFError:
+            return
+        try:
+            for item in decode_stream(data, sampling, backend, threads):
+                if isinstance(item, Plan):
+                    res.send(("plan", item))
+                else:
+                    slot, frame = item
+                    res.send(("frame", slot))
+                    res.send_bytes(np.ascontiguousarray(frame).reshape(-1))  # 1-D: Connection sizes by len()
+            res.send(("done",))
+        except errors.VlbatchError as e:
+            res.send(("error", e.error_type, str(e)))
+        except Exception as e:  # a backend bug or native error text: still a typed, per-file error
+            res.send(("error", "MediaError", f"decoder failed: {type(e).__name__}: {str(e)[:300]}"))
+
+
+def main(argv: list[str]) -> None:
+    import av
+
+    av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
+    _serve(Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

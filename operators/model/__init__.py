@@ -1,0 +1,52 @@
+"""Our Qwen3.5 implementation (dense `qwen3_5` and MoE `qwen3_5_moe`): vision tower, hybrid
+Gated DeltaNet / full-attention decoder, safetensors loading. transformers is not imported.
+
+Public API
+----------
+`load_model(model_dir, device="cpu", dtype=torch.float32) -> Qwen35Model` (eval mode, no grads).
+
+`model.forward(input_ids [B, L], pixel_values=None, image_grid_thw=None,
+pixel_values_videos=None, video_grid_thw=None, mm_token_type_ids=None, position_ids=None,
+cache=None, logits_to_keep=0, attention_mask=None) -> logits [B, n, V]`
+    B equal-length sequences (no padding: an `attention_mask` must be all ones). Inputs
+    are named and shaped as the processor returns them (`pixel_values [N_patch, 1536]`, `*_grid_thw [n, 3]`).
+    Positions: `position_ids` ([3, B, L], [4, B, L] or [B, L]) if given, else MRoPE
+    positions from `mm_token_type_ids` (derived from the placeholder ids when omitted).
+    `cache=ContiguousCache(model.config.text, B, dtype=model.dtype)`: the first call is
+    the prefill, later calls continue the same sequences (decode: one token each);
+    decode positions are `seq_len + rope_delta` as in transformers. Media only in the
+    first call. `logits_to_keep`: 0 = all positions, k = the last k, or a 1-D tensor of
+    positions.
+
+`model.forward_packed(inputs_embeds [T, D], position_ids [3, T], cache: StepCache,
+logits_indices [n]) -> logits [n, V]`
+    The engine's step: sequences of different lengths packed in `cache.query_lens`
+    order; the cache (`operators/model/cache.py`) stores K/V and DeltaNet states.
+
+Building blocks: `model.embed(ids) -> [..., D]`, `model.visual(pixel_values, grid_thw) ->
+[N_vis, D]` (merged features), `model.encode_media(pixel_values, grid_thw) -> tuple of
+[N_vis_i, D]` per image / video, `model.logits(hidden [n, D]) -> [n, V]` (final norm +
+head), `mrope_positions(mm_token_type_ids, image_grid_thw, video_grid_thw, merge)`.
+
+Modules: config (config.json), layers (norms, SwiGLU), moe, rope, attention,
+deltanet (+ ops/delta_rule, ops/conv), decoder, vision, positions, model,
+contiguous_cache, loader, greedy (reference greedy decoding loop).
+"""
+from operators.model.cache import StepCache
+from operators.model.config import ModelConfig, TextConfig, VisionConfig
+from operators.model.contiguous_cache import ContiguousCache
+from operators.model.loader import CheckpointError, load_model
+from operators.model.model import Qwen35Model
+from operators.model.positions import mrope_positions
+
+__all__ = [
+    "CheckpointError",
+    "ContiguousCache",
+    "ModelConfig",
+    "Qwen35Model",
+    "StepCache",
+    "TextConfig",
+    "VisionConfig",
+    "load_model",
+    "mrope_positions",
+]

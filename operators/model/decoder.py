@@ -1,0 +1,70 @@
+"""The hybrid text decoder: token embedding, [mixer + FFN] layers, final norm.
+
+Each layer (seed 000 section 8): `x = x + mixer(input_layernorm(x))`, then
+`x = x + mlp(post_attention_layernorm(x))`. The mixer is Gated DeltaNet
+(`linear_attn`) or full attention (`self_attn`) as `layer_types` says; the FFN is
+SwiGLU (dense) or `SparseMoE`. Works on packed tokens [T, D]; the step cache says how
+T splits into sequences. Attribute names equal the checkpoint's
+`model.language_model.*` names.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from operators.model.attention import FullAttention
+from operators.model.cache import StepCache
+from operators.model.config import TextConfig
+from operators.model.deltanet import GatedDeltaNet
+from operators.model.layers import RMSNorm, SwiGLU
+from operators.model.moe import SparseMoE
+from operators.model.rope import text_rope
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_idx: int):
+        super().__init__()
+        self.is_linear = cfg.layer_types[layer_idx] == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = FullAttention(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe else SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache: StepCache, mixer_idx: int) -> torch.Tensor:
+        """x [T, D]; `mixer_idx` counts layers of this layer's kind (linear_idx or attn_idx)."""
+        h = self.input_layernorm(x)
+        if self.is_linear:
+            h = self.linear_attn(h, cache, mixer_idx)
+        else:
+            h = self.self_attn(h, cos, sin, cache, mixer_idx)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextDecoder(nn.Module):
+    """inputs_embeds [T, D] + MRoPE positions [3, T] -> hidden states [T, D] (before the final norm,
+    which `Qwen35Model.logits` applies only to the rows it needs)."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # per layer: its index among layers of the same kind (attn_idx / linear_idx)
+        counts = {"linear_attention": 0, "full_attention": 0}
+        self._mixer_idx = []
+        for kind in cfg.layer_types:
+            self._mixer_idx.append(counts[kind])
+            counts[kind] += 1
+
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache: StepCache) -> torch.Tensor:
+        cfg = self.cfg
+        cos, sin = text_rope(position_ids, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section)
+        x = inputs_embeds
+        for layer, idx in zip(self.layers, self._mixer_idx, strict=True):
+            x = layer(x, cos, sin, cache, idx)
+        return x

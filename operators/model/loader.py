@@ -1,0 +1,175 @@
+"""Load a checkpoint directory into `Qwen35Model`: config.json + safetensors (one file or sharded).
+
+The model is built on the meta device (no memory), every checkpoint tensor is checked
+against it before anything is read (missing, unexpected and mis-shaped tensors are
+all listed in one `CheckpointError`), then each parameter is read from the
+memory-mapped file (`safetensors.safe_open`), cast to the requested dtype and device
+and put in place: one tensor at a time, so RAM never holds a second full copy.
+
+Names: checkpoint `model.visual.*` / `model.language_model.*` map to the model's
+`visual.*` / `language_model.*`; `lm_head.weight` to `lm_head.weight` (a tied
+checkpoint has none, and one present there is ignored). MoE experts are accepted
+either stacked (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) or per expert
+(`mlp.experts.{e}.gate_proj|up_proj|down_proj.weight`, what `save_pretrained` and the
+released checkpoints write). `mtp.*` tensors (multi-token prediction head) are loaded
+into `model.mtp_weights` unchanged in name.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from operators.errors import ConfigError
+from operators.model.config import ModelConfig
+from operators.model.model import Qwen35Model
+
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+class CheckpointError(ConfigError):
+    """The checkpoint's tensors do not match its config.json (names the tensors)."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where a checkpoint tensor goes: parameter `param`, optionally the slice `index` of it."""
+
+    param: str
+    index: tuple | None = None
+
+
+def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
+    """Checkpoint tensor name -> safetensors file holding it."""
+    root = Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        missing = sorted({f for f in weight_map.values() if not (root / f).is_file()})
+        if missing:
+            raise CheckpointError(f"{index} names shard files that are missing: {missing}")
+        return {name: root / f for name, f in weight_map.items()}
+    single = root / "model.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {root}")
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Qwen35Model:
+    """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`."""
+    config = ModelConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = Qwen35Model(config)
+    files = checkpoint_files(model_dir)
+    shapes = {n: tuple(s.shape) for n, s in model.named_parameters()}
+    plan, mtp = _plan(files, shapes, config)
+    _materialise(model, plan, files, torch.device(device), dtype)
+    for name in mtp:
+        with safe_open(str(files[name]), framework="pt") as f:
+            model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def _target(name: str, config: ModelConfig) -> _Target | None:
+    """The parameter a checkpoint tensor fills, or None when the name is not ours."""
+    if name == "lm_head.weight":
+        return _Target("lm_head.weight")
+    if not name.startswith("model."):
+        return None
+    local = name[len("model.") :]
+    m = _EXPERT.match(local)
+    if m:
+        prefix, e, part = m.group(1), int(m.group(2)), m.group(3)
+        inner = config.text.moe_intermediate_size or 0
+        if part == "down_proj":
+            return _Target(f"{prefix}.down_proj", (e,))
+        rows = slice(0, inner) if part == "gate_proj" else slice(inner, 2 * inner)
+        return _Target(f"{prefix}.gate_up_proj", (e, rows))
+    return _Target(local)
+
+
+def _slice_shape(shape: tuple[int, ...], index: tuple | None) -> tuple[int, ...]:
+    if index is None:
+        return shape
+    return tuple(torch.empty(shape, device="meta")[index].shape)
+
+
+def _plan(files: dict[str, Path], shapes: dict[str, tuple], config: ModelConfig):
+    """Check names and shapes; -> ({param: [(ckpt name, index)]}, [mtp names]). Raises CheckpointError."""
+    plan: dict[str, list[tuple[str, tuple | None]]] = defaultdict(list)
+    unexpected, mismatched, mtp = [], [], []
+    handles: dict[Path, object] = {}
+    try:
+        for name, path in files.items():
+            if name.startswith("mtp."):
+                mtp.append(name)
+                continue
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                continue  # tied: the head is the embedding
+            target = _target(name, config)
+            if target is None or target.param not in shapes:
+                unexpected.append(name)
+                continue
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt")
+            got = tuple(handles[path].get_slice(name).get_shape())
+            want = _slice_shape(shapes[target.param], target.index)
+            if got != want:
+                mismatched.append(f"{name}: checkpoint {list(got)}, model expects {list(want)}")
+                continue
+            plan[target.param].append((name, target.index))
+    finally:
+        handles.clear()
+    missing = [p for p in shapes if not _covered(p, plan.get(p, []), shapes[p])]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {sorted(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {sorted(unexpected)}")
+    if mismatched:
+        problems.append("mis-shaped tensors: " + "; ".join(sorted(mismatched)))
+    if problems:
+        raise CheckpointError("checkpoint does not match config.json: " + " | ".join(problems))
+    return dict(plan), mtp
+
+
+def _covered(param: str, parts: list, shape: tuple) -> bool:
+    """A parameter is complete from one whole tensor, or from every expert slice."""
+    if any(index is None for _, index in parts):
+        return True
+    if not parts:
+        return False
+    need = shape[0] * (2 if param.endswith("gate_up_proj") else 1)
+    return len({(idx[0], str(idx[1:])) for _, idx in parts}) == need
+
+
+def _materialise(model: nn.Module, plan: dict, files: dict[str, Path], device: torch.device, dtype: torch.dtype):
+    """Replace every meta parameter by its loaded tensor (one parameter in memory at a time)."""
+    handles: dict[Path, object] = {}
+
+    def read(name: str) -> torch.Tensor:
+        path = files[name]
+        if path not in handles:
+            handles[path] = safe_open(str(path), framework="pt")
+        return handles[path].get_tensor(name)
+
+    for param, parts in plan.items():
+        module_name, _, attr = param.rpartition(".")
+        module = model.get_submodule(module_name)
+        shape = getattr(module, attr).shape
+        whole = [n for n, idx in parts if idx is None]
+        if whole:
+            value = read(whole[0]).to(device=device, dtype=dtype)
+        else:
+            value = torch.empty(shape, device=device, dtype=dtype)
+            for name, index in parts:
+                value[index] = read(name).to(device=device, dtype=dtype)
+        setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=False))
+    handles.clear()

@@ -1,0 +1,70 @@
+"""Sparse MoE FFN (Qwen3.5 MoE): softmax router, top-k renormalised, routed experts plus a
+gated shared expert.
+
+    p = softmax(x W_router^T) in float32; (w, e) = top_k(p); w = w / sum(w)
+    y = sum_j w_j * SwiGLU_{e_j}(x) + sigmoid(x W_sg^T) * SwiGLU_shared(x)
+
+Expert weights are stacked as transformers holds them: `experts.gate_up_proj
+[E, 2 * I, D]` (gate rows first, then up) and `experts.down_proj [E, D, I]`; the
+loader fills them from either that fused form or the per-expert tensors
+(`experts.{e}.gate_proj.weight`, ...) that `save_pretrained` and the released
+checkpoints write.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from operators.model.config import TextConfig
+from operators.model.layers import SwiGLU, activation
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts in stacked tensors; tokens grouped per expert (sorted dispatch)."""
+
+    def __init__(self, num_experts: int, dim: int, inner: int, act: str):
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, dim))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, dim, inner))
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x: [T, D], index / weight: [T, k] -> [T, D] (weighted sum over the k chosen experts)."""
+        k = index.shape[1]
+        flat = index.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # slots grouped by expert, ascending
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            slots = order[start : start + count]
+            start += count
+            tokens = slots // k
+            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, self.down_proj[expert])
+            out.index_add_(0, tokens, y * weight.reshape(-1)[slots, None])
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Router + experts + shared expert: [T, D] -> [T, D]."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act)
+        self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size, cfg.hidden_act)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, E]
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        top_w = (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype)
+        routed = self.experts(x, top_i, top_w)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed + shared

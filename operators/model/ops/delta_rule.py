@@ -1,0 +1,134 @@
+"""The gated delta rule: chunked prefill, batched recurrent decode, naive per-token reference.
+
+Recurrence per head (seed 000 sections 9.6 and 9.11), with S [K, V]:
+
+    S_t = exp(g_t) * S_{t-1}                   decay
+    d_t = beta_t * (v_t - S_t^T k_t)           correction along the key
+    S_t = S_t + k_t d_t^T                      write
+    o_t = S_t^T q_t                            read
+
+Inputs of `chunk_gated_delta_rule` and `recurrent_gated_delta_rule` are already
+prepared by the layer: q / k L2-normalised, expanded to the value heads, and q scaled
+by 1/sqrt(K). Layout `[B, T, H, *]`; states `[B, H, K, V]`. All arithmetic is float32;
+outputs are returned in the dtype of `v`, states in float32.
+
+`delta_rule_naive` is the seed's teaching loop (section 9.10) in its own layout
+`[B, H, L, *]` with the retention factor alpha = exp(g); it is the test reference.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked form: intra-chunk work as matmuls and a unit-triangular solve, a scan over chunks.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; g (log decay, <= 0), beta: [B, T, H];
+    initial_state: [B, H, K, V] or None (zeros). Returns (o [B, T, H, V], state [B, H, K, V]).
+
+    Per chunk with start state S0, cumulative log decay G_i = sum_{r<=i} g_r and
+    R_ij = exp(G_i - G_j) for j <= i (0 above the diagonal):
+        A = I + strict_tril((diag(beta) K K^T) * R)
+        U = A^-1 diag(beta) V,   W = A^-1 diag(beta exp(G)) K,   Delta = U - W S0
+        O = diag(exp(G)) Q S0 + ((Q K^T) * R) Delta
+        S1 = exp(G_C) S0 + (K * exp(G_C - G_j))^T Delta
+    The tail is zero-padded (k = 0, beta = 0, g = 0 leave the state untouched).
+    """
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    out_dtype = v.dtype
+    q, k, v = (x.transpose(1, 2).float() for x in (q, k, v))  # [B, H, T, *]
+    g, beta = (x.transpose(1, 2).float() for x in (g, beta))  # [B, H, T]
+    pad = (-t) % chunk_size
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (t + pad) // chunk_size
+    q, k, v = (x.reshape(b, h, n, chunk_size, -1) for x in (q, k, v))
+    g, beta = g.reshape(b, h, n, chunk_size), beta.reshape(b, h, n, chunk_size)
+
+    cum = g.cumsum(-1)  # G: [B, H, N, C]
+    lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # R
+    k_beta = k * beta.unsqueeze(-1)
+    system = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1)  # strict part of A (unit diagonal implied)
+    rhs = torch.cat([v * beta.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    u, w = solved.split([dv, dk], dim=-1)  # U [.., C, V], W [.., C, K]
+    attn = (q @ k.transpose(-1, -2)) * decay  # [B, H, N, C, C]
+    q_read = q * cum.exp().unsqueeze(-1)
+    k_write = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
+    chunk_decay = cum[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
+
+    state = q.new_zeros(b, h, dk, dv) if initial_state is None else initial_state.float()
+    out = q.new_empty(b, h, n, chunk_size, dv)
+    for i in range(n):
+        delta = u[:, :, i] - w[:, :, i] @ state  # [B, H, C, V]
+        out[:, :, i] = q_read[:, :, i] @ state + attn[:, :, i] @ delta
+        state = state * chunk_decay[:, :, i] + k_write[:, :, i].transpose(-1, -2) @ delta
+    out = out.reshape(b, h, n * chunk_size, dv)[:, :, :t]
+    return out.transpose(1, 2).to(out_dtype), state
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token form for decode (T is 1 in practice), batched over B sequences.
+
+    Same shapes and result as `chunk_gated_delta_rule`; one batched matmul pair per token.
+    """
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    out_dtype = v.dtype
+    state = q.new_zeros(b, h, dk, dv, dtype=torch.float32) if initial_state is None else initial_state.float()
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    outs = []
+    for i in range(t):
+        k_i = k[:, i].unsqueeze(-2)  # [B, H, 1, K]
+        state = state * g[:, i].exp()[..., None, None]
+        predicted = k_i @ state  # [B, H, 1, V]
+        delta = (v[:, i].unsqueeze(-2) - predicted) * beta[:, i, :, None, None]
+        state = state + k_i.transpose(-1, -2) @ delta
+        outs.append((q[:, i].unsqueeze(-2) @ state).squeeze(-2))  # [B, H, V]
+    return torch.stack(outs, dim=1).to(out_dtype), state
+
+
+def delta_rule_naive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    alpha: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference loop (seed 000 section 9.10): q, k [B, H, L, K], v [B, H, L, V],
+    alpha (retention = exp(g)), beta [B, H, L], state [B, H, K, V]. Returns (o [B, H, L, V], state).
+    """
+    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
+    if alpha.shape != k.shape[:3] or beta.shape != k.shape[:3]:
+        raise ValueError("alpha and beta must be [B, H, L]")
+    b, h, length, dk = k.shape
+    s = k.new_zeros(b, h, dk, v.shape[-1]) if state is None else state.clone()
+    outputs = []
+    for t in range(length):
+        s = alpha[:, :, t, None, None] * s
+        read = torch.einsum("bhk,bhkv->bhv", k[:, :, t], s)
+        correction = beta[:, :, t, None] * (v[:, :, t] - read)
+        s = s + torch.einsum("bhk,bhv->bhkv", k[:, :, t], correction)
+        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], s))
+    return torch.stack(outputs, dim=2), s

@@ -1,0 +1,123 @@
+"""Rescale + normalise, then patchify into block-major order (seed 000 sections 4.4 and 5.3).
+
+Owns the layout of `pixel_values [N_patch, C * tp * p * p]` (1536 for C=3, tp=2,
+p=16): rows ordered by temporal group, then 2x2 merge block (row-major over
+blocks), then the patch inside the block (row-major); each row holds
+`[C, tp, p, p]` values. Temporal slot t of group g is frame `min(g*tp + t, F-1)`,
+so an odd frame count repeats the last frame and a still image (F = 1) fills
+every slot with the same pixels.
+
+Fast path (`patchify_into`): one compiled pass (numba) reads the uint8 frames in
+their natural `[F, H, W, C]` layout and writes every output value exactly once
+through a per-channel lookup table of the 256 possible results. The table is
+computed by the reference's own float32 ops (`(float32(x) - mean/rescale) /
+(std/rescale)`, the fused form transformers uses; `x * rescale` when only
+rescaling), so the output is bit-identical to `patchify_naive`, a direct
+transcription of the reference's float-first order, which the tests compare
+against over odd shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numba import njit
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Per-channel affine applied to uint8 values (the processor config's fields)."""
+
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference's arithmetic on uint8 `[..., C, H, W]` -> float32 (rescale fused into mean/std)."""
+        if self.do_normalize:
+            mean = torch.tensor(self.image_mean, dtype=torch.float32)
+            std = torch.tensor(self.image_std, dtype=torch.float32)
+            if self.do_rescale:
+                mean, std = mean * (1.0 / self.rescale_factor), std * (1.0 / self.rescale_factor)
+            return (x.to(torch.float32) - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
+        if self.do_rescale:
+            return x * self.rescale_factor
+        return x.to(torch.float32)
+
+    def lut(self, channels: int = 3) -> np.ndarray:
+        """float32 `[C, 256]`: the normalised value of every uint8 level, per channel."""
+        levels = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(channels, 1, 256)
+        return np.ascontiguousarray(self.apply(levels).reshape(channels, 256).numpy())
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _patchify_kernel(frames, lut, out, patch, merge, temporal):  # pragma: no cover - compiled
+    """frames u8 [F, H, W, C]; lut f32 [C, 256]; out f32 [N, C*temporal*patch*patch]."""
+    f_n, h, w, c_n = frames.shape
+    groups = (f_n + temporal - 1) // temporal
+    bh_n, bw_n = h // (patch * merge), w // (patch * merge)
+    pp = patch * patch
+    row = 0
+    for g in range(groups):
+        for bh in range(bh_n):
+            for bw in range(bw_n):
+                for mh in range(merge):
+                    for mw in range(merge):
+                        y0 = (bh * merge + mh) * patch
+                        x0 = (bw * merge + mw) * patch
+                        o = out[row]
+                        for c in range(c_n):
+                            table = lut[c]
+                            for t in range(temporal):
+                                src = min(g * temporal + t, f_n - 1)
+                                base = (c * temporal + t) * pp
+                                if t > 0 and src == min(g * temporal + t - 1, f_n - 1):
+                                    o[base:base + pp] = o[base - pp:base]  # repeated frame: copy the slot
+                                    continue
+                                for py in range(patch):
+                                    line = frames[src, y0 + py]
+                                    d = base + py * patch
+                                    for px in range(patch):
+                                        o[d + px] = table[line[x0 + px, c]]
+                        row += 1
+
+
+def grid_of(frames: int, height: int, width: int, patch: int, temporal: int) -> tuple[int, int, int]:
+    """(t, h, w) patch grid of F frames of height x width (F padded up to a multiple of temporal)."""
+    return -(-frames // temporal), height // patch, width // patch
+
+
+def patchify_into(out: np.ndarray, frames: np.ndarray, lut: np.ndarray, *, patch: int, merge: int,
+                  temporal: int) -> tuple[int, int, int]:
+    """Write one image or clip into `out` float32 `[N, C * temporal * p * p]`; return its grid (t, h, w).
+
+    frames: uint8 `[F, H, W, C]`, H and W multiples of patch*merge (F = 1 for an image).
+    """
+    f, h, w, c = frames.shape
+    if h % (patch * merge) or w % (patch * merge):
+        raise ValueError(f"frame size {h}x{w} is not a multiple of patch*merge={patch * merge}; smart_resize first")
+    grid = grid_of(f, h, w, patch, temporal)
+    if out.shape != (grid[0] * grid[1] * grid[2], c * temporal * patch * patch) or out.dtype != np.float32:
+        raise ValueError(f"out has shape {out.shape} {out.dtype}, expected {grid} patches of float32")
+    _patchify_kernel(np.ascontiguousarray(frames), lut, out, patch, merge, temporal)
+    return grid
+
+
+def patchify_naive(frames: torch.Tensor, norm: Normalization, *, patch: int, merge: int, temporal: int) -> torch.Tensor:
+    """Reference order of operations: float normalise whole frames, then view/permute (seed 000 4.4/5.3).
+
+    frames uint8 `[F, C, H, W]`; returns float32 `[N, C * temporal * p * p]`.
+    """
+    x = norm.apply(frames)
+    f, c, h, w = x.shape
+    if f == 1:
+        x = x.expand(temporal, -1, -1, -1)
+    elif pad := -f % temporal:
+        x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)])
+    gt, gh, gw = x.shape[0] // temporal, h // patch, w // patch
+    x = x.reshape(gt, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # [gt, bh, bw, mh, mw, C, tp, p, p]
+    return x.reshape(gt * gh * gw, c * temporal * patch * patch)

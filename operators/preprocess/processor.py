@@ -1,0 +1,108 @@
+"""`Processor`: chat messages + decoded media -> model inputs, identical to the reference.
+
+Owns the public preprocessing API (contract in ARCHITECTURE.md):
+
+    proc = Processor.from_pretrained(model_dir)
+    text = proc.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)
+    inputs = proc(text=text, images=[rgb_uint8_hw3], videos=[VideoClip])
+
+`inputs` is a dict of numpy arrays named and shaped as transformers'
+`Qwen3VLProcessor(..., return_tensors="np")` returns them, plus MRoPE ids:
+
+    input_ids, attention_mask, mm_token_type_ids   int64 [B, L]
+    pixel_values          float32 [N_img_patches, C*tp*p*p]   (when images are given)
+    image_grid_thw        int64 [num_images, 3]
+    pixel_values_videos   float32 [N_vid_patches, C*tp*p*p]   (when videos are given)
+    video_grid_thw        int64 [num_videos, 3]
+    position_ids          int64 [3, B, L]   (= Qwen3_5Model.get_rope_index)
+    rope_deltas           int64 [B]
+
+Videos are `VideoClip`s whose frames are already sampled (the decoder applied
+`sample_frame_indices`); the processor never resamples. Media are consumed in
+placeholder order across the batch. Rows are padded on the tokenizer's
+padding side. Bad input raises `InputError`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from operators.errors import ConfigError, InputError
+from operators.preprocess.config import ImageConfig, VideoConfig, load_image_config, load_video_config
+from operators.preprocess.prompt import PromptEncoder, pad_batch
+from operators.preprocess.rope import mrope_position_ids
+from operators.preprocess.visual import process_images, process_videos
+from operators.types import VideoClip
+
+
+class Processor:
+    """Tokenizer + chat template + image/video preprocessing of one checkpoint."""
+
+    def __init__(self, tokenizer, chat_template: str | None, image_config: ImageConfig, video_config: VideoConfig,
+                 spatial_merge_size: int):
+        self.prompts = PromptEncoder(tokenizer, chat_template)
+        self.tokenizer = tokenizer
+        self.image_config = image_config
+        self.video_config = video_config
+        self.spatial_merge_size = spatial_merge_size
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> Processor:
+        """Read tokenizer, chat_template.jinja and the two processor configs from a checkpoint folder."""
+        from transformers import AutoTokenizer
+
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise ConfigError(f"model_dir {str(path)!r} is not a folder")
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        template_file = path / "chat_template.jinja"
+        template = template_file.read_text() if template_file.exists() else getattr(tokenizer, "chat_template", None)
+        image_cfg = load_image_config(path)
+        merge = image_cfg.merge_size
+        cfg_file = path / "config.json"
+        if cfg_file.exists():
+            merge = int(json.loads(cfg_file.read_text()).get("vision_config", {}).get("spatial_merge_size", merge))
+        return cls(tokenizer, template, image_cfg, load_video_config(path), merge)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            enable_thinking: bool = False, **template_kwargs) -> str:
+        """Render `messages` ({"role", "content"} dicts; content a string or a list of
+        {"type": "text"|"image"|"video", ...} parts) with the checkpoint's chat template."""
+        return self.prompts.render(messages, add_generation_prompt=add_generation_prompt,
+                                   enable_thinking=enable_thinking, **template_kwargs)
+
+    def __call__(self, text: str | list[str], images: list[np.ndarray] | None = None,
+                 videos: list[VideoClip] | None = None) -> dict[str, np.ndarray]:
+        """Model inputs for one prompt (str) or a batch of prompts (list[str]); see the module docstring."""
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError("text must be a prompt string or a non-empty list of prompt strings")
+        images = list(images or [])
+        videos = list(videos or [])
+        out: dict[str, np.ndarray] = {}
+        img_tokens: list[int] = []
+        vid_parts: list[tuple[int, tuple[float, ...]]] = []
+        if images:
+            batch = process_images(images, self.image_config)
+            out["pixel_values"], out["image_grid_thw"] = batch.pixel_values, batch.grid_thw
+            merge2 = self.image_config.merge_size ** 2  # the reference counts with the processor's merge size
+            img_tokens = [int(g.prod()) // merge2 for g in batch.grid_thw]
+        if videos:
+            batch = process_videos(videos, self.video_config)
+            out["pixel_values_videos"], out["video_grid_thw"] = batch.pixel_values, batch.grid_thw
+            merge2 = self.video_config.merge_size ** 2
+            vid_parts = [(int(g[1] * g[2]) // merge2, ts)
+                         for g, ts in zip(batch.grid_thw, batch.timestamps, strict=True)]
+        rows = self.prompts.encode(texts, img_tokens, vid_parts)
+        ids, mask = pad_batch(rows, self.prompts.tokens.pad, self.tokenizer.padding_side)
+        types = np.zeros_like(ids)
+        types[ids == self.prompts.tokens.image_pad] = 1
+        types[ids == self.prompts.tokens.video_pad] = 2
+        types[mask == 0] = 0
+        positions, deltas = mrope_position_ids(
+            types, out.get("image_grid_thw"), out.get("video_grid_thw"), mask,
+            spatial_merge_size=self.spatial_merge_size)
+        return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types, **out,
+                "position_ids": positions, "rope_deltas": deltas}

@@ -1,0 +1,77 @@
+"""Answer scene items with transformers' `generate` (greedy) and score them: the reference runner.
+
+`python -m operators.training.evaluate models/shapes-tiny` prints the held-out
+scores of a checkpoint. Videos go through real files: each clip is encoded to
+H.264 MP4, decoded with PyAV and sampled at 2 fps with the reference's rule, as a
+pipeline reading video files would see it. One item per `generate` call, so no
+padding enters the comparison with other runners.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from operators.scenes.heldout import SceneItem, clip_of, heldout_items
+from operators.scenes.score import score_answers
+from operators.scenes.videos import decode_mp4
+
+
+def load_reference(model_dir):
+    """(model fp32 eval, processor) through the normal Hugging Face auto classes."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(model_dir)
+
+
+def decoded_item(item: SceneItem) -> SceneItem:
+    """A video item whose frames went through MP4 encode + decode (image items unchanged)."""
+    if item.media_type != "video":
+        return item
+    frames = decode_mp4(item.video_bytes())
+    return SceneItem(item.id, item.media_type, item.qa, item.scene, video=clip_of(frames, item.scene.fps))
+
+
+def generate_answers(model, processor, items, max_new_tokens: int = 48) -> list[str]:
+    """Greedy answers (special tokens stripped) for `items`, one `generate` call each."""
+    import torch
+
+    from operators.training.batches import media_kwargs, prompt_text
+
+    answers = []
+    for item in items:
+        inputs = processor(text=[prompt_text(processor, item)], return_tensors="pt", **media_kwargs([item]))
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        new = out[0, inputs["input_ids"].shape[1]:]
+        answers.append(processor.tokenizer.decode(new, skip_special_tokens=True).strip())
+    return answers
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description="Score a checkpoint on the held-out synthetic scenes.")
+    ap.add_argument("model_dir")
+    ap.add_argument("--images", type=int, default=100)
+    ap.add_argument("--videos", type=int, default=80)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--show", type=int, default=0, help="print this many wrong answers")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, processor = load_reference(args.model_dir)
+    items = [decoded_item(it) for it in heldout_items(args.images, args.videos)]
+    start = time.time()
+    answers = generate_answers(model, processor, items)
+    scores = score_answers(items, answers)
+    print(f"{len(items)} items in {time.time() - start:.1f}s: {scores.summary()}")
+    wrong = {c.item_id for c in scores.checks if not c.correct}
+    shown = [(it, a) for it, a in zip(items, answers, strict=True) if it.id in wrong][: args.show]
+    for it, a in shown:
+        print(f"  {it.id}: {it.qa.question!r} -> {a!r} (truth {it.qa.answer!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

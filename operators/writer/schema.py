@@ -1,0 +1,100 @@
+"""The output row: one fixed Arrow schema for every row, ok or error.
+
+`OutputRow` is the frozen in-memory form; `OUTPUT_SCHEMA` the Arrow/Parquet form.
+Every file the writer commits has exactly this schema (same field order, same types,
+nullability), so a reader can concatenate all files of a run without casting, and an
+error row never changes the schema (it fills the answer/token columns with nulls).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+import pyarrow as pa
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+TIMINGS_TYPE = pa.struct(
+    [
+        pa.field("decode_s", pa.float64()),  # media read + decode (per media, shared by its requests)
+        pa.field("preprocess_s", pa.float64()),  # resize, patchify, tokenise (per media)
+        pa.field("model_s", pa.float64()),  # engine wall time of the batch holding this request
+    ]
+)
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("request_index", pa.int32(), nullable=False),
+        pa.field("media_uri", pa.string(), nullable=False),
+        pa.field("media_type", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("answer", pa.string()),
+        pa.field("thinking", pa.string()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error_type", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("visual_tokens", pa.int32()),
+        pa.field("generated_tokens", pa.int32()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("timings", TIMINGS_TYPE),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Timings:
+    decode_s: float | None = None
+    preprocess_s: float | None = None
+    model_s: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputRow:
+    """One request's result. `status` is "ok" or "error"; error rows carry
+    `error_type` (the `VlbatchError` subclass name) and `error_message`."""
+
+    id: str
+    request_index: int
+    media_uri: str
+    media_type: str
+    prompt: str
+    status: Literal["ok", "error"]
+    model: str
+    run_id: str
+    answer: str | None = None
+    thinking: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    prompt_tokens: int | None = None
+    visual_tokens: int | None = None
+    generated_tokens: int | None = None
+    finish_reason: str | None = None
+    timings: Timings = Timings()
+
+
+_NAMES = [f.name for f in fields(OutputRow)]
+assert set(_NAMES) == set(OUTPUT_SCHEMA.names)  # code invariant, not user input
+
+
+def rows_to_table(rows: list[OutputRow]) -> pa.Table:
+    """[OutputRow] -> Table with OUTPUT_SCHEMA (column order of the schema)."""
+    cols: dict[str, list] = {name: [] for name in OUTPUT_SCHEMA.names}
+    for r in rows:
+        for name in OUTPUT_SCHEMA.names:
+            v = getattr(r, name)
+            cols[name].append(asdict(v) if name == "timings" else v)
+    return pa.Table.from_pydict(cols, schema=OUTPUT_SCHEMA)
+
+
+def table_to_rows(table: pa.Table) -> list[OutputRow]:
+    """Table (any column order, same names) -> [OutputRow]."""
+    out = []
+    for d in table.select(OUTPUT_SCHEMA.names).to_pylist():
+        t = d.pop("timings") or {}
+        out.append(OutputRow(**d, timings=Timings(**t)))
+    return out

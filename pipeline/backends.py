@@ -1,0 +1,125 @@
+"""Model backends behind the model stage. Contract (both implementations):
+
+    backend.generate(rows: list[Prepared]) -> dict[request_id, ReqOut]
+
+covers every request of every row (one ReqOut each, possibly an error), greedy when
+`sampling.temperature == 0`, and `backend.stats() -> dict` gives cumulative counters
+(`prefix_cache_hit_tokens`, `prompt_tokens`, `vision_cache_hits`, `vision_cache_lookups`).
+
+- `EngineBackend`: operators.engine (paged KV, prefix and vision caches): the product.
+- `TransformersBackend`: transformers' `generate()`, one request at a time: the
+  reference and the benchmark baseline (no caches, slow).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from operators.errors import InputError
+from pipeline.config import JobConfig
+from pipeline.model_stage import ReqOut, processor_dict, request_seed, resolve_device
+from pipeline.rows import Prepared
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class EngineBackend:
+    def __init__(self, cfg: JobConfig):
+        from operators.engine import Engine
+
+        self.cfg = cfg
+        self.engine = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
+                                             dtype=_dtype(cfg.model.dtype),
+                                             **cfg.model.engine.engine_kwargs())
+        self.counters = {"prompt_tokens": 0, "prefix_cache_hit_tokens": 0}
+
+    def _sampling(self, rid: str):
+        from operators.engine.request import SamplingParams
+
+        s = self.cfg.sampling
+        greedy = s.temperature == 0
+        return SamplingParams(max_new_tokens=s.max_tokens, do_sample=not greedy,
+                              temperature=1.0 if greedy else s.temperature, top_k=s.top_k,
+                              top_p=None if s.top_p == 1.0 else s.top_p, seed=request_seed(s.seed, rid))
+
+    def generate(self, rows: list[Prepared]) -> dict[str, ReqOut]:
+        from operators.engine.request import Request
+
+        out: dict[str, ReqOut] = {}
+        reqs = []
+        for r in rows:
+            for i, rid in enumerate(r.ids):
+                try:
+                    reqs.append(Request.from_processor(rid, processor_dict(r, i), 0, sampling=self._sampling(rid),
+                                                       group=r.media_uri, thinking=self.cfg.task.thinking))
+                except InputError as e:
+                    out[rid] = ReqOut(None, None, None, None, None, None, e.error_type, str(e))
+        for res in self.engine.generate(reqs):
+            self.counters["prompt_tokens"] += res.prompt_tokens
+            self.counters["prefix_cache_hit_tokens"] += res.cached_tokens
+            if res.finish_reason == "error":
+                etype = getattr(res, "error_type", None) or "EngineError"
+                out[res.id] = ReqOut(None, None, None, res.prompt_tokens, 0, res.cached_tokens, etype, res.error)
+            else:
+                out[res.id] = ReqOut(res.text, res.thinking, res.finish_reason, res.prompt_tokens,
+                                     res.generated_tokens, res.cached_tokens)
+        return out
+
+    def stats(self) -> dict:
+        extra = self.engine.stats() if hasattr(self.engine, "stats") else {}
+        return {**self.counters, **(extra if isinstance(extra, dict) else {})}
+
+
+class TransformersBackend:
+    def __init__(self, cfg: JobConfig):
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+        self.cfg = cfg
+        self.device = resolve_device(cfg.model.device)
+        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model.path, dtype=_dtype(cfg.model.dtype))
+        self.model.to(self.device).eval()
+        self.tok = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.torch = torch
+        self.counters = {"prompt_tokens": 0, "prefix_cache_hit_tokens": 0}
+
+    def generate(self, rows: list[Prepared]) -> dict[str, ReqOut]:
+        out = {}
+        for r in rows:
+            for i, rid in enumerate(r.ids):
+                out[rid] = self.generate_one(processor_dict(r, i), rid)
+        return out
+
+    def generate_one(self, inputs: dict[str, np.ndarray], rid: str) -> ReqOut:
+        torch = self.torch
+        s = self.cfg.sampling
+        keep = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw",
+                "pixel_values_videos", "video_grid_thw")
+        kw = {k: torch.as_tensor(v).to(self.device) for k, v in inputs.items() if k in keep}
+        for k in ("pixel_values", "pixel_values_videos"):
+            if k in kw:
+                kw[k] = kw[k].to(self.model.dtype)
+        gen = {"max_new_tokens": s.max_tokens, "do_sample": s.temperature > 0}
+        if s.temperature > 0:
+            torch.manual_seed(request_seed(s.seed, rid))
+            gen.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        with torch.no_grad():
+            seq = self.model.generate(**kw, **gen)
+        L = kw["input_ids"].shape[1]
+        new = seq[0, L:].tolist()
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        finish = "stop" if new and new[-1] in eos else "length"
+        text = self.tok.decode(new, skip_special_tokens=True)
+        thinking = None
+        if self.cfg.task.thinking and "</think>" in text:
+            thinking, text = text.split("</think>", 1)
+            thinking, text = thinking.replace("<think>", "").strip(), text.strip()
+        self.counters["prompt_tokens"] += L
+        return ReqOut(text, thinking, finish, L, len(new), 0)
+
+    def stats(self) -> dict:
+        return dict(self.counters)

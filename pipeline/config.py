@@ -1,0 +1,315 @@
+"""The job config: the one user-facing boundary of the pipeline (pydantic v2).
+
+A job is a YAML file (``configs/*.yaml``) plus ``--set a.b=value`` overrides. It is
+validated completely before Ray starts; every problem becomes one
+`operators.errors.ConfigError` whose message names each bad field (dotted path) and,
+for choices, the allowed values. Everything past this module uses the frozen
+`JobConfig` object (pydantic models with ``frozen=True``), never raw dicts.
+
+`load_config(path, overrides)` is the entry point used by `jobs/` and tests;
+`export_schema(path)` writes ``configs/job.schema.json`` for editors
+(``python -m pipeline.config --schema configs/job.schema.json``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from operators.errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "configs" / "job.schema.json"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineBudgets(_Section):
+    """Budgets handed to `Engine.from_pretrained` (per model actor; `operators.engine.EngineConfig`)."""
+
+    max_num_seqs: int = Field(32, ge=1, description="sequences decoded together")
+    max_num_batched_tokens: int = Field(2048, ge=16, description="tokens per forward step (chunked prefill)")
+    kv_cache_mb: int = Field(256, ge=1, description="paged KV pool of the full-attention layers")
+    prefix_cache_mb: int = Field(128, ge=0, description="radix prefix cache (0 = off)")
+    vision_cache_mb: int = Field(256, ge=0, description="cached vision-tower outputs (0 = off)")
+
+    def engine_kwargs(self) -> dict:
+        return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
+                "vision_cache_bytes": self.vision_cache_mb << 20}
+
+
+class ModelConfig(_Section):
+    path: str = Field(..., min_length=1, description="local directory of a checkpoint in the Hugging Face layout")
+    backend: Literal["engine", "transformers"] = Field(
+        "engine", description="engine: our batch engine; transformers: reference generate() (slow, for baselines)"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
+    engine: EngineBudgets = EngineBudgets()
+
+
+class InputColumns(_Section):
+    media: str = Field("media_uri", min_length=1, description="column with the media URI (path or s3://)")
+    media_type: str | None = Field(
+        "media_type", description="column with 'image'/'video'; missing column or null -> inferred from extension"
+    )
+    questions: str | None = Field(None, description="list<string> column of questions (task.mode=questions)")
+
+
+class InputConfig(_Section):
+    uri: str = Field(..., min_length=1, description="manifest file, folder or glob; local path or s3://")
+    format: Literal["parquet", "jsonl", "csv", "glob"] = Field(
+        "parquet", description="glob: `uri` is a glob of media files, one request set per file"
+    )
+    columns: InputColumns = InputColumns()
+    limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
+
+
+class TaskConfig(_Section):
+    mode: Literal["caption", "questions"] = "caption"
+    prompt: str = Field("Describe this image in detail.", min_length=1, description="caption prompt (mode=caption)")
+    video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
+    questions: tuple[str, ...] = Field(
+        (), description="questions asked of every media when the manifest has no questions column"
+    )
+    system_prompt: str | None = None
+    thinking: bool = Field(False, description="enable_thinking in the chat template")
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    max_tokens: int = Field(128, ge=1, le=65536)
+    seed: int = Field(0, ge=0, description="per-request seeds derive from this and the request id")
+
+
+class ImageConfig(_Section):
+    min_pixels: int | None = Field(None, ge=1, description="None = the model's preprocessor_config value")
+    max_pixels: int | None = Field(None, ge=1)
+    max_bytes: int = Field(64 << 20, ge=1, description="files larger than this are error rows (InputError)")
+
+    @model_validator(mode="after")
+    def _order(self) -> ImageConfig:
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise ValueError("min_pixels must be <= max_pixels")
+        return self
+
+
+class VideoConfig(_Section):
+    fps: float | None = Field(2.0, gt=0.0, description="sampling rate; exclusive with num_frames")
+    num_frames: int | None = Field(None, ge=1)
+    min_frames: int = Field(4, ge=1)
+    max_frames: int = Field(768, ge=1)
+    min_pixels: int | None = Field(None, ge=1, description="per frame; None = the model's video_preprocessor value")
+    max_pixels: int | None = Field(None, ge=1)
+    backend: Literal["decord", "pyav"] = "decord"
+    decode_timeout_s: float = Field(60.0, gt=0.0, description="decoder subprocess is killed after this")
+    max_bytes: int = Field(2 << 30, ge=1)
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> VideoConfig:
+        if self.fps is not None and self.num_frames is not None:
+            raise ValueError("set either fps or num_frames, not both (set fps: null to use num_frames)")
+        if self.min_frames > self.max_frames:
+            raise ValueError("min_frames must be <= max_frames")
+        return self
+
+
+class StageResources(_Section):
+    """Resources of one CPU stage. min/max actors bound the autoscaling actor pool."""
+
+    num_cpus: float = Field(1.0, gt=0.0)
+    memory_gb: float | None = Field(None, gt=0.0, description="Ray memory reservation per task/actor")
+    min_actors: int = Field(1, ge=1)
+    max_actors: int = Field(2, ge=1)
+    batch_size: int = Field(8, ge=1, description="media rows per call")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> StageResources:
+        if self.min_actors > self.max_actors:
+            raise ValueError("min_actors must be <= max_actors")
+        return self
+
+
+class ModelResources(StageResources):
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs per model actor; 0 = run on CPU")
+    batch_visual_tokens: int = Field(16384, ge=1, description="visual tokens per model batch (batches are cut by tokens)")
+    max_batch_media: int = Field(256, ge=1, description="upper bound on media per model batch")
+
+
+class ResourcesConfig(_Section):
+    decode: StageResources = StageResources()
+    preprocess: StageResources = StageResources()
+    model: ModelResources = ModelResources(min_actors=1, max_actors=1)
+    write: StageResources = StageResources(min_actors=1, max_actors=1, batch_size=256)  # media rows per part file
+
+
+class OutputConfig(_Section):
+    uri: str = Field(..., min_length=1, description="folder (local or s3://); files go to <uri>/<run_id>/")
+    run_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
+    )
+
+
+class StorageConfig(_Section):
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
+    region: str | None = None
+    anonymous: bool = False
+    retries: int = Field(5, ge=0, le=50)
+
+
+class ResumeConfig(_Section):
+    enabled: bool = Field(True, description="skip requests already committed under the same run id")
+    retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
+
+
+class RayConfig(_Section):
+    address: str | None = Field(None, description="None = start or join a local Ray; 'auto' = the running cluster")
+    progress_interval_s: float = Field(10.0, gt=0.0, description="log line period when not on a terminal")
+
+
+class JobConfig(_Section):
+    model: ModelConfig
+    input: InputConfig
+    task: TaskConfig = TaskConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    image: ImageConfig = ImageConfig()
+    video: VideoConfig = VideoConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    output: OutputConfig
+    storage: StorageConfig = StorageConfig()
+    resume: ResumeConfig = ResumeConfig()
+    ray: RayConfig = RayConfig()
+    max_error_fraction: float = Field(0.05, ge=0.0, le=1.0, description="exit non-zero above this error share")
+
+    @model_validator(mode="after")
+    def _task_input_agree(self) -> JobConfig:
+        if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
+            raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
+        if self.input.format == "glob" and self.input.columns.questions:
+            raise ValueError("input.format=glob has no columns; use task.questions")
+        return self
+
+    def resolved_run_id(self) -> str:
+        """The run id: `output.run_id`, else a hash of what determines the answers.
+
+        Resources, output and resume settings are excluded so the same job rerun
+        with more actors still resumes the same run.
+        """
+        if self.output.run_id:
+            return self.output.run_id
+        basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
+        basis["model"].pop("engine", None)
+        digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+        return f"run-{digest[:12]}"
+
+
+def _loc(err: dict) -> str:
+    return ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+
+
+def _allowed_fields(loc: tuple) -> list[str]:
+    """Field names allowed at the parent of `loc` (for 'extra field' errors)."""
+    model: Any = JobConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+    return sorted(model.model_fields)
+
+
+def _format(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = _loc(err) or "<config>"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{where}: {msg}")
+    return "invalid job config:\n  " + "\n  ".join(lines)
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r}: expected KEY.PATH=VALUE")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {override!r}: empty field name in {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({e})") from None
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def validate_config(data: dict) -> JobConfig:
+    """dict -> JobConfig, or ConfigError naming every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError("invalid job config: the top level must be a mapping of sections")
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Read a YAML job config, apply ``a.b=value`` overrides, validate everything."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"job config {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"job config {p}: the top level must be a mapping of sections")
+    for ov in overrides:
+        apply_override(data, ov)
+    return validate_config(data)
+
+
+def job_schema() -> dict:
+    """The JSON schema of a job config (for editors: yaml-language-server)."""
+    schema = JobConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "vlbatch job config"
+    return schema
+
+
+def export_schema(path: str | Path = SCHEMA_PATH) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(job_schema(), indent=2, sort_keys=True) + "\n")
+    return p
+
+
+if __name__ == "__main__":  # python -m pipeline.config --schema [PATH]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="job config tools")
+    ap.add_argument("--schema", nargs="?", const=str(SCHEMA_PATH), help="write the JSON schema (default configs/)")
+    args = ap.parse_args()
+    if args.schema:
+        print(export_schema(args.schema))

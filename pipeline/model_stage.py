@@ -1,0 +1,150 @@
+"""The model stage: Prepared rows -> Generated rows on one model actor.
+
+The actor holds one backend (`engine`: operators.engine, the product; `transformers`:
+reference `generate()`, used by the benchmark baseline). A Ray batch holds whole media
+rows (all questions of a media together), so siblings meet the same actor's vision and
+prefix caches. Inside the actor the rows are cut into engine batches by *visual
+tokens* (`resources.model.batch_visual_tokens`), never splitting a media's requests.
+
+Errors: a request that cannot be built (bad shapes) is a permanent error row; an
+exception from the backend for a whole engine batch turns each of its requests into a
+transient `EngineError` row (retried on resume); rows in error pass through.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from operators.errors import EngineError, VlbatchError
+from pipeline.config import JobConfig
+from pipeline.rows import Generated, Prepared, from_batch, to_table
+
+
+@dataclass(frozen=True)
+class ReqOut:
+    """What the backend returns for one request (backend-neutral)."""
+
+    answer: str | None
+    thinking: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    generated_tokens: int | None
+    cached_tokens: int | None
+    error_type: str | None = None
+    error_message: str | None = None
+
+
+def plan_batches(visual_tokens: list[int], budget: int, max_items: int) -> list[list[int]]:
+    """Greedy, order-preserving cut of rows into batches of <= `budget` visual tokens and
+    <= `max_items` rows; a row over the budget alone forms its own batch."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i, v in enumerate(visual_tokens):
+        if cur and (used + v > budget or len(cur) >= max_items):
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += v
+    if cur:
+        out.append(cur)
+    return out
+
+
+def request_seed(base: int, rid: str) -> int:
+    return (int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) ^ base) & 0x7FFFFFFF
+
+
+def processor_dict(row: Prepared, i: int) -> dict[str, np.ndarray]:
+    """Prompt i of a Prepared row in the processor's output layout (batch of one)."""
+    ids = np.asarray(row.input_ids[i], np.int64)[None]
+    out = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "mm_token_type_ids": np.asarray(row.mm_token_type_ids[i], np.int64)[None],
+        "position_ids": np.asarray(row.position_ids[i], np.int64).reshape(3, 1, -1),
+        "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
+    }
+    grid = np.asarray(row.grid_thw, np.int64)[None]
+    if row.media_type == "image":
+        out["pixel_values"], out["image_grid_thw"] = row.pixel_values, grid
+    else:
+        out["pixel_values_videos"], out["video_grid_thw"] = row.pixel_values, grid
+    return out
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class ModelStage:
+    """Ray actor UDF: numpy batch of Prepared rows -> table of Generated rows."""
+
+    def __init__(self, cfg: JobConfig):
+        import torch
+
+        torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
+        self.cfg = cfg
+        if cfg.model.backend == "engine":
+            from pipeline.backends import EngineBackend
+
+            self.backend = EngineBackend(cfg)
+        else:
+            from pipeline.backends import TransformersBackend
+
+            self.backend = TransformersBackend(cfg)
+
+    def __call__(self, batch: dict[str, np.ndarray]):
+        rows = from_batch(batch, Prepared)
+        out: list[Generated | None] = [None] * len(rows)
+        live = [i for i, r in enumerate(rows) if r.status == "ok"]
+        for i, r in enumerate(rows):
+            if r.status != "ok":
+                out[i] = self._passthrough(r)
+        res = self.cfg.resources.model
+        for group in plan_batches([rows[i].visual_tokens for i in live], res.batch_visual_tokens, res.max_batch_media):
+            picked = [rows[live[j]] for j in group]
+            t0 = time.perf_counter()
+            results = self._run(picked)
+            dt = time.perf_counter() - t0
+            for j, r in zip(group, picked, strict=True):
+                out[live[j]] = self._generated(r, [results[rid] for rid in r.ids], dt)
+        return to_table(out, Generated)
+
+    def _run(self, rows: list[Prepared]) -> dict[str, ReqOut]:
+        """One engine batch; a backend exception becomes EngineError rows for all of it."""
+        try:
+            return self.backend.generate(rows)
+        except Exception as e:  # the whole batch failed (OOM, device error): transient
+            err = e if isinstance(e, VlbatchError) else EngineError(f"{type(e).__name__}: {e}")
+            fail = ReqOut(None, None, None, None, None, None, err.error_type, str(err)[:2000])
+            return {rid: fail for r in rows for rid in r.ids}
+
+    def _base(self, r: Prepared) -> dict:
+        return {"media_uri": r.media_uri, "media_type": r.media_type, "ids": r.ids,
+                "request_indices": r.request_indices, "prompts": r.prompts, "status": r.status,
+                "error_type": r.error_type, "error_message": r.error_message,
+                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s}
+
+    def _passthrough(self, r: Prepared) -> Generated:
+        n = len(r.ids)
+        return Generated(**self._base(r), answers=(None,) * n, thinking=(None,) * n, statuses=("error",) * n,
+                         req_error_types=(r.error_type,) * n, req_error_messages=(r.error_message,) * n,
+                         finish_reasons=(None,) * n, prompt_tokens=(None,) * n, generated_tokens=(None,) * n,
+                         cached_tokens=(None,) * n, visual_tokens=r.visual_tokens)
+
+    def _generated(self, r: Prepared, outs: list[ReqOut], model_s: float) -> Generated:
+        g = Generated(**self._base(r), visual_tokens=r.visual_tokens, model_s=model_s)
+        return replace(
+            g, answers=tuple(o.answer for o in outs), thinking=tuple(o.thinking for o in outs),
+            statuses=tuple("ok" if o.error_type is None else "error" for o in outs),
+            req_error_types=tuple(o.error_type for o in outs), req_error_messages=tuple(o.error_message for o in outs),
+            finish_reasons=tuple(o.finish_reason for o in outs), prompt_tokens=tuple(o.prompt_tokens for o in outs),
+            generated_tokens=tuple(o.generated_tokens for o in outs), cached_tokens=tuple(o.cached_tokens for o in outs))

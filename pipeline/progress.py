@@ -1,0 +1,93 @@
+"""Progress and the run summary.
+
+`Progress` aggregates the write stage's per-request stats rows as they arrive on the
+driver. On a terminal it redraws one status line (rows/s, visual tokens/s, generated
+tokens/s, prefix-cache hit rate, errors, ETA); elsewhere (cron, Airflow) it prints a
+timestamped log line every `ray.progress_interval_s` seconds and at the end.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import pyarrow as pa
+
+
+def _fmt_eta(s: float | None) -> str:
+    if s is None:
+        return "--:--"
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
+@dataclass
+class Progress:
+    total: int
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    interval_s: float = 10.0
+    tty: bool | None = None
+    clock: callable = time.monotonic
+    done: int = 0
+    visual_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    status: Counter = field(default_factory=Counter)
+    error_types: Counter = field(default_factory=Counter)
+    files: set = field(default_factory=set)
+
+    def __post_init__(self):
+        if self.tty is None:
+            self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = self.clock()
+        self._last = self.start
+
+    def update(self, stats: pa.Table) -> None:
+        d = stats.to_pydict()
+        n = stats.num_rows
+        self.done += n
+        self.status.update(d["status"])
+        self.error_types.update(t for t in d["error_type"] if t)
+        self.generated_tokens += sum(x or 0 for x in d["generated_tokens"])
+        self.prompt_tokens += sum(x or 0 for x in d["prompt_tokens"])
+        self.cached_tokens += sum(x or 0 for x in d["cached_tokens"])
+        # per request: a media asked three questions counts its visual tokens three times (prompt tokens)
+        self.visual_tokens += sum(x or 0 for x in d["visual_tokens"])
+        self.files.update(d["file"])
+        self.tick()
+
+    @property
+    def elapsed(self) -> float:
+        return max(1e-9, self.clock() - self.start)
+
+    def rates(self) -> dict:
+        e = self.elapsed
+        hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        left = self.total - self.done
+        rps = self.done / e
+        return {"rows_per_s": rps, "visual_tokens_per_s": self.visual_tokens / e,
+                "generated_tokens_per_s": self.generated_tokens / e, "prefix_cache_hit_rate": hit,
+                "eta_s": (left / rps) if rps > 0 else None}
+
+    def line(self) -> str:
+        r = self.rates()
+        errs = self.status.get("error", 0)
+        return (f"{self.done}/{self.total} rows  {r['rows_per_s']:.2f} rows/s  "
+                f"vis {r['visual_tokens_per_s']:.0f} tok/s  gen {r['generated_tokens_per_s']:.1f} tok/s  "
+                f"prefix-hit {r['prefix_cache_hit_rate']:.0%}  errors {errs}  ETA {_fmt_eta(r['eta_s'])}")
+
+    def tick(self, final: bool = False) -> None:
+        now = self.clock()
+        if self.tty:
+            if final or now - self._last >= 0.2:
+                self.stream.write("\r\x1b[K" + self.line() + ("\n" if final else ""))
+                self.stream.flush()
+                self._last = now
+        elif final or now - self._last >= self.interval_s:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            self.stream.write(f"{stamp} vlbatch progress: {self.line()}\n")
+            self.stream.flush()
+            self._last = now

@@ -1,0 +1,100 @@
+"""Expansion of manifest rows into requests, with deterministic request ids.
+
+One manifest row (a media) becomes one `MediaTask` holding all of its requests: one
+caption request (task.mode=caption) or one request per question (task.mode=questions).
+Request ids hash only run-independent inputs (media uri, request index, prompt), so a
+rerun of the same job recomputes the same ids and resume can skip committed ones.
+A row that cannot form a request (unknown media type, no questions) becomes an error
+row (`InputError`) with one request, never a silent drop.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+
+from operators.errors import InputError
+from pipeline.config import TaskConfig
+from pipeline.rows import MediaTask
+
+IMAGE_EXT = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+VIDEO_EXT = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".m4a", ".ts", ".flv"}
+MEDIA_TYPES = ("image", "video")
+
+
+def request_id(media_uri: str, request_index: int, prompt: str) -> str:
+    """32 hex chars of sha256 over (uri, index, prompt); stable across runs and machines."""
+    h = hashlib.sha256(f"{media_uri}\x1f{request_index}\x1f{prompt}".encode())
+    return h.hexdigest()[:32]
+
+
+def infer_media_type(uri: str, given: str | None) -> str:
+    """'image'/'video' from the manifest column, else from the file extension."""
+    if given:
+        t = str(given).strip().lower()
+        if t not in MEDIA_TYPES:
+            raise InputError(f"media_type {given!r} of {uri}: allowed values are 'image', 'video'")
+        return t
+    name = uri.rsplit("/", 1)[-1].lower()
+    ext = "." + name.rsplit(".", 1)[-1] if "." in name else ""
+    if ext in IMAGE_EXT:
+        return "image"
+    if ext in VIDEO_EXT:
+        return "video"
+    raise InputError(f"cannot tell whether {uri} is an image or a video (extension {ext or 'none'!r}); "
+                     "add a media_type column with 'image' or 'video'")
+
+
+def _questions(raw, task: TaskConfig) -> list[str]:
+    if raw is None:
+        return list(task.questions)
+    if isinstance(raw, str):  # CSV cells: a JSON list
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            raw = [raw]
+    return [str(q) for q in raw if q is not None and str(q).strip()]
+
+
+def expand(media_uri: str, media_type: str | None, questions, task: TaskConfig) -> MediaTask:
+    """One manifest row -> its MediaTask (all requests, none filtered)."""
+    try:
+        kind = infer_media_type(media_uri, media_type)
+    except InputError as e:
+        kind = "unknown"
+        err: InputError | None = e
+    else:
+        err = None
+    if task.mode == "caption":
+        prompt = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
+        prompts = [prompt]
+    else:
+        prompts = _questions(questions, task)
+        if not prompts and err is None:
+            err = InputError(f"{media_uri}: no questions (task.mode=questions)")
+        prompts = prompts or [""]
+    ids = tuple(request_id(media_uri, i, p) for i, p in enumerate(prompts))
+    row = MediaTask(media_uri, kind, ids, tuple(range(len(prompts))), tuple(prompts))
+    return row.failed(err) if err is not None else row
+
+
+def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None:
+    """The row with committed requests removed (None when nothing is left)."""
+    keep = [i for i, rid in enumerate(row.ids) if rid not in done]
+    if not keep:
+        return None
+    if len(keep) == len(row.ids):
+        return row
+    pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
+    return MediaTask(row.media_uri, row.media_type, pick(row.ids), pick(row.request_indices), pick(row.prompts),
+                     row.status, row.error_type, row.error_message)
+
+
+def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> list[MediaTask]:
+    """[(uri, media_type, questions)] -> pending MediaTasks."""
+    out = []
+    for uri, mtype, qs in records:
+        row = pending(expand(str(uri), mtype, qs, task), done)
+        if row is not None:
+            out.append(row)
+    return out

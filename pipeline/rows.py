@@ -1,0 +1,173 @@
+"""Typed row schemas of the stages (frozen dataclasses <-> Arrow tables).
+
+A row is one *media* with the pending requests about it (ids, indices, prompts), so
+every question about a media travels together: decoded and preprocessed once, sent to
+one model actor in one batch (its vision and prefix caches hit), and split into one
+output row per request only by the writer. Each stage maps one row to one row.
+
+Tensor fields travel as Ray's variable-shaped Arrow tensor columns (`frames`,
+`pixel_values`), never as pickled Python objects. An error row keeps its request
+fields, carries `status="error"`, `error_type`, `error_message`, and empty tensors.
+
+Stages:  MediaTask -> Decoded -> Prepared -> Generated  (-> writer OutputRows)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from ray.data._internal.tensor_extensions.arrow import ArrowVariableShapedTensorArray
+
+TENSOR = "tensor"
+_LS, _LI = pa.list_(pa.string()), pa.list_(pa.int64())
+
+
+@dataclass(frozen=True)
+class MediaTask:
+    """One media and its pending requests (request i: ids[i], request_indices[i], prompts[i])."""
+
+    media_uri: str
+    media_type: str  # "image" | "video"
+    ids: tuple[str, ...]
+    request_indices: tuple[int, ...]
+    prompts: tuple[str, ...]
+    status: str = "ok"
+    error_type: str | None = None
+    error_message: str | None = None
+
+    def failed(self, err: BaseException) -> Any:
+        """The same row as an error row (`err`'s class name and message)."""
+        return replace(self, status="error", error_type=type(err).__name__, error_message=str(err)[:2000])
+
+
+@dataclass(frozen=True)
+class Decoded(MediaTask):
+    """frames: [F, H, W, 3] uint8 (F = 1 for an image); empty on error."""
+
+    frames: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0, 3), np.uint8))
+    source_fps: float | None = None
+    total_frames: int | None = None
+    frame_indices: tuple[int, ...] = ()
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Prepared(MediaTask):
+    """pixel_values: [N_patch, C*T*P*P] float32 shared by all prompts; per prompt i:
+    input_ids[i] [L_i], mm_token_type_ids[i] [L_i], position_ids[i] [3*L_i] (flattened
+    [3, L_i]), rope_deltas[i]. grid_thw: (t, h, w) of the media in patches."""
+
+    pixel_values: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    grid_thw: tuple[int, ...] = ()
+    input_ids: tuple[tuple[int, ...], ...] = ()
+    mm_token_type_ids: tuple[tuple[int, ...], ...] = ()
+    position_ids: tuple[tuple[int, ...], ...] = ()
+    rope_deltas: tuple[int, ...] = ()
+    visual_tokens: int = 0
+    decode_s: float = 0.0
+    preprocess_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Generated(MediaTask):
+    """Per prompt i: answers[i], statuses[i] ("ok"/"error"), req_error_types[i], ..."""
+
+    answers: tuple[str | None, ...] = ()
+    thinking: tuple[str | None, ...] = ()
+    statuses: tuple[str, ...] = ()
+    req_error_types: tuple[str | None, ...] = ()
+    req_error_messages: tuple[str | None, ...] = ()
+    finish_reasons: tuple[str | None, ...] = ()
+    prompt_tokens: tuple[int | None, ...] = ()
+    generated_tokens: tuple[int | None, ...] = ()
+    cached_tokens: tuple[int | None, ...] = ()
+    visual_tokens: int = 0
+    decode_s: float = 0.0
+    preprocess_s: float = 0.0
+    model_s: float = 0.0
+
+
+_BASE = {
+    "media_uri": pa.string(), "media_type": pa.string(), "ids": _LS, "request_indices": _LI, "prompts": _LS,
+    "status": pa.string(), "error_type": pa.string(), "error_message": pa.string(),
+}
+ARROW_TYPES: dict[type, dict[str, Any]] = {
+    MediaTask: _BASE,
+    Decoded: {**_BASE, "frames": TENSOR, "source_fps": pa.float64(), "total_frames": pa.int64(),
+              "frame_indices": _LI, "decode_s": pa.float64()},
+    Prepared: {**_BASE, "pixel_values": TENSOR, "grid_thw": _LI, "input_ids": pa.list_(_LI),
+               "mm_token_type_ids": pa.list_(_LI), "position_ids": pa.list_(_LI), "rope_deltas": _LI,
+               "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64()},
+    Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
+                "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,
+                "generated_tokens": _LI, "cached_tokens": _LI, "visual_tokens": pa.int64(),
+                "decode_s": pa.float64(), "preprocess_s": pa.float64(), "model_s": pa.float64()},
+}
+
+
+def columns(cls: type) -> list[str]:
+    """The columns a stage reading rows of `cls` needs."""
+    return [f.name for f in fields(cls)]
+
+
+def to_table(rows: list, cls: type) -> pa.Table:
+    """[cls] -> pa.Table with `ARROW_TYPES[cls]` (tensor fields as variable-shaped tensors)."""
+    types = ARROW_TYPES[cls]
+    cols = {}
+    for name in columns(cls):
+        vals = [getattr(r, name) for r in rows]
+        if types[name] == TENSOR:
+            cols[name] = ArrowVariableShapedTensorArray.from_numpy([np.ascontiguousarray(v) for v in vals])
+        else:
+            cols[name] = pa.array(vals, type=types[name])
+    return pa.table(cols)
+
+
+def _py(v: Any) -> Any:
+    """numpy leaf -> Python (lists of lists -> tuples of tuples)."""
+    if isinstance(v, np.ndarray) and v.dtype == object:
+        return tuple(_py(x) for x in v)
+    if isinstance(v, (list, tuple)):
+        return tuple(_py(x) for x in v)
+    if isinstance(v, np.ndarray):
+        return tuple(v.tolist())
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def from_batch(batch: dict[str, np.ndarray], cls: type) -> list:
+    """A numpy-format Ray batch -> [cls]; tensor fields stay numpy arrays."""
+    types = ARROW_TYPES[cls]
+    names = columns(cls)
+    n = len(batch[names[0]])
+    out = []
+    for i in range(n):
+        kw = {}
+        for name in names:
+            v = batch[name][i]
+            kw[name] = np.asarray(v) if types[name] == TENSOR else _py(v)
+        out.append(cls(**kw))
+    return out
+
+
+def from_table(table: pa.Table, cls: type) -> list:
+    """pa.Table -> [cls] (tests and the driver)."""
+    batch = {}
+    for name in columns(cls):
+        col = table.column(name)
+        if ARROW_TYPES[cls][name] == TENSOR:
+            batch[name] = _tensor_list(col)
+        else:
+            batch[name] = col.to_pylist()
+    return from_batch(batch, cls)
+
+
+def _tensor_list(col: pa.ChunkedArray) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    for chunk in col.chunks:
+        arr = chunk.to_numpy()
+        out.extend(arr if arr.dtype == object else list(arr))
+    return out

@@ -1,0 +1,169 @@
+"""`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to committed Parquet.
+
+    manifest (read_parquet/json/csv or a glob)             Ray read tasks
+      -> expand to requests, drop committed ids (resume)   map_batches (tasks), materialised
+      -> decode: bytes -> frames                           actor pool (CPU), killable subprocess
+      -> preprocess: frames -> pixel values + tokens       actor pool (CPU)
+      -> model: engine generate, batches cut by visual tokens   actor pool (num_gpus, min..max)
+      -> write: one atomic Parquet part file per batch     tasks; stats rows back to the driver
+
+Output layout: `<output.uri>/<run_id>/part-<hash>.parquet` and `_summary.json` beside them.
+Before the graph starts, the run directory's committed ids are read (`operators.writer.resume`):
+committed ok / permanent-error rows are skipped, transient error rows purged and redone.
+After it finishes the index is read again to count the whole run (all attempts).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from operators.errors import ConfigError
+from operators.writer import clean_tmp, load_index, open_filesystem, purge_transient, write_json
+from operators.writer.fs import join
+from pipeline.config import JobConfig
+from pipeline.progress import Progress
+from pipeline.requests import expand, pending
+from pipeline.rows import MediaTask, to_table
+
+log = logging.getLogger("vlbatch.pipeline")
+SUMMARY_NAME = "_summary.json"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one `run_job` call did and what the run directory now holds."""
+
+    run_id: str
+    output_dir: str  # full URI of the run directory
+    requests_pending: int  # requests this call had to compute
+    requests_skipped: int  # requests already committed before this call
+    processed_by_status: dict = field(default_factory=dict)  # this call
+    error_types: dict = field(default_factory=dict)  # this call
+    committed_by_status: dict = field(default_factory=dict)  # the whole run directory, after this call
+    committed_total: int = 0
+    purged_transient: int = 0
+    duplicate_ids: int = 0
+    elapsed_s: float = 0.0
+    rows_per_s: float = 0.0
+    visual_tokens_per_s: float = 0.0
+    generated_tokens_per_s: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    error_fraction: float = 0.0
+    max_error_fraction: float = 0.0
+    files_written: int = 0
+
+    @property
+    def exceeded_error_fraction(self) -> bool:
+        return self.error_fraction > self.max_error_fraction
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the error share is within `max_error_fraction`, else 1."""
+        return 1 if self.exceeded_error_fraction else 0
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["exceeded_error_fraction"] = self.exceeded_error_fraction
+        d["exit_code"] = self.exit_code
+        return json.dumps(d, indent=2, sort_keys=True)
+
+
+def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Table:
+    rows = []
+    for uri, mtype, qs in zip(*(batch.column(c).to_pylist() for c in ("media_uri", "media_type", "questions")),
+                              strict=True):
+        r = pending(expand(uri, mtype, qs, cfg.task), done)
+        if r is not None:
+            rows.append(r)
+    return to_table(rows, MediaTask)
+
+
+def _init_ray(cfg: JobConfig) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray.address, log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+
+
+def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
+    """The lazy dataset of write stats rows."""
+    from pipeline.model_stage import ModelStage
+    from pipeline.stages import DecodeStage, PreprocessStage
+    from pipeline.write_stage import write_batch
+
+    r = cfg.resources
+
+    def pool(stage):
+        kw = {"num_cpus": stage.num_cpus, "concurrency": (stage.min_actors, stage.max_actors)}
+        if stage.memory_gb:
+            kw["memory"] = int(stage.memory_gb * 2**30)
+        return kw
+
+    ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.decode.batch_size,
+                              batch_format="numpy", **pool(r.decode))
+    ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
+                        batch_format="numpy", **pool(r.preprocess))
+    ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.max_batch_media,
+                        batch_format="numpy", num_gpus=r.model.num_gpus, **pool(r.model))
+    w = {"num_cpus": r.write.num_cpus, "max_retries": 3}
+    return ds.map_batches(write_batch, fn_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
+                          batch_size=r.write.batch_size, batch_format="numpy", **w)
+
+
+def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
+    """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`."""
+    from pipeline.manifest import read_manifest
+
+    stream = stream or sys.stderr
+    t0 = time.monotonic()
+    run_id = cfg.resolved_run_id()
+    s = cfg.storage
+    fs, root = open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
+                               anonymous=s.anonymous, retries=s.retries)
+    run_dir = join(root, run_id)
+    run_uri = join(cfg.output.uri.rstrip("/"), run_id)
+    fs.makedirs(run_dir, exist_ok=True)
+    clean_tmp(fs, run_dir)
+    index = load_index(fs, run_dir, retries=s.retries)
+    if index.files and not cfg.resume.enabled:
+        raise ConfigError(f"resume.enabled=false but {run_uri} already holds {len(index.files)} committed files; "
+                          "set resume.enabled=true to continue that run or choose a new output.run_id")
+    purged = purge_transient(fs, run_dir, index, retries=s.retries) if cfg.resume.retry_transient else 0
+    done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
+
+    _init_ray(cfg)
+    tasks_ds = read_manifest(cfg).map_batches(_expand_batch, batch_format="pyarrow",
+                                              fn_kwargs={"cfg": cfg, "done": done}).materialize()
+    pending_n = sum(int(np.sum([len(x) for x in b["ids"]]))
+                    for b in tasks_ds.iter_batches(batch_format="numpy", batch_size=4096) if len(b["ids"]))
+    progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
+    if pending_n:
+        for stats in build_graph(cfg, tasks_ds, run_dir, run_id).iter_batches(batch_format="pyarrow",
+                                                                              batch_size=None):
+            progress.update(stats)
+    progress.tick(final=True)
+    after = load_index(fs, run_dir, retries=s.retries)
+    total = sum(after.status_counts.values())
+    errors = after.status_counts.get("error", 0)
+    rates = progress.rates()
+    summary = RunSummary(
+        run_id=run_id, output_dir=run_uri, requests_pending=pending_n, requests_skipped=len(done),
+        processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
+        committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
+        duplicate_ids=after.duplicate_ids, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
+        visual_tokens_per_s=rates["visual_tokens_per_s"], generated_tokens_per_s=rates["generated_tokens_per_s"],
+        prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], error_fraction=(errors / total) if total else 0.0,
+        max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files))
+    write_json(fs, join(run_dir, SUMMARY_NAME), summary.to_json(), retries=s.retries)
+    return summary
+

@@ -1,0 +1,163 @@
+"""CPU stages: decode (media bytes -> frames) and preprocess (frames -> model inputs).
+
+Each stage is a class usable as a Ray Data actor-pool UDF: constructed once per actor
+(opening the decode subprocess or loading the processor), called with a numpy batch of
+the previous stage's rows, returning a pyarrow table with exactly one row per input
+row. A failure in one row becomes that row's error row; it never fails the task.
+Rows already in error pass through unchanged.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from operators.errors import InputError, VlbatchError
+from pipeline.config import JobConfig
+from pipeline.rows import Decoded, MediaTask, Prepared, from_batch, to_table
+
+
+def _error_fields(row: MediaTask) -> dict:
+    return {"status": row.status, "error_type": row.error_type, "error_message": row.error_message}
+
+
+def _base(row: MediaTask) -> dict:
+    return {"media_uri": row.media_uri, "media_type": row.media_type, "ids": row.ids,
+            "request_indices": row.request_indices, "prompts": row.prompts, **_error_fields(row)}
+
+
+def _catch(row: MediaTask, fn, err_cls):
+    """fn() or row-as-error on any exception (typed errors keep their type)."""
+    try:
+        return fn()
+    except VlbatchError as e:
+        return err_cls(**_base(row)).failed(e)
+    except Exception as e:  # a bug or an unexpected library error: still one row, never a task failure
+        return err_cls(**_base(row)).failed(e)
+
+
+class DecodeStage:
+    """MediaTask -> Decoded: read the bytes (local / s3://), decode the image or sampled video frames.
+
+    Videos decode in a long-lived killable subprocess per actor (`DecodeWorker`), killed
+    and restarted when a file exceeds `video.decode_timeout_s` (-> MediaTimeoutError).
+    """
+
+    def __init__(self, cfg: JobConfig):
+        from operators.media import StorageOptions
+        from operators.media.video import FrameSampling
+        from operators.media.worker import DecodeWorker
+
+        self.cfg = cfg
+        s = cfg.storage
+        self.storage = StorageOptions(endpoint_url=s.endpoint_url, region=s.region, anonymous=s.anonymous,
+                                      max_attempts=s.retries + 1)
+        v = cfg.video
+        self.sampling = FrameSampling(fps=v.fps, num_frames=v.num_frames, min_frames=v.min_frames,
+                                      max_frames=v.max_frames)
+        self.worker = DecodeWorker(timeout_s=v.decode_timeout_s)
+
+    def __call__(self, batch: dict[str, np.ndarray]):
+        rows = from_batch(batch, MediaTask)
+        return to_table([self.decode_one(r) for r in rows], Decoded)
+
+    def decode_one(self, row: MediaTask) -> Decoded:
+        if row.status != "ok":
+            return Decoded(**_base(row))
+        return _catch(row, lambda: self._decode(row), Decoded)
+
+    def _decode(self, row: MediaTask) -> Decoded:
+        from operators.media import read_bytes
+
+        t0 = time.perf_counter()
+        data = read_bytes(row.media_uri, self.storage)
+        limit = self.cfg.image.max_bytes if row.media_type == "image" else self.cfg.video.max_bytes
+        if len(data) > limit:
+            raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {row.media_type}.max_bytes "
+                             f"limit of {limit}")
+        if row.media_type == "image":
+            from operators.preprocess import load_image
+
+            img = load_image(data)
+            return Decoded(**_base(row), frames=img[None], decode_s=time.perf_counter() - t0)
+        clip = self.worker.decode(data, self.sampling, self.cfg.video.backend)
+        return Decoded(**_base(row), frames=clip.frames, source_fps=clip.source_fps,
+                       total_frames=clip.total_frames, frame_indices=tuple(int(i) for i in clip.indices),
+                       decode_s=time.perf_counter() - t0)
+
+    def __del__(self):
+        w = getattr(self, "worker", None)
+        if w is not None and hasattr(w, "close"):
+            w.close()
+
+
+def chat_messages(prompt: str, media_type: str, system_prompt: str | None) -> list[dict]:
+    """The conversation for one request: optional system turn, then the media and the prompt."""
+    msgs = [{"role": "system", "content": [{"type": "text", "text": system_prompt}]}] if system_prompt else []
+    msgs.append({"role": "user", "content": [{"type": media_type}, {"type": "text", "text": prompt}]})
+    return msgs
+
+
+class PreprocessStage:
+    """Decoded -> Prepared: chat template, tokenisation, resize + patchify, MRoPE positions.
+
+    The processor runs once per prompt (the text differs); the pixel values of the
+    media are kept once per row. `visual_tokens` is the number of placeholder tokens
+    the media fills (`t * h * w / merge**2`), the unit model batches are sized by.
+    """
+
+    def __init__(self, cfg: JobConfig):
+        from operators.preprocess import Processor
+
+        self.cfg = cfg
+        self.processor = Processor.from_pretrained(cfg.model.path)
+        # the job's budgets override the checkpoint's preprocessor configs (None = keep)
+        for attr, over in (("image_config", cfg.image), ("video_config", cfg.video)):
+            kw = {k: getattr(over, k) for k in ("min_pixels", "max_pixels") if getattr(over, k) is not None}
+            if kw:
+                setattr(self.processor, attr, replace(getattr(self.processor, attr), **kw))
+
+    def __call__(self, batch: dict[str, np.ndarray]):
+        rows = from_batch(batch, Decoded)
+        return to_table([self.prepare_one(r) for r in rows], Prepared)
+
+    def prepare_one(self, row: Decoded) -> Prepared:
+        keep = {"decode_s": row.decode_s}
+        if row.status != "ok":
+            return Prepared(**_base(row), **keep)
+        return _catch(row, lambda: self._prepare(row), Prepared)
+
+    def media_kwargs(self, row: Decoded) -> dict:
+        if row.media_type == "image":
+            return {"images": [row.frames[0]]}
+        from operators.types import VideoClip
+
+        clip = VideoClip(frames=row.frames, source_fps=float(row.source_fps), total_frames=int(row.total_frames),
+                         indices=tuple(row.frame_indices))
+        return {"videos": [clip]}
+
+    def _prepare(self, row: Decoded) -> Prepared:
+        t0 = time.perf_counter()
+        media = self.media_kwargs(row)
+        key = "image_grid_thw" if row.media_type == "image" else "video_grid_thw"
+        pv_key = "pixel_values" if row.media_type == "image" else "pixel_values_videos"
+        ids, types, pos, deltas = [], [], [], []
+        pixel_values = grid = None
+        for prompt in row.prompts:
+            text = self.processor.apply_chat_template(
+                chat_messages(prompt, row.media_type, self.cfg.task.system_prompt),
+                add_generation_prompt=True, enable_thinking=self.cfg.task.thinking)
+            out = self.processor(text=text, **media)
+            ids.append(tuple(int(x) for x in np.asarray(out["input_ids"])[0]))
+            types.append(tuple(int(x) for x in np.asarray(out["mm_token_type_ids"])[0]))
+            pos.append(tuple(int(x) for x in np.asarray(out["position_ids"])[:, 0].reshape(-1)))
+            deltas.append(int(np.asarray(out["rope_deltas"]).reshape(-1)[0]))
+            if pixel_values is None:
+                pixel_values = np.asarray(out[pv_key], dtype=np.float32)
+                grid = tuple(int(x) for x in np.asarray(out[key]).reshape(-1, 3)[0])
+        visual = sum(1 for t in types[0] if t != 0)  # placeholder tokens the media fills
+        return replace(Prepared(**_base(row)), pixel_values=pixel_values, grid_thw=grid, input_ids=tuple(ids),
+                       mm_token_type_ids=tuple(types), position_ids=tuple(pos), rope_deltas=tuple(deltas),
+                       visual_tokens=visual, decode_s=row.decode_s,
+                       preprocess_s=time.perf_counter() - t0)

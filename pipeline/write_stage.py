@@ -1,0 +1,56 @@
+"""The write stage: Generated rows -> one committed Parquet part file per batch.
+
+Runs as Ray tasks. Each call explodes its media rows into one `OutputRow` per request,
+commits them as one part file (deterministic name from the ids; atomic, see
+`operators.writer.commit`) and returns a small stats table, one row per request, that
+the driver aggregates for progress and the run summary. The rows are committed before
+the stats row exists, so whatever the driver counts is durable.
+
+A commit that fails after all storage retries raises `StorageError`: the task fails
+(Ray retries it with the same rows, hence the same file name), and if it keeps failing
+the job stops with that error; a rerun commits the rows (resume).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from operators.writer import OutputRow, Timings, commit_table, open_filesystem, rows_to_table
+from pipeline.config import JobConfig
+from pipeline.rows import Generated, from_batch
+
+STATS_SCHEMA = pa.schema([
+    ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),
+    ("visual_tokens", pa.int64()), ("generated_tokens", pa.int64()), ("cached_tokens", pa.int64()),
+    ("file", pa.string()),
+])
+
+
+def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
+    """One media row -> one OutputRow per request (same fixed schema for ok and error)."""
+    out = []
+    timings = Timings(decode_s=g.decode_s, preprocess_s=g.preprocess_s, model_s=g.model_s)
+    for i, rid in enumerate(g.ids):
+        ok = g.statuses[i] == "ok"
+        out.append(OutputRow(
+            id=rid, request_index=g.request_indices[i], media_uri=g.media_uri, media_type=g.media_type,
+            prompt=g.prompts[i], status="ok" if ok else "error", model=model, run_id=run_id,
+            answer=g.answers[i] if ok else None, thinking=g.thinking[i] if ok else None,
+            error_type=None if ok else g.req_error_types[i], error_message=None if ok else g.req_error_messages[i],
+            prompt_tokens=g.prompt_tokens[i], visual_tokens=g.visual_tokens or None,
+            generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings))
+    return out
+
+
+def write_batch(batch: dict[str, np.ndarray], *, cfg: JobConfig, run_dir: str, run_id: str) -> pa.Table:
+    gens = from_batch(batch, Generated)
+    rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
+    s = cfg.storage
+    fs, _ = open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
+                            anonymous=s.anonymous, retries=s.retries)
+    path = commit_table(fs, run_dir, rows_to_table(rows), retries=s.retries)
+    cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
+    return pa.Table.from_pylist([
+        {"id": r.id, "status": r.status, "error_type": r.error_type, "prompt_tokens": r.prompt_tokens,
+         "visual_tokens": r.visual_tokens, "generated_tokens": r.generated_tokens,
+         "cached_tokens": cached.get(r.id), "file": path} for r in rows], schema=STATS_SCHEMA)

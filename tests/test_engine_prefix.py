@@ -1,0 +1,132 @@
+"""Prefix-cache behaviour through the real engine: exact branch points, copy-on-write, eviction, media keys."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from operators.engine.engine import Engine
+from test_engine_support import image, request
+
+SYSTEM = "You are a careful visual assistant."
+QUESTIONS = ["Describe it.", "Describe the colours.", "Describe the shapes in detail.", "Describe the mood.",
+             "Describe the light.", "Describe the background."]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_ckpt):
+    return tiny_ckpt("dense")
+
+
+def _engine(ckpt, **kw):
+    kw.setdefault("kv_budget_bytes", 16 << 20)
+    return Engine.from_pretrained(ckpt, **kw)
+
+
+def _spy_prompt_logits(engine) -> dict:
+    """Record each request's first sampled logits (those of its last prompt token)."""
+    rows: dict = {}
+    run = engine.runner.run
+
+    def recording(plan):
+        logits = run(plan)
+        for c, row in zip([c for c in plan.chunks if c.sample], logits):
+            rows.setdefault(c.seq.id, row.clone())
+        return logits
+
+    engine.runner.run = recording
+    return rows
+
+
+def _alone(ckpt, reqs) -> dict:
+    out = {}
+    for r in reqs:
+        e = _engine(ckpt, prefix_cache_bytes=0, vision_cache_bytes=0)
+        out.update({x.id: x.token_ids for x in e.generate([r])})
+    return out
+
+
+def _branch_point(a, b) -> int:
+    n = 0
+    while a.prompt_token_ids[n] == b.prompt_token_ids[n]:
+        n += 1
+    return n
+
+
+def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt):
+    img = ("image", image(3, 48, 64))
+    reqs = [request(ckpt, f"q{i}", [img, q], system=SYSTEM, max_new_tokens=5) for i, q in enumerate(QUESTIONS[:3])]
+    bp = _branch_point(reqs[0], reqs[1])
+    block = 16 if bp % 16 else 12
+    assert bp % block and bp > reqs[0].media[0].spans[-1][1]  # shared text after the image, mid-block
+    cached, plain = _engine(ckpt, block_size=block), _engine(ckpt, block_size=block, prefix_cache_bytes=0)
+    rows_c, rows_p = _spy_prompt_logits(cached), _spy_prompt_logits(plain)
+    res_c = {r.id: r for r in cached.generate(reqs)}
+    res_p = {r.id: r for r in plain.generate(reqs)}
+    assert res_c["q0"].cached_tokens == 0
+    bp12 = _branch_point(reqs[1], reqs[2])  # "Describe the" is shared by q1 and q2 only: one token deeper
+    assert bp12 % block and [res_c[f"q{i}"].cached_tokens for i in (1, 2)] == [bp, bp12]
+    for i in range(3):
+        assert res_c[f"q{i}"].token_ids == res_p[f"q{i}"].token_ids
+        torch.testing.assert_close(rows_c[f"q{i}"], rows_p[f"q{i}"], atol=1e-4, rtol=0)
+    assert cached.stats()["vision_encodes"] == 1  # the siblings' hits cover the image
+
+
+def test_copy_on_write_isolation(ckpt):
+    img = ("image", image(4, 40, 72))
+    reqs = [request(ckpt, f"c{i}", [img, q], system=SYSTEM, max_new_tokens=7) for i, q in enumerate(QUESTIONS)]
+    alone = _alone(ckpt, reqs)
+    engine = _engine(ckpt, block_size=16)
+    first = {r.id: r.token_ids for r in engine.generate(reqs[:2])}
+    bp = _branch_point(reqs[0], reqs[1])
+    match = engine.prefix_cache.match(engine.codec.encode(reqs[2].prompt_token_ids, reqs[2].media), bp)
+    assert match.length == bp
+    snap = (match.snapshot.conv.clone(), match.snapshot.recurrent.clone())
+    kv = engine.runner.kv[:, :, list(match.blocks)].clone()
+    # siblings restore from the same snapshot and copy the shared tail block, then decode side by side
+    later = {r.id: r for r in engine.generate(reqs[2:])}
+    assert all(later[r.id].cached_tokens >= bp for r in reqs[2:])
+    assert torch.equal(match.snapshot.conv, snap[0]) and torch.equal(match.snapshot.recurrent, snap[1])
+    now = engine.runner.kv[:, :, list(match.blocks)]
+    full = bp // 16
+    assert torch.equal(now[:, :, :full], kv[:, :, :full])
+    assert torch.equal(now[:, :, full, :, : bp % 16], kv[:, :, full, :, : bp % 16])
+    assert {**first, **{k: v.token_ids for k, v in later.items()}} == alone
+
+
+def test_eviction_under_tight_budget_keeps_outputs(ckpt):
+    reqs = [request(ckpt, f"e{g}{i}", [("image", image(20 + g, 40, 40)), q], system=SYSTEM, max_new_tokens=4)
+            for g in range(4) for i, q in enumerate(QUESTIONS[:2])]
+    alone = _alone(ckpt, reqs)
+    probe = _engine(ckpt)
+    budget = int(1.5 * probe.state_bytes_per_seq) + 8 * 16 * probe.kv_bytes_per_token
+    engine = _engine(ckpt, prefix_cache_bytes=budget, max_num_seqs=4)
+    got = {r.id: r.token_ids for r in engine.generate(reqs)}
+    stats = engine.stats()
+    assert got == alone
+    assert stats["prefix_evicted_nodes"] > 0 and stats["prefix_cache_bytes"] <= budget
+    assert stats["prefix_hit_tokens"] > 0
+
+
+def test_same_text_different_media_never_collide(ckpt):
+    q = "Describe it."
+    a = request(ckpt, "a", [("image", image(7, 48, 48)), q], system=SYSTEM)
+    b = request(ckpt, "b", [("image", image(8, 48, 48)), q], system=SYSTEM)  # same size: same token ids
+    c = request(ckpt, "c", [("image", image(7, 48, 48)), q], system=SYSTEM)
+    assert a.prompt_token_ids == b.prompt_token_ids == c.prompt_token_ids
+    alone = _alone(ckpt, [a, b])
+    assert alone["a"] != alone["b"]
+    engine = _engine(ckpt)
+    res = {r.id: r for r in engine.generate([a, b, c])}
+    start, end = a.media[0].spans[0][0], a.media[0].spans[-1][1]
+    assert res["b"].cached_tokens == start  # only the text before the image is shared
+    assert res["c"].cached_tokens >= end  # the same image is shared
+    assert res["a"].token_ids == res["c"].token_ids == alone["a"] and res["b"].token_ids == alone["b"]
+    assert engine.stats()["vision_encodes"] == 2

@@ -1,0 +1,333 @@
+"""Acceptance: the whole pipeline on a real local Ray cluster, output to a moto S3 server
+on loopback through s3fs, real encoded sample media (images, videos, bad files).
+
+One Ray session and one moto server serve the module. The reference for every answer
+is the engine alone (operators.media + operators.preprocess + operators.engine called
+directly, no Ray), computed in the same run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD_TYPES = {  # name -> error_type the row must carry
+    "truncated.jpg": "MediaError", "zero.png": "MediaError", "not_image.png": "MediaError",
+    "truncated.mp4": "MediaError", "zero.mp4": "MediaError", "not_media.mp4": "MediaError",
+    "garbage.webm": "MediaError", "audio_only.m4a": "MediaError",
+    "aspect_1x300.png": "InputError", "no_extension_file": "InputError",
+}
+MISSING = "missing_file.jpg"  # an 11th kind: the object does not exist
+
+
+def wait_until(pred, timeout: float, what: str):
+    """Poll a condition (synchronisation on an observable state, not a fixed sleep)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_ckpt):
+    """moto S3 server + a local Ray cluster + sample media + a tiny checkpoint."""
+    import boto3
+    import numpy as np
+    import ray
+    from moto.server import ThreadedMotoServer
+    from PIL import Image
+
+    from operators.media.samples import write_all
+
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "TOKENIZERS_PARALLELISM": "false"})
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="out")
+    s3.create_bucket(Bucket="media")
+    root = tmp_path_factory.mktemp("e2e")
+    manifest = write_all(root / "media")
+    good = [i["path"] for i in manifest["images"] if not i["bad"]][:5] + \
+        [v["path"] for v in manifest["videos"] if not v["bad"]][:4]
+    bad = {Path(x["path"]).name: x["path"] for x in manifest["images"] + manifest["videos"] if x["bad"]}
+    Image.fromarray(np.zeros((300, 1, 3), np.uint8)).save(root / "aspect_1x300.png")
+    bad["aspect_1x300.png"] = str(root / "aspect_1x300.png")
+    (root / "no_extension_file").write_bytes(b"\x00" * 64)
+    bad["no_extension_file"] = str(root / "no_extension_file")
+    for p in good:  # the same media on S3 for the S3-input test
+        s3.upload_file(p, "media", Path(p).name)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+    yield {"server": server, "endpoint": endpoint, "root": root, "good": good, "bad": bad,
+           "ckpt": str(tiny_ckpt("dense")), "gcs": ray.get_runtime_context().gcs_address}
+    ray.shutdown()
+    server.stop()
+
+
+def job(env, name: str, media: list[str], *, questions: dict | None = None, **over) -> dict:
+    """A job config dict: jsonl manifest of `media`, output s3://out/<name>."""
+    man = env["root"] / f"{name}.jsonl"
+    lines = [{"media_uri": m, **({"qs": questions[m]} if questions else {})} for m in media]
+    man.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = {
+        "model": {"path": env["ckpt"], "backend": "engine", "dtype": "float32", "device": "cpu",
+                  "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 1024}},
+        "input": {"uri": str(man), "format": "jsonl",
+                  "columns": {"media": "media_uri", "media_type": None, "questions": "qs" if questions else None}},
+        "task": {"mode": "questions" if questions else "caption", "prompt": "Describe.", "video_prompt": "What happens?"},
+        "sampling": {"max_tokens": 6},
+        "image": {"max_pixels": 65536}, "video": {"fps": 2.0, "max_frames": 8, "max_pixels": 16384,
+                                                   "decode_timeout_s": 30},
+        "resources": {"decode": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
+                      "preprocess": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
+                      "model": {"num_cpus": 1, "batch_visual_tokens": 512, "max_batch_media": 4},
+                      "write": {"num_cpus": 0.25, "batch_size": 4}},
+        "output": {"uri": "s3://out", "run_id": name},
+        "storage": {"endpoint_url": env["endpoint"], "region": "us-east-1", "retries": 6},
+        "max_error_fraction": 1.0,
+    }
+    for k, v in over.items():
+        node = cfg
+        *path, last = k.split("__")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return cfg
+
+
+def output(env, run: str):
+    from operators.writer import open_filesystem, read_committed
+
+    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    return read_committed(fs, f"{root}/{run}").to_pylist()
+
+
+def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Answers of the engine alone for (id, media path, prompt), no Ray, no pipeline code."""
+    from dataclasses import replace
+
+    from operators.engine import Engine, Request, SamplingParams
+    from operators.media.video import FrameSampling
+    from operators.media.worker import decode_video
+    from operators.preprocess import Processor, load_image
+
+    ck, v = cfg_dict["model"]["path"], cfg_dict["video"]
+    proc = Processor.from_pretrained(ck)
+    proc.image_config = replace(proc.image_config, max_pixels=cfg_dict["image"]["max_pixels"])
+    proc.video_config = replace(proc.video_config, max_pixels=v["max_pixels"])
+    engine = Engine.from_pretrained(ck, device="cpu")
+    requests = []
+    for rid, path, prompt in reqs:
+        data = Path(path).read_bytes()
+        kind = "video" if path.endswith((".mp4", ".webm", ".avi")) else "image"
+        media = {"images": [load_image(data)]} if kind == "image" else \
+            {"videos": [decode_video(data, FrameSampling(fps=v["fps"], max_frames=v["max_frames"]))]}
+        text = proc.apply_chat_template([{"role": "user", "content": [{"type": kind}, {"type": "text", "text": prompt}]}],
+                                        add_generation_prompt=True, enable_thinking=False)
+        requests.append(Request.from_processor(rid, proc(text=text, **media), 0,
+                                               sampling=SamplingParams(max_new_tokens=cfg_dict["sampling"]["max_tokens"])))
+    return {r.id: r.text for r in engine.generate(requests)}
+
+
+@pytest.fixture(scope="module")
+def captions(env):
+    """The caption job over good + bad media (an uninterrupted run, reused as a reference)."""
+    from pipeline.config import validate_config
+    from pipeline.runner import run_job
+
+    media = env["good"] + list(env["bad"].values()) + [str(env["root"] / MISSING)]
+    cfg = job(env, "captions", media)
+    summary = run_job(validate_config(cfg))
+    return cfg, media, summary, output(env, "captions")
+
+
+def test_captions_mixed_media_with_bad_files(env, captions):
+    from pipeline.requests import request_id
+
+    cfg, media, summary, rows = captions
+    assert len(rows) == len(media) == len({r["id"] for r in rows})  # every input exactly once
+    by_uri = {r["media_uri"]: r for r in rows}
+    assert set(by_uri) == set(media)
+    for name, path in env["bad"].items():
+        r = by_uri[path]
+        assert r["status"] == "error" and r["error_type"] == BAD_TYPES[name], (name, r["error_message"])
+        assert r["answer"] is None and r["error_message"]
+    assert by_uri[str(env["root"] / MISSING)]["status"] == "error"
+    good = [by_uri[p] for p in env["good"]]
+    assert all(r["status"] == "ok" and r["answer"] is not None and r["generated_tokens"] >= 1 for r in good)
+    prompt = {p: ("What happens?" if p.endswith((".mp4", ".webm", ".avi")) else "Describe.") for p in env["good"]}
+    for p in env["good"]:
+        assert by_uri[p]["id"] == request_id(p, 0, prompt[p]) and by_uri[p]["prompt"] == prompt[p]
+    ref = engine_alone(cfg, [(request_id(p, 0, prompt[p]), p, prompt[p]) for p in env["good"]])
+    assert {r["id"]: r["answer"] for r in good} == ref
+    assert summary.committed_total == len(media) and summary.duplicate_ids == 0
+    assert summary.processed_by_status == {"ok": len(env["good"]), "error": len(media) - len(env["good"])}
+    assert summary.exit_code == 0  # max_error_fraction 1.0
+    assert summary.error_types["MediaError"] >= 8
+
+
+def test_questions_from_s3_input_share_media_batches(env):
+    from pipeline.config import validate_config
+    from pipeline.requests import request_id
+    from pipeline.runner import run_job
+
+    uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
+    qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
+    cfg = job(env, "questions", uris, questions=qs)
+    summary = run_job(validate_config(cfg))
+    rows = output(env, "questions")
+    expect = {request_id(u, k, q): (u, k, q) for u in uris for k, q in enumerate(qs[u])}
+    assert sorted(r["id"] for r in rows) == sorted(expect)
+    assert all(r["status"] == "ok" for r in rows), [r["error_message"] for r in rows if r["status"] != "ok"]
+    assert all((r["media_uri"], r["request_index"], r["prompt"]) == expect[r["id"]] for r in rows)
+    local = {f"s3://media/{Path(p).name}": p for p in env["good"]}
+    ref = engine_alone(cfg, [(rid, local[u], q) for rid, (u, k, q) in expect.items()])
+    assert {r["id"]: r["answer"] for r in rows} == ref
+    # siblings met the same actor's prefix cache: later questions about a media reuse its prompt prefix
+    assert summary.prefix_cache_hit_rate > 0
+
+
+def _kill_model_actor() -> int:
+    from ray.util.state import list_actors
+
+    for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True):
+        if "ModelStage" in (a.get("repr_name") or "") or "ModelStage" in (a.get("class_name") or ""):
+            os.kill(a["pid"], signal.SIGKILL)
+            return a["pid"]
+    return 0
+
+
+def test_model_actor_killed_mid_run(env, captions):
+    from operators.writer import open_filesystem
+    from operators.writer.resume import list_parts
+    from pipeline.config import validate_config
+    from pipeline.runner import run_job
+
+    _, media, _, ref_rows = captions
+    cfg = job(env, "actorkill", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
+    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    killed = []
+
+    def killer():
+        wait_until(lambda: len(list_parts(fs, f"{root}/actorkill")) >= 2, 240, "first commits")
+        killed.append(_kill_model_actor())
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    summary = run_job(validate_config(cfg))
+    t.join(timeout=5)
+    assert killed and killed[0], "the model actor was not found alive mid-run"
+    rows = output(env, "actorkill")
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in ref_rows)  # none lost, none twice
+    assert {r["id"]: (r["status"], r["answer"]) for r in rows if r["status"] == "ok"} == \
+        {r["id"]: (r["status"], r["answer"]) for r in ref_rows if r["status"] == "ok"}
+    assert summary.duplicate_ids == 0
+
+
+def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
+    from operators.writer import open_filesystem
+    from operators.writer.resume import list_parts
+    from pipeline.config import validate_config
+    from pipeline.runner import run_job
+
+    _, media, _, ref_rows = captions
+    cfg = job(env, "sigkill", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+            "from pipeline.config import load_config; from pipeline.runner import run_job; "
+            "run_job(load_config(sys.argv[2]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, env["gcs"], str(path)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    run_dir = f"{root}/sigkill"
+    try:
+        wait_until(lambda: len(list_parts(fs, run_dir)) >= 3 or proc.poll() is not None, 240, "first commits")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the driver finished before it could be killed"
+    _wait_job_workers_gone()
+    before = {p: fs.info(p)["ETag"] for p in list_parts(fs, run_dir)}
+    n_before = sum(len(fs.cat_file(p)) > 0 and _rows(fs, p) for p in before)
+    summary = run_job(validate_config(cfg))
+    rows = output(env, "sigkill")
+    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in ref_rows)
+    assert {r["id"]: (r["status"], r["answer"], r["error_type"]) for r in rows} == \
+        {r["id"]: (r["status"], r["answer"], r["error_type"]) for r in ref_rows}
+    # the rerun did not recompute committed rows: they were skipped and their files are untouched
+    assert summary.requests_skipped == n_before and summary.requests_pending == len(media) - n_before
+    after = {p: fs.info(p)["ETag"] for p in list_parts(fs, run_dir)}
+    assert all(after.get(p) == tag for p, tag in before.items())
+
+
+def _rows(fs, path) -> int:
+    import pyarrow.parquet as pq
+
+    with fs.open(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def _wait_job_workers_gone():
+    """After a driver dies Ray kills its workers; wait until none of its actors is alive."""
+    from ray.util.state import list_actors
+
+    wait_until(lambda: not [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+                            if "MapWorker" in (a.get("class_name") or "")], 60, "the dead driver's actors to exit")
+
+
+def test_s3_outage_during_writing(env):
+    from operators.writer import open_filesystem
+    from operators.writer.resume import list_parts
+    from pipeline.config import validate_config
+    from pipeline.runner import run_job
+
+    media = env["good"]
+    cfg = job(env, "outage", media, resources__write__batch_size=1, resources__model__max_batch_media=1)
+    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    server, events = env["server"], []
+
+    def outage():
+        wait_until(lambda: len(list_parts(fs, f"{root}/outage")) >= 1, 240, "first commit")
+        server.stop()
+        events.append("stopped")
+        threading.Event().wait(2.0)  # the outage being tested
+        server.start()
+        events.append("started")
+
+    t = threading.Thread(target=outage, daemon=True)
+    t.start()
+    try:
+        summary = run_job(validate_config(cfg))
+    except Exception:  # the job may fail clearly (StorageError); resume must then complete it
+        t.join(timeout=30)
+        summary = run_job(validate_config(cfg))
+    t.join(timeout=30)
+    assert events == ["stopped", "started"]
+    rows = output(env, "outage")
+    assert len(rows) == len(media) == len({r["id"] for r in rows})
+    assert all(r["status"] == "ok" for r in rows)
+    assert summary.duplicate_ids == 0

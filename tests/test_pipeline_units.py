@@ -1,0 +1,107 @@
+"""Ray-free parts of the pipeline: request expansion and ids, row schemas, batch planning, progress."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.config import TaskConfig
+from pipeline.model_stage import plan_batches
+from pipeline.progress import Progress
+from pipeline.requests import expand, pending, request_id
+from pipeline.rows import Decoded, Generated, MediaTask, Prepared, from_table, to_table
+
+
+def test_request_ids_hash_run_independent_inputs():
+    a = request_id("s3://b/x.jpg", 0, "Describe.")
+    assert a == request_id("s3://b/x.jpg", 0, "Describe.") and len(a) == 32
+    assert len({a, request_id("s3://b/x.jpg", 1, "Describe."), request_id("s3://b/y.jpg", 0, "Describe."),
+                request_id("s3://b/x.jpg", 0, "Describe!")}) == 4
+
+
+def test_caption_and_question_expansion():
+    cap = TaskConfig(prompt="P img", video_prompt="P vid")
+    assert expand("a/x.JPG", None, None, cap).prompts == ("P img",)
+    v = expand("a/x.mp4", None, None, cap)
+    assert v.media_type == "video" and v.prompts == ("P vid",) and v.request_indices == (0,)
+    qa = TaskConfig(mode="questions", questions=("default?",))
+    r = expand("a/x.png", "image", ["q1", "q2", "q3"], qa)
+    assert r.prompts == ("q1", "q2", "q3") and r.request_indices == (0, 1, 2)
+    assert r.ids == tuple(request_id("a/x.png", i, q) for i, q in enumerate(["q1", "q2", "q3"]))
+    assert expand("a/x.png", None, None, qa).prompts == ("default?",)
+    assert expand("a/x.png", None, '["j1", "j2"]', qa).prompts == ("j1", "j2")  # CSV cell: JSON list
+
+
+def test_unusable_rows_become_error_rows_not_drops():
+    bad_ext = expand("a/file.xyz", None, None, TaskConfig())
+    assert bad_ext.status == "error" and bad_ext.error_type == "InputError" and len(bad_ext.ids) == 1
+    bad_type = expand("a/x.jpg", "audio", None, TaskConfig())
+    assert bad_type.error_type == "InputError" and "'image', 'video'" in bad_type.error_message
+    no_q = expand("a/x.jpg", None, [], TaskConfig(mode="questions", questions=()))
+    assert no_q.status == "error" and "no questions" in no_q.error_message
+
+
+def test_pending_drops_only_committed_requests():
+    r = expand("a/x.png", None, ["q1", "q2", "q3"], TaskConfig(mode="questions", questions=("z",)))
+    p = pending(r, {r.ids[1]})
+    assert p.ids == (r.ids[0], r.ids[2]) and p.request_indices == (0, 2) and p.prompts == ("q1", "q3")
+    assert pending(r, set(r.ids)) is None and pending(r, set()) is r
+
+
+def test_rows_round_trip_through_arrow_with_variable_tensors():
+    d = [Decoded("u1", "image", ("i",), (0,), ("p",), frames=np.arange(2 * 3 * 3, dtype=np.uint8).reshape(1, 2, 3, 3)),
+         Decoded("u2", "video", ("j", "k"), (0, 1), ("p", "q"), frames=np.ones((4, 5, 6, 3), np.uint8),
+                 source_fps=25.0, total_frames=40, frame_indices=(0, 10, 20, 30)),
+         Decoded("u3", "image", ("l",), (0,), ("p",)).failed(ValueError("x"))]
+    t = to_table(d, Decoded)
+    assert "tensor" in str(t.schema.field("frames").type).lower()
+    back = from_table(t, Decoded)
+    for a, b in zip(d, back, strict=True):
+        assert np.array_equal(a.frames, b.frames) and a.frames.shape == b.frames.shape
+        assert (a.ids, a.frame_indices, a.status, a.error_type) == (b.ids, b.frame_indices, b.status, b.error_type)
+    p = Prepared("u", "image", ("i", "j"), (0, 1), ("p", "q"), pixel_values=np.random.rand(8, 12).astype(np.float32),
+                 grid_thw=(1, 2, 4), input_ids=((1, 2, 3), (4, 5)), position_ids=((0,) * 9, (1,) * 6),
+                 rope_deltas=(-3, -2), visual_tokens=2)
+    q = from_table(to_table([p], Prepared), Prepared)[0]
+    assert np.array_equal(q.pixel_values, p.pixel_values) and q.input_ids == p.input_ids and q.rope_deltas == (-3, -2)
+    g = Generated("u", "image", ("i",), (0,), ("p",), answers=(None,), statuses=("error",))
+    assert from_table(to_table([g], Generated), Generated)[0].answers == (None,)
+    assert to_table([MediaTask("u", "image", ("i",), (0,), ("p",))], MediaTask).num_rows == 1
+
+
+def test_plan_batches_by_visual_tokens():
+    tok = [100, 300, 250, 50, 900, 10, 10]
+    plan = plan_batches(tok, budget=400, max_items=3)
+    assert [i for b in plan for i in b] == list(range(len(tok)))  # every row once, in order
+    for b in plan:
+        assert len(b) <= 3 and (sum(tok[i] for i in b) <= 400 or len(b) == 1)
+    assert plan == [[0, 1], [2, 3], [4], [5, 6]]
+    assert plan_batches([], 10, 2) == []
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_progress_logs_periodically_when_not_a_terminal():
+    clock, out = _Clock(), io.StringIO()
+    p = Progress(total=4, stream=out, interval_s=10.0, tty=False, clock=clock)
+    stats = pa.table({"id": ["a", "b"], "status": ["ok", "error"], "error_type": [None, "MediaError"],
+                      "prompt_tokens": [100, None], "visual_tokens": [64, None], "generated_tokens": [8, None],
+                      "cached_tokens": [50, None], "file": ["f1", "f1"]})
+    clock.t = 2.0
+    p.update(stats)
+    assert out.getvalue() == ""  # within the interval: silent
+    clock.t = 11.0
+    p.update(stats.slice(0, 1))
+    line = out.getvalue()
+    assert "3/4 rows" in line and "errors 1" in line and "prefix-hit 50%" in line and "ETA 00:03" in line
+    r = p.rates()
+    assert abs(r["rows_per_s"] - 3 / 11) < 1e-9 and abs(r["generated_tokens_per_s"] - 16 / 11) < 1e-9
+    p.tick(final=True)
+    assert out.getvalue().count("vlbatch progress") == 2
