@@ -10,12 +10,16 @@ method returns the same number of frames: int(total / 25 * fps).
 Methods, each in its own child process (so peak RSS is per method):
 - decord:        our decord backend in process (`decode_video_inprocess`, 1 thread)
 - pyav:          our PyAV backend in process (1 thread)
-- decord+worker: the production path: decord in the killable `DecodeWorker` child,
-                 frames streamed back over a pipe (RSS = parent peak + child peak)
+- decord+worker, pyav+worker: the production path: the backend in the killable
+                 `DecodeWorker` child, frames streamed back over a pipe (RSS and CPU =
+                 parent + child)
 - transformers:  `transformers.video_utils.load_video(path, fps=fps)` with its default
                  backend (PyAV), the reference's loading path
 `ok` is the fraction of returned frames whose embedded index equals the index the
-method claims to have sampled. Ratios are frames/s over transformers'.
+method claims to have sampled. Ratios are frames/s over transformers'. `cpu s` is
+user + system CPU time of the decode (less sensitive than wall time to other load on
+a shared machine; frames/s is wall-clock); `cpu x ref` is transformers' CPU seconds over the
+method's (above 1: less CPU than the reference).
 A last line measures per-call overhead of the worker on a 1 s 160x96 clip.
 """
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 
 CLIPS = {"720p_60s": (1280, 720, 60), "480p_10min": (854, 480, 600)}
 CLIP_FPS = 25
-METHODS = ("decord", "pyav", "decord+worker", "transformers")
+METHODS = ("decord", "pyav", "decord+worker", "pyav+worker", "transformers")
 
 
 def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
@@ -63,6 +67,11 @@ def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
     tmp.rename(path)
 
 
+def cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def peak_rss_mb() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -79,6 +88,7 @@ def run_one(method: str, path: str, fps: float) -> dict:
 
     sampling = FrameSampling(fps=fps, max_frames=10**7)
     base_rss = peak_rss_mb()
+    cpu = cpu_seconds()
     t = time.perf_counter()
     if method == "transformers":
         from transformers.video_utils import load_video
@@ -87,15 +97,16 @@ def run_one(method: str, path: str, fps: float) -> dict:
         indices = list(meta.frames_indices)
     else:
         data = Path(path).read_bytes()
-        if method == "decord+worker":
+        if method.endswith("+worker"):
             with DecodeWorker(timeout_s=3600) as w:
-                clip = w.decode(data, sampling, "decord")
+                clip = w.decode(data, sampling, method.split("+")[0])
         else:
             clip = decode_video_inprocess(data, sampling, method)
         frames, indices = clip.frames, list(clip.indices)
     seconds = time.perf_counter() - t
+    cpu = cpu_seconds() - cpu  # a worker child is counted once it has exited (the with-block above)
     ok = float(np.mean([frame_index(f) == (i % 65536) for f, i in zip(frames, indices, strict=True)]))
-    return {"frames": len(indices), "seconds": seconds, "ok": ok, "rss_mb": peak_rss_mb(),
+    return {"frames": len(indices), "seconds": seconds, "cpu": cpu, "ok": ok, "rss_mb": peak_rss_mb(),
             "rss_before_mb": base_rss, "shape": list(frames.shape[1:])}
 
 
@@ -151,8 +162,8 @@ def main() -> None:
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     print(f"video decode benchmark: sampling {a.fps:g} fps, every sampled frame decoded; cache {cache}")
-    print(f"{'clip':11s} {'method':14s} {'frames':>6s} {'s':>7s} {'frames/s':>9s} {'x ref':>6s} "
-          f"{'peak RSS MB':>11s} {'x ref':>6s} {'ok':>5s}")
+    print(f"{'clip':11s} {'method':14s} {'frames':>6s} {'s':>7s} {'cpu s':>7s} {'frames/s':>9s} {'x ref':>6s} "
+          f"{'cpu x ref':>9s} {'peak RSS MB':>11s} {'x ref':>6s} {'ok':>5s}")
     for name in a.clips:
         w, h, secs = CLIPS[name]
         path = cache / f"{name}.mp4"
@@ -169,8 +180,9 @@ def main() -> None:
             fps = r["frames"] / r["seconds"]
             speed = f"{fps / (ref['frames'] / ref['seconds']):.2f}" if "seconds" in ref else "-"
             mem = f"{r['rss_mb'] / ref['rss_mb']:.2f}" if "rss_mb" in ref else "-"
-            print(f"{name:11s} {m:14s} {r['frames']:6d} {r['seconds']:7.2f} {fps:9.1f} {speed:>6s} "
-                  f"{r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
+            cpu = f"{ref['cpu'] / r['cpu']:.2f}" if "cpu" in ref else "-"
+            print(f"{name:11s} {m:14s} {r['frames']:6d} {r['seconds']:7.2f} {r['cpu']:7.2f} {fps:9.1f} {speed:>6s} "
+                  f"{cpu:>9s} {r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
     o = child(["overhead"])
     if "error" not in o:
         print(f"per-call overhead, 1 s 160x96 clip: in-process {o['inprocess_ms']:.1f} ms, worker warm "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from jobs.errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, JobsError
+from jobs.errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, JobsError, SubmissionError
 from operators.errors import ConfigError, VlbatchError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -117,11 +117,24 @@ def _slot(args: argparse.Namespace) -> str | None:
     return args.slot
 
 
+def _runtime_env_file(path: str) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SubmissionError(f"--runtime-env {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise SubmissionError(f"--runtime-env {path}: expected a mapping (pip, env_vars, image_uri, ...)")
+    return data
+
+
 @_guard
 def cmd_submit(args: argparse.Namespace) -> int:
     from jobs.spec import build_spec
 
-    extra = yaml.safe_load(Path(args.runtime_env).read_text()) if args.runtime_env else None
+    extra = _runtime_env_file(args.runtime_env) if args.runtime_env else None
+    bad = [kv for kv in args.env if "=" not in kv]
+    if bad:
+        raise SubmissionError(f"--env {bad[0]!r}: expected NAME=VALUE")
     env = dict(kv.split("=", 1) for kv in args.env)
     spec = build_spec(
         args.config, workdir=args.workdir, name=args.name, slot=_slot(args), overrides=args.overrides,
@@ -165,6 +178,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     sub = _submitter(args)
     state = sub.stop(args.submission_id)
+    if state.status not in ("PENDING", "RUNNING"):
+        print(f"{state.submission_id} is already {state.status}; nothing to stop")
+        return EXIT_OK
     print(f"stop requested for {state.submission_id} (was {state.status})")
     if args.wait:
         final = sub.wait(state.submission_id)

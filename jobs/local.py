@@ -38,19 +38,9 @@ def connect_ray(address: str | None) -> bool:
 
 
 def summary_exit_code(summary: Any) -> int:
-    """RunSummary -> exit code: 1 when the run says it failed, else 0.
-
-    The runner decides failure (error share over ``max_error_fraction``); we read its
-    verdict, never recompute it.
-    """
-    for attr in ("exit_code",):
-        code = getattr(summary, attr, None)
-        if isinstance(code, int):
-            return code
-    ok = getattr(summary, "ok", None)
-    if isinstance(ok, bool):
-        return EXIT_OK if ok else EXIT_JOB_FAILED
-    return EXIT_OK
+    """RunSummary -> exit code. The runner decides failure (error share over
+    ``max_error_fraction``: 1, else 0); we pass its verdict on, never recompute it."""
+    return EXIT_JOB_FAILED if summary.exit_code else EXIT_OK
 
 
 def run_local(

@@ -48,7 +48,8 @@ class JobSpec:
         return submission_id(self.name, self.slot)
 
     def entrypoint(self) -> str:
-        args = ["python", "-m", "jobs.cli", "run", self.config, "--name", self.name]
+        # --no-lock: on a cluster, overlap is guarded at submission (see Submitter.submit).
+        args = ["python", "-m", "jobs.cli", "run", self.config, "--name", self.name, "--no-lock"]
         for ov in self.overrides:
             args += ["--set", ov]
         args += ["--set", f"output.run_id={self.run_id}"]
@@ -73,6 +74,7 @@ class JobSpec:
             "config": self.config,
             "overrides": json.dumps(list(self.overrides)),
             "root": self.submission_id,
+            "entrypoint_num_cpus": str(self.entrypoint_num_cpus),
         }
 
 

@@ -195,7 +195,7 @@ class Submitter:
         runtime_env["excludes"] = sorted(set(runtime_env.get("excludes") or []) | set(DEFAULT_EXCLUDES))
         meta["resume_of"] = last.submission_id
         new_id = attempt_id(last.root, last.attempt + 1)
-        return self._submit(new_id, d.entrypoint, runtime_env, meta, d.entrypoint_num_cpus or 1.0)
+        return self._submit(new_id, d.entrypoint, runtime_env, meta, float(meta.get("entrypoint_num_cpus", "1")))
 
     def ensure(self, spec: JobSpec) -> tuple[str, str]:
         """Idempotent submit for schedulers -> (submission id to follow, action taken).
@@ -241,7 +241,7 @@ class Submitter:
 
         try:
             asyncio.run(tail())
-        except RuntimeError as e:  # the stream broke (e.g. head restarted): fall back to polling
+        except (RuntimeError, OSError) as e:  # the stream broke (e.g. head restarted): fall back to polling
             write(f"[vlbatch] log stream interrupted ({e}); waiting for the job to end\n")
         return self.wait(sid)
 

@@ -122,4 +122,4 @@ class TransformersBackend:
         return ReqOut(text, thinking, finish, L, len(new), 0)
 
     def stats(self) -> dict:
-        return dict(self.counters)
+        return dict(self.counters)  # no caches: vision_cache_hits / vision_encodes stay absent (0)

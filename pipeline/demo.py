@@ -6,7 +6,9 @@
   bundled trained model (issue 8) exists, `model.path` in demo.yaml points at it instead.
 - `media/`: the sample images and videos of `operators.media.samples` (good and bad files);
 - `media/manifest.jsonl`: one line per media, `{"media_uri": ..., "media_type": ...}`.
-Existing outputs are kept (a second call is cheap).
+Existing outputs are kept (a second call is cheap). `demo_overrides(out_dir)` gives the
+`--set` overrides for a folder other than out/demo. The demo runs as:
+`run_job(load_config("configs/demo.yaml", demo_overrides(out)))` after `prepare_demo(out)`.
 """
 from __future__ import annotations
 
@@ -38,3 +40,10 @@ def prepare_demo(out_dir: str | Path = "out/demo", *, include_bad: bool = True) 
     manifest = media / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return manifest
+
+
+def demo_overrides(out_dir: str | Path = "out/demo") -> list[str]:
+    """`--set` overrides that point configs/demo.yaml at another demo folder."""
+    out = Path(out_dir)
+    return [f"model.path={out / 'model'}", f"input.uri={out / 'media' / 'manifest.jsonl'}",
+            f"output.uri={out / 'output'}"]

@@ -13,14 +13,16 @@ transient `EngineError` row (retried on resume); rows in error pass through.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pyarrow as pa
 
 from operators.errors import EngineError, VlbatchError
 from pipeline.config import JobConfig
-from pipeline.rows import Generated, Prepared, from_batch, to_table
+from pipeline.rows import Generated, Prepared, from_table, to_table
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,11 @@ def processor_dict(row: Prepared, i: int) -> dict[str, np.ndarray]:
         "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
     }
     grid = np.asarray(row.grid_thw, np.int64)[None]
+    pixels = np.require(row.pixel_values, requirements=["W"])  # Arrow buffers are read-only; torch wants writable
     if row.media_type == "image":
-        out["pixel_values"], out["image_grid_thw"] = row.pixel_values, grid
+        out["pixel_values"], out["image_grid_thw"] = pixels, grid
     else:
-        out["pixel_values_videos"], out["video_grid_thw"] = row.pixel_values, grid
+        out["pixel_values_videos"], out["video_grid_thw"] = pixels, grid
     return out
 
 
@@ -92,6 +95,7 @@ class ModelStage:
 
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
         self.cfg = cfg
+        self.lock = threading.Lock()  # Ray Data may run two batches on this actor at once; the engine is single-threaded
         if cfg.model.backend == "engine":
             from pipeline.backends import EngineBackend
 
@@ -101,8 +105,11 @@ class ModelStage:
 
             self.backend = TransformersBackend(cfg)
 
-    def __call__(self, batch: dict[str, np.ndarray]):
-        rows = from_batch(batch, Prepared)
+    def __call__(self, batch: pa.Table):
+        with self.lock:
+            return self._call(from_table(batch, Prepared))
+
+    def _call(self, rows: list[Prepared]) -> pa.Table:
         out: list[Generated | None] = [None] * len(rows)
         live = [i for i, r in enumerate(rows) if r.status == "ok"]
         for i, r in enumerate(rows):
@@ -111,11 +118,16 @@ class ModelStage:
         res = self.cfg.resources.model
         for group in plan_batches([rows[i].visual_tokens for i in live], res.batch_visual_tokens, res.max_batch_media):
             picked = [rows[live[j]] for j in group]
-            t0 = time.perf_counter()
+            t0, s0 = time.perf_counter(), self.backend.stats()
             results = self._run(picked)
-            dt = time.perf_counter() - t0
-            for j, r in zip(group, picked, strict=True):
-                out[live[j]] = self._generated(r, [results[rid] for rid in r.ids], dt)
+            dt, s1 = time.perf_counter() - t0, self.backend.stats()
+            vision = {k: s1.get(k, 0) - s0.get(k, 0) for k in ("vision_cache_hits", "vision_encodes")}
+            for n, (j, r) in enumerate(zip(group, picked, strict=True)):
+                g = self._generated(r, [results[rid] for rid in r.ids], dt)
+                if n == 0:
+                    g = replace(g, vision_hits=vision["vision_cache_hits"], vision_encodes=vision["vision_encodes"],
+                                batch_model_s=dt)
+                out[live[j]] = g
         return to_table(out, Generated)
 
     def _run(self, rows: list[Prepared]) -> dict[str, ReqOut]:

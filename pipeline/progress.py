@@ -35,15 +35,19 @@ class Progress:
     generated_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    vision_hits: int = 0
+    vision_encodes: int = 0
     status: Counter = field(default_factory=Counter)
     error_types: Counter = field(default_factory=Counter)
     files: set = field(default_factory=set)
+    stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model)
 
     def __post_init__(self):
         if self.tty is None:
             self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = self.clock()
         self._last = self.start
+        self._logged: int | None = None  # rows counted in the last log line
 
     def update(self, stats: pa.Table) -> None:
         d = stats.to_pydict()
@@ -56,6 +60,10 @@ class Progress:
         self.cached_tokens += sum(x or 0 for x in d["cached_tokens"])
         # per request: a media asked three questions counts its visual tokens three times (prompt tokens)
         self.visual_tokens += sum(x or 0 for x in d["visual_tokens"])
+        self.vision_hits += sum(x or 0 for x in d.get("vision_hits", []))
+        self.vision_encodes += sum(x or 0 for x in d.get("vision_encodes", []))
+        for k in ("decode_s", "preprocess_s", "model_s"):
+            self.stage_s[k.removesuffix("_s")] += sum(x or 0.0 for x in d.get(k, []))
         self.files.update(d["file"])
         self.tick()
 
@@ -70,6 +78,8 @@ class Progress:
         rps = self.done / e
         return {"rows_per_s": rps, "visual_tokens_per_s": self.visual_tokens / e,
                 "generated_tokens_per_s": self.generated_tokens / e, "prefix_cache_hit_rate": hit,
+                "vision_cache_hit_rate": self.vision_hits / lookups if (lookups := self.vision_hits + self.vision_encodes)
+                else 0.0,
                 "eta_s": (left / rps) if rps > 0 else None}
 
     def line(self) -> str:
@@ -86,8 +96,9 @@ class Progress:
                 self.stream.write("\r\x1b[K" + self.line() + ("\n" if final else ""))
                 self.stream.flush()
                 self._last = now
-        elif final or now - self._last >= self.interval_s:
+        elif (final and self._logged != self.done) or now - self._last >= self.interval_s:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             self.stream.write(f"{stamp} vlbatch progress: {self.line()}\n")
             self.stream.flush()
             self._last = now
+            self._logged = self.done

@@ -87,6 +87,9 @@ class Generated(MediaTask):
     decode_s: float = 0.0
     preprocess_s: float = 0.0
     model_s: float = 0.0
+    vision_hits: int = 0  # vision-cache hits / tower runs of this row's engine batch (on its first row)
+    vision_encodes: int = 0
+    batch_model_s: float = 0.0  # the engine batch's wall time, on its first row only (sums to model time)
 
 
 _BASE = {
@@ -103,7 +106,8 @@ ARROW_TYPES: dict[type, dict[str, Any]] = {
     Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
                 "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,
                 "generated_tokens": _LI, "cached_tokens": _LI, "visual_tokens": pa.int64(),
-                "decode_s": pa.float64(), "preprocess_s": pa.float64(), "model_s": pa.float64()},
+                "decode_s": pa.float64(), "preprocess_s": pa.float64(), "model_s": pa.float64(),
+                "vision_hits": pa.int64(), "vision_encodes": pa.int64(), "batch_model_s": pa.float64()},
 }
 
 

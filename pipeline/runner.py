@@ -20,8 +20,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from operators.errors import ConfigError
 from operators.writer import clean_tmp, load_index, open_filesystem, purge_transient, write_json
@@ -53,10 +53,12 @@ class RunSummary:
     rows_per_s: float = 0.0
     visual_tokens_per_s: float = 0.0
     generated_tokens_per_s: float = 0.0
-    prefix_cache_hit_rate: float = 0.0
+    prefix_cache_hit_rate: float = 0.0  # prompt tokens served by the prefix cache / prompt tokens
+    vision_cache_hit_rate: float = 0.0  # media served by the vision cache / media looked up
     error_fraction: float = 0.0
     max_error_fraction: float = 0.0
     files_written: int = 0
+    stage_seconds: dict = field(default_factory=dict)  # summed busy time per stage (decode, preprocess, model)
 
     @property
     def exceeded_error_fraction(self) -> bool:
@@ -97,6 +99,8 @@ def _init_ray(cfg: JobConfig) -> None:
 
 def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     """The lazy dataset of write stats rows."""
+    import ray
+
     from pipeline.model_stage import ModelStage
     from pipeline.stages import DecodeStage, PreprocessStage
     from pipeline.write_stage import write_batch
@@ -104,20 +108,20 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     r = cfg.resources
 
     def pool(stage):
-        kw = {"num_cpus": stage.num_cpus, "concurrency": (stage.min_actors, stage.max_actors)}
+        kw = {"num_cpus": stage.num_cpus,
+              "compute": ray.data.ActorPoolStrategy(min_size=stage.min_actors, max_size=stage.max_actors)}
         if stage.memory_gb:
             kw["memory"] = int(stage.memory_gb * 2**30)
         return kw
 
     ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.decode.batch_size,
-                              batch_format="numpy", **pool(r.decode))
+                              batch_format="pyarrow", **pool(r.decode))
     ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
-                        batch_format="numpy", **pool(r.preprocess))
+                        batch_format="pyarrow", **pool(r.preprocess))
     ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.max_batch_media,
-                        batch_format="numpy", num_gpus=r.model.num_gpus, **pool(r.model))
-    w = {"num_cpus": r.write.num_cpus, "max_retries": 3}
+                        batch_format="pyarrow", num_gpus=r.model.num_gpus, **pool(r.model))
     return ds.map_batches(write_batch, fn_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
-                          batch_size=r.write.batch_size, batch_format="numpy", **w)
+                          batch_size=r.write.batch_size, batch_format="pyarrow", num_cpus=r.write.num_cpus)
 
 
 def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
@@ -144,8 +148,8 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     _init_ray(cfg)
     tasks_ds = read_manifest(cfg).map_batches(_expand_batch, batch_format="pyarrow",
                                               fn_kwargs={"cfg": cfg, "done": done}).materialize()
-    pending_n = sum(int(np.sum([len(x) for x in b["ids"]]))
-                    for b in tasks_ds.iter_batches(batch_format="numpy", batch_size=4096) if len(b["ids"]))
+    pending_n = sum(int(pc.sum(pc.list_value_length(b["ids"])).as_py() or 0)
+                    for b in tasks_ds.iter_batches(batch_format="pyarrow", batch_size=4096))
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
     if pending_n:
         for stats in build_graph(cfg, tasks_ds, run_dir, run_id).iter_batches(batch_format="pyarrow",
@@ -162,8 +166,10 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
         duplicate_ids=after.duplicate_ids, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
         visual_tokens_per_s=rates["visual_tokens_per_s"], generated_tokens_per_s=rates["generated_tokens_per_s"],
-        prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], error_fraction=(errors / total) if total else 0.0,
-        max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files))
+        prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
+        error_fraction=(errors / total) if total else 0.0,
+        max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files),
+        stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()})
     write_json(fs, join(run_dir, SUMMARY_NAME), summary.to_json(), retries=s.retries)
     return summary
 

@@ -4,18 +4,22 @@ Each stage is a class usable as a Ray Data actor-pool UDF: constructed once per 
 (opening the decode subprocess or loading the processor), called with a numpy batch of
 the previous stage's rows, returning a pyarrow table with exactly one row per input
 row. A failure in one row becomes that row's error row; it never fails the task.
-Rows already in error pass through unchanged.
+Rows already in error pass through unchanged. Ray Data runs several batches on one
+actor at once (threads); the decode subprocess and the processor are not thread-safe,
+so each call holds the actor's lock.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 
 from operators.errors import InputError, VlbatchError
 from pipeline.config import JobConfig
-from pipeline.rows import Decoded, MediaTask, Prepared, from_batch, to_table
+from pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
 
 
 def _error_fields(row: MediaTask) -> dict:
@@ -57,10 +61,12 @@ class DecodeStage:
         self.sampling = FrameSampling(fps=v.fps, num_frames=v.num_frames, min_frames=v.min_frames,
                                       max_frames=v.max_frames)
         self.worker = DecodeWorker(timeout_s=v.decode_timeout_s)
+        self.lock = threading.Lock()
 
-    def __call__(self, batch: dict[str, np.ndarray]):
-        rows = from_batch(batch, MediaTask)
-        return to_table([self.decode_one(r) for r in rows], Decoded)
+    def __call__(self, batch: pa.Table):
+        rows = from_table(batch, MediaTask)
+        with self.lock:
+            return to_table([self.decode_one(r) for r in rows], Decoded)
 
     def decode_one(self, row: MediaTask) -> Decoded:
         if row.status != "ok":
@@ -111,6 +117,7 @@ class PreprocessStage:
         from operators.preprocess import Processor
 
         self.cfg = cfg
+        self.lock = threading.Lock()
         self.processor = Processor.from_pretrained(cfg.model.path)
         # the job's budgets override the checkpoint's preprocessor configs (None = keep)
         for attr, over in (("image_config", cfg.image), ("video_config", cfg.video)):
@@ -118,9 +125,10 @@ class PreprocessStage:
             if kw:
                 setattr(self.processor, attr, replace(getattr(self.processor, attr), **kw))
 
-    def __call__(self, batch: dict[str, np.ndarray]):
-        rows = from_batch(batch, Decoded)
-        return to_table([self.prepare_one(r) for r in rows], Prepared)
+    def __call__(self, batch: pa.Table):
+        rows = from_table(batch, Decoded)
+        with self.lock:
+            return to_table([self.prepare_one(r) for r in rows], Prepared)
 
     def prepare_one(self, row: Decoded) -> Prepared:
         keep = {"decode_s": row.decode_s}

@@ -12,17 +12,17 @@ the job stops with that error; a rerun commits the rows (resume).
 """
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from operators.writer import OutputRow, Timings, commit_table, open_filesystem, rows_to_table
 from pipeline.config import JobConfig
-from pipeline.rows import Generated, from_batch
+from pipeline.rows import Generated, from_table
 
 STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),
     ("visual_tokens", pa.int64()), ("generated_tokens", pa.int64()), ("cached_tokens", pa.int64()),
-    ("file", pa.string()),
+    ("vision_hits", pa.int64()), ("vision_encodes", pa.int64()), ("decode_s", pa.float64()),
+    ("preprocess_s", pa.float64()), ("model_s", pa.float64()), ("file", pa.string()),
 ])
 
 
@@ -42,15 +42,20 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
     return out
 
 
-def write_batch(batch: dict[str, np.ndarray], *, cfg: JobConfig, run_dir: str, run_id: str) -> pa.Table:
-    gens = from_batch(batch, Generated)
+def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str) -> pa.Table:
+    gens = from_table(batch, Generated)
     rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
     s = cfg.storage
     fs, _ = open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
                             anonymous=s.anonymous, retries=s.retries)
-    path = commit_table(fs, run_dir, rows_to_table(rows), retries=s.retries)
+    path = commit_table(fs, run_dir, rows_to_table(rows), retries=s.retries)  # durable before any stats row
     cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
+    # media-level figures go on the media's first request only, so sums over stats rows are exact
+    media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,
+                        "preprocess_s": g.preprocess_s, "model_s": g.batch_model_s} for g in gens}
+    zero = {"vision_hits": 0, "vision_encodes": 0, "decode_s": 0.0, "preprocess_s": 0.0, "model_s": 0.0}
     return pa.Table.from_pylist([
         {"id": r.id, "status": r.status, "error_type": r.error_type, "prompt_tokens": r.prompt_tokens,
          "visual_tokens": r.visual_tokens, "generated_tokens": r.generated_tokens,
-         "cached_tokens": cached.get(r.id), "file": path} for r in rows], schema=STATS_SCHEMA)
+         "cached_tokens": cached.get(r.id), **media.get(r.id, zero), "file": path} for r in rows],
+        schema=STATS_SCHEMA)

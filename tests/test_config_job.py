@@ -89,3 +89,17 @@ def test_exported_schema_is_current():
     assert on_disk == json.loads(json.dumps(job_schema(), sort_keys=True)), \
         "regenerate with: python -m pipeline.config --schema"
     assert "max_error_fraction" in on_disk["properties"]
+
+
+def test_demo_inputs_match_the_demo_config(tmp_path):
+    """prepare_demo writes what configs/demo.yaml (with demo_overrides) points at."""
+    import json as _json
+
+    from pipeline.demo import demo_overrides, prepare_demo
+
+    manifest = prepare_demo(tmp_path)
+    cfg = load_config(ROOT / "configs" / "demo.yaml", demo_overrides(tmp_path))
+    assert Path(cfg.input.uri) == manifest and (Path(cfg.model.path) / "config.json").exists()
+    lines = [_json.loads(x) for x in manifest.read_text().splitlines()]
+    assert {x["media_type"] for x in lines} == {"image", "video"}
+    assert all(Path(x["media_uri"]).exists() for x in lines)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine_support import image, reference_greedy, request, video
 
 from operators.engine.engine import Engine
-from test_engine_support import image, reference_greedy, request, video
 
 SYSTEM = "You are a careful visual assistant. Answer briefly."
 QUESTIONS = ["Describe the image.", "What colour dominates?", "Count the objects in the scene please."]

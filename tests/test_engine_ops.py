@@ -68,7 +68,7 @@ def _paged_case(rng, lens, block_size, n_blocks, hq, hkv, d):
     """Random caches, block tables with shuffled blocks, one chunk per sequence."""
     blocks = list(range(n_blocks))
     rng.shuffle(blocks)
-    tables, starts, ends, hist_k, hist_v = [], [], [], [], []
+    tables, starts, ends, _hist_k, _hist_v = [], [], [], [], []
     kc = torch.randn(n_blocks, block_size, hkv, d)
     vc = torch.randn(n_blocks, block_size, hkv, d)
     for past, new in lens:
@@ -84,12 +84,12 @@ def test_paged_attention_matches_naive_on_odd_shapes(block_size, hq, hkv, d):
     rng = random.Random(block_size)
     lens = [(0, 7), (5, 1), (13, 1), (9, 4), (0, 1), (2, 11)]  # (cached, new): prefills and decodes mixed
     tables, starts, ends, kc, vc = _paged_case(rng, lens, block_size, 64, hq, hkv, d)
-    t = sum(e - s for s, e in zip(starts, ends))
+    t = sum(e - s for s, e in zip(starts, ends, strict=False))
     q, k, v = torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
     layout = PagedLayout.build(tables, starts, ends, block_size, "cpu")
     out = paged_attention(layout, kc, vc, q, k, v)
     row = 0
-    for table, s, e in zip(tables, starts, ends):
+    for table, s, e in zip(tables, starts, ends, strict=False):
         pos = torch.arange(e)
         slots = torch.tensor(table)[pos // block_size] * block_size + pos % block_size
         k_all, v_all = kc.view(-1, hkv, d)[slots], vc.view(-1, hkv, d)[slots]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine_support import image, request
 
 from operators.engine.engine import Engine
-from test_engine_support import image, request
 
 SYSTEM = "You are a careful visual assistant."
 QUESTIONS = ["Describe it.", "Describe the colours.", "Describe the shapes in detail.", "Describe the mood.",
@@ -37,7 +37,7 @@ def _spy_prompt_logits(engine) -> dict:
 
     def recording(plan):
         logits = run(plan)
-        for c, row in zip([c for c in plan.chunks if c.sample], logits):
+        for c, row in zip([c for c in plan.chunks if c.sample], logits, strict=False):
             rows.setdefault(c.seq.id, row.clone())
         return logits
 

@@ -219,3 +219,20 @@ def test_media_item_validates_grid():
         MediaItem("image", torch.zeros(7, 12), (1, 2, 4), ((0, 2),))
     with pytest.raises(InputError):
         MediaItem("audio", torch.zeros(8, 12), (1, 2, 4), ((0, 2),))
+
+
+def test_state_pool_views_for_consecutive_slots_equal_copies():
+    pool = _pool(4)
+    slots = [pool.allocate() for _ in range(4)]
+    torch.manual_seed(0)
+    pool.conv.copy_(torch.randn_like(pool.conv))
+    pool.recurrent.copy_(torch.randn_like(pool.recurrent))
+    for idx in ([1, 2, 3], [0, 2]):
+        t = torch.tensor([slots[i] for i in idx])
+        run = StatePool.contiguous_run(t)
+        assert (run is not None) == (idx == [1, 2, 3])
+        c_view, r_view = pool.gather(0, t, run)
+        c_copy, r_copy = pool.gather(0, t)
+        assert torch.equal(c_view, c_copy) and torch.equal(r_view, r_copy)
+        pool.scatter(0, t, c_copy + 1, r_copy * 2, run)
+        assert torch.equal(pool.gather(0, t)[0], c_copy + 1) and torch.equal(pool.gather(0, t)[1], r_copy * 2)

@@ -52,6 +52,22 @@ def cluster():
 
 
 def test_raycluster_shape_fits_the_job(cluster, job):
+    check_cluster_fits_job(cluster, job)
+
+
+@pytest.mark.parametrize("override", [
+    "resources.model.max_actors=9",  # more model actors than GPU pods
+    "resources.model.num_gpus=3",  # a model actor needs more GPUs than a pod has
+    "resources.model.num_cpus=12",  # ... or more CPUs
+    "resources.decode.max_actors=200",  # CPU pools at their maximum overflow the CPU group
+    "resources.preprocess.num_cpus=17",
+])
+def test_the_fit_check_catches_a_job_too_big_for_the_cluster(cluster, override):
+    with pytest.raises(AssertionError):
+        check_cluster_fits_job(cluster, load_config(INFRA / "job.yaml", [override]))
+
+
+def check_cluster_fits_job(cluster: dict, job) -> None:
     assert cluster["apiVersion"] == "ray.io/v1" and cluster["kind"] == "RayCluster"
     spec = cluster["spec"]
     assert spec["enableInTreeAutoscaling"] is True

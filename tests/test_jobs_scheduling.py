@@ -89,7 +89,7 @@ def test_spec_entrypoint_runtime_env_and_run_id(tmp_path, tiny_ckpt):
     assert spec.submission_id == "vlb-cap-20261129T0200"
     assert spec.run_id == spec.submission_id  # scheduled: one output per slot
     argv = shlex.split(spec.entrypoint())
-    assert argv[:5] == ["python", "-m", "jobs.cli", "run", "job.yaml"]
+    assert argv[:5] == ["python", "-m", "jobs.cli", "run", "job.yaml"] and "--no-lock" in argv
     assert argv[-2:] == ["--set", "output.run_id=vlb-cap-20261129T0200"] and "sampling.max_tokens=3" in argv
     env = spec.runtime_env()
     assert env["working_dir"] == str((tmp_path / "wd").resolve()) and ".git" in env["excludes"]
@@ -120,3 +120,5 @@ def test_cli_validate_exit_codes(tmp_path, tiny_ckpt):
     assert "video.backend" in bad.stderr and "sampling.top_p" in bad.stderr
     sub = vlbatch("submit", str(cfg), "--workdir", str(tmp_path), "--set", "nope.x=1", "--address", "http://127.0.0.1:1")
     assert sub.returncode == EXIT_USAGE and "nope" in sub.stderr  # invalid config: refused before any network call
+    env = vlbatch("submit", str(cfg), "--workdir", str(tmp_path), "--env", "NOEQUALS", "--address", "http://127.0.0.1:1")
+    assert env.returncode == EXIT_USAGE and "NAME=VALUE" in env.stderr

@@ -3,6 +3,9 @@ dtype casting, and errors that name the offending tensors."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +130,12 @@ def test_missing_files_are_clear_errors(tiny_ckpt, tmp_path):
     shutil.copy(tiny_ckpt("dense") / "config.json", tmp_path / "config.json")
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_model(tmp_path)
+
+
+def test_model_runs_without_importing_transformers(tiny_ckpt):
+    code = (
+        "import sys, torch; from operators.model import load_model; "
+        f"m = load_model({str(tiny_ckpt('moe'))!r}); m(torch.tensor([[1, 2, 3]])); "
+        "assert 'transformers' not in sys.modules, 'transformers was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

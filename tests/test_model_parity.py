@@ -107,6 +107,11 @@ def test_text_batch_and_logits_to_keep(models):
     assert (last[:, 0] - expected[:, -1]).abs().max().item() < TOL
     picked = ours(ids, logits_to_keep=torch.tensor([0, 7, 28]))
     assert (picked - expected[:, [0, 7, 28]]).abs().max().item() < TOL
+    shifted = torch.arange(29).expand(3, 29).clone()
+    shifted[:, 15:] += 5  # a gap (RoPE ignores a uniform shift): explicit positions are used, any spelling
+    by_2d = ours(ids, position_ids=shifted[0].expand(3, 29), logits_to_keep=1)
+    by_4d = ours(ids, position_ids=torch.cat([shifted[:1], shifted])[:, None].expand(4, 3, 29), logits_to_keep=1)
+    assert torch.equal(by_2d, by_4d) and (by_2d - last).abs().max().item() > 1e-4
 
 
 @pytest.mark.parametrize("variant,kind", [("dense", "image"), ("moe", "mixed"), ("dense_tied", "video")])

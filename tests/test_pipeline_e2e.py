@@ -79,8 +79,15 @@ def env(tmp_path_factory, tiny_ckpt):
     bad["no_extension_file"] = str(root / "no_extension_file")
     for p in good:  # the same media on S3 for the S3-input test
         s3.upload_file(p, "media", Path(p).name)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+    for attempt in range(3):  # Ray gives a raylet 30 s to register; a loaded CI box can miss that
+        try:
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield {"server": server, "endpoint": endpoint, "root": root, "good": good, "bad": bad,
            "ckpt": str(tiny_ckpt("dense")), "gcs": ray.get_runtime_context().gcs_address}
     ray.shutdown()
@@ -138,7 +145,9 @@ def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, 
     proc = Processor.from_pretrained(ck)
     proc.image_config = replace(proc.image_config, max_pixels=cfg_dict["image"]["max_pixels"])
     proc.video_config = replace(proc.video_config, max_pixels=v["max_pixels"])
-    engine = Engine.from_pretrained(ck, device="cpu")
+    from pipeline.config import EngineBudgets
+
+    engine = Engine.from_pretrained(ck, device="cpu", **EngineBudgets(**cfg_dict["model"]["engine"]).engine_kwargs())
     requests = []
     for rid, path, prompt in reqs:
         data = Path(path).read_bytes()
@@ -152,22 +161,50 @@ def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, 
     return {r.id: r.text for r in engine.generate(requests)}
 
 
+def _kill_model_actor() -> int:
+    """SIGKILL the process of a live model-stage actor; returns its pid (0 if none is alive)."""
+    from ray.util.state import list_actors
+
+    for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True):
+        if "ModelStage" in (a.get("repr_name") or "") + (a.get("class_name") or ""):
+            os.kill(a["pid"], signal.SIGKILL)
+            return a["pid"]
+    return 0
+
+
+def _parts(env, run: str) -> list[str]:
+    from operators.writer import open_filesystem
+    from operators.writer.resume import list_parts
+
+    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    return list_parts(fs, f"{root}/{run}")
+
+
 @pytest.fixture(scope="module")
 def captions(env):
-    """The caption job over good + bad media (an uninterrupted run, reused as a reference)."""
+    """The caption job over good + bad media; its model actor is SIGKILLed mid-run."""
     from pipeline.config import validate_config
     from pipeline.runner import run_job
 
     media = env["good"] + list(env["bad"].values()) + [str(env["root"] / MISSING)]
-    cfg = job(env, "captions", media)
+    cfg = job(env, "captions", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
+    killed: list[int] = []
+
+    def killer():
+        wait_until(lambda: len(_parts(env, "captions")) >= 2, 300, "first commits")
+        killed.append(_kill_model_actor())
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
     summary = run_job(validate_config(cfg))
-    return cfg, media, summary, output(env, "captions")
+    t.join(timeout=10)
+    return cfg, media, summary, output(env, "captions"), killed
 
 
 def test_captions_mixed_media_with_bad_files(env, captions):
     from pipeline.requests import request_id
 
-    cfg, media, summary, rows = captions
+    cfg, media, summary, rows, _ = captions
     assert len(rows) == len(media) == len({r["id"] for r in rows})  # every input exactly once
     by_uri = {r["media_uri"]: r for r in rows}
     assert set(by_uri) == set(media)
@@ -177,83 +214,32 @@ def test_captions_mixed_media_with_bad_files(env, captions):
         assert r["answer"] is None and r["error_message"]
     assert by_uri[str(env["root"] / MISSING)]["status"] == "error"
     good = [by_uri[p] for p in env["good"]]
-    assert all(r["status"] == "ok" and r["answer"] is not None and r["generated_tokens"] >= 1 for r in good)
+    assert all(r["status"] == "ok" and r["answer"] is not None and r["generated_tokens"] >= 1 for r in good), \
+        [r["error_message"] for r in good]
     prompt = {p: ("What happens?" if p.endswith((".mp4", ".webm", ".avi")) else "Describe.") for p in env["good"]}
     for p in env["good"]:
         assert by_uri[p]["id"] == request_id(p, 0, prompt[p]) and by_uri[p]["prompt"] == prompt[p]
     ref = engine_alone(cfg, [(request_id(p, 0, prompt[p]), p, prompt[p]) for p in env["good"]])
     assert {r["id"]: r["answer"] for r in good} == ref
     assert summary.committed_total == len(media) and summary.duplicate_ids == 0
-    assert summary.processed_by_status == {"ok": len(env["good"]), "error": len(media) - len(env["good"])}
+    assert summary.committed_by_status == {"ok": len(env["good"]), "error": len(media) - len(env["good"])}
     assert summary.exit_code == 0  # max_error_fraction 1.0
     assert summary.error_types["MediaError"] >= 8
 
 
-def test_questions_from_s3_input_share_media_batches(env):
-    from pipeline.config import validate_config
-    from pipeline.requests import request_id
-    from pipeline.runner import run_job
-
-    uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
-    qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
-    cfg = job(env, "questions", uris, questions=qs)
-    summary = run_job(validate_config(cfg))
-    rows = output(env, "questions")
-    expect = {request_id(u, k, q): (u, k, q) for u in uris for k, q in enumerate(qs[u])}
-    assert sorted(r["id"] for r in rows) == sorted(expect)
-    assert all(r["status"] == "ok" for r in rows), [r["error_message"] for r in rows if r["status"] != "ok"]
-    assert all((r["media_uri"], r["request_index"], r["prompt"]) == expect[r["id"]] for r in rows)
-    local = {f"s3://media/{Path(p).name}": p for p in env["good"]}
-    ref = engine_alone(cfg, [(rid, local[u], q) for rid, (u, k, q) in expect.items()])
-    assert {r["id"]: r["answer"] for r in rows} == ref
-    # siblings met the same actor's prefix cache: later questions about a media reuse its prompt prefix
-    assert summary.prefix_cache_hit_rate > 0
-
-
-def _kill_model_actor() -> int:
-    from ray.util.state import list_actors
-
-    for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True):
-        if "ModelStage" in (a.get("repr_name") or "") or "ModelStage" in (a.get("class_name") or ""):
-            os.kill(a["pid"], signal.SIGKILL)
-            return a["pid"]
-    return 0
-
-
-def test_model_actor_killed_mid_run(env, captions):
-    from operators.writer import open_filesystem
-    from operators.writer.resume import list_parts
-    from pipeline.config import validate_config
-    from pipeline.runner import run_job
-
-    _, media, _, ref_rows = captions
-    cfg = job(env, "actorkill", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
-    killed = []
-
-    def killer():
-        wait_until(lambda: len(list_parts(fs, f"{root}/actorkill")) >= 2, 240, "first commits")
-        killed.append(_kill_model_actor())
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    summary = run_job(validate_config(cfg))
-    t.join(timeout=5)
-    assert killed and killed[0], "the model actor was not found alive mid-run"
-    rows = output(env, "actorkill")
-    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in ref_rows)  # none lost, none twice
-    assert {r["id"]: (r["status"], r["answer"]) for r in rows if r["status"] == "ok"} == \
-        {r["id"]: (r["status"], r["answer"]) for r in ref_rows if r["status"] == "ok"}
-    assert summary.duplicate_ids == 0
+def test_model_actor_killed_mid_run_loses_and_duplicates_nothing(captions):
+    _, media, summary, rows, killed = captions
+    assert killed and killed[0], "no live model actor was found mid-run"
+    assert sorted(r["media_uri"] for r in rows) == sorted(media)  # none lost, none twice
+    assert summary.duplicate_ids == 0 and summary.committed_total == len(media)
 
 
 def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
     from operators.writer import open_filesystem
-    from operators.writer.resume import list_parts
     from pipeline.config import validate_config
     from pipeline.runner import run_job
 
-    _, media, _, ref_rows = captions
+    _, media, _, ref_rows, _ = captions
     cfg = job(env, "sigkill", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -262,25 +248,24 @@ def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
             "run_job(load_config(sys.argv[2]))")
     proc = subprocess.Popen([sys.executable, "-c", code, env["gcs"], str(path)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
-    run_dir = f"{root}/sigkill"
     try:
-        wait_until(lambda: len(list_parts(fs, run_dir)) >= 3 or proc.poll() is not None, 240, "first commits")
+        wait_until(lambda: len(_parts(env, "sigkill")) >= 3 or proc.poll() is not None, 300, "first commits")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the driver finished before it could be killed"
     _wait_job_workers_gone()
-    before = {p: fs.info(p)["ETag"] for p in list_parts(fs, run_dir)}
-    n_before = sum(len(fs.cat_file(p)) > 0 and _rows(fs, p) for p in before)
+    fs, _ = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    before = {p: fs.info(p)["ETag"] for p in _parts(env, "sigkill")}
+    n_before = sum(_rows(fs, p) for p in before)
     summary = run_job(validate_config(cfg))
     rows = output(env, "sigkill")
-    assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in ref_rows)
-    assert {r["id"]: (r["status"], r["answer"], r["error_type"]) for r in rows} == \
-        {r["id"]: (r["status"], r["answer"], r["error_type"]) for r in ref_rows}
+    key = lambda r: (r["status"], r["answer"], r["error_type"])  # noqa: E731
+    assert {r["id"]: key(r) for r in rows} == {r["id"]: key(r) for r in ref_rows}
+    assert len(rows) == len(ref_rows)
     # the rerun did not recompute committed rows: they were skipped and their files are untouched
     assert summary.requests_skipped == n_before and summary.requests_pending == len(media) - n_before
-    after = {p: fs.info(p)["ETag"] for p in list_parts(fs, run_dir)}
+    after = {p: fs.info(p)["ETag"] for p in _parts(env, "sigkill")}
     assert all(after.get(p) == tag for p, tag in before.items())
 
 
@@ -292,42 +277,54 @@ def _rows(fs, path) -> int:
 
 
 def _wait_job_workers_gone():
-    """After a driver dies Ray kills its workers; wait until none of its actors is alive."""
+    """After a driver dies Ray kills its workers; wait until none of its Ray Data actors is alive."""
     from ray.util.state import list_actors
 
     wait_until(lambda: not [a for a in list_actors(filters=[("state", "=", "ALIVE")])
-                            if "MapWorker" in (a.get("class_name") or "")], 60, "the dead driver's actors to exit")
+                            if "MapWorker" in (a.get("class_name") or "")], 120, "the dead driver's actors to exit")
 
 
-def test_s3_outage_during_writing(env):
-    from operators.writer import open_filesystem
-    from operators.writer.resume import list_parts
+def test_questions_from_s3_with_s3_outage_during_writing(env):
+    """Several questions per media read from S3; the S3 server stops after the first commit
+    and comes back: retries absorb it, or the job fails clearly and a rerun completes it."""
     from pipeline.config import validate_config
+    from pipeline.requests import request_id
     from pipeline.runner import run_job
 
-    media = env["good"]
-    cfg = job(env, "outage", media, resources__write__batch_size=1, resources__model__max_batch_media=1)
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
+    qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
+    cfg = job(env, "questions", uris, questions=qs, resources__write__batch_size=1,
+              resources__model__max_batch_media=2)
     server, events = env["server"], []
 
     def outage():
-        wait_until(lambda: len(list_parts(fs, f"{root}/outage")) >= 1, 240, "first commit")
+        wait_until(lambda: len(_parts(env, "questions")) >= 1, 300, "first commit")
         server.stop()
         events.append("stopped")
-        threading.Event().wait(2.0)  # the outage being tested
+        threading.Event().wait(2.0)  # the outage being tested, not a synchronisation
         server.start()
         events.append("started")
 
     t = threading.Thread(target=outage, daemon=True)
     t.start()
+    runs = 1
     try:
         summary = run_job(validate_config(cfg))
-    except Exception:  # the job may fail clearly (StorageError); resume must then complete it
-        t.join(timeout=30)
-        summary = run_job(validate_config(cfg))
-    t.join(timeout=30)
+    except Exception:  # failed clearly (StorageError after retries): resume must complete it
+        summary = None
+    t.join(timeout=60)
     assert events == ["stopped", "started"]
-    rows = output(env, "outage")
-    assert len(rows) == len(media) == len({r["id"] for r in rows})
-    assert all(r["status"] == "ok" for r in rows)
+    if summary is None or summary.committed_by_status.get("error"):
+        summary = run_job(validate_config(cfg))  # transient error rows are retried, ok rows skipped
+        runs += 1
+    rows = output(env, "questions")
+    expect = {request_id(u, k, q): (u, k, q) for u in uris for k, q in enumerate(qs[u])}
+    assert sorted(r["id"] for r in rows) == sorted(expect)  # every request exactly once
+    assert all(r["status"] == "ok" for r in rows), [r["error_message"] for r in rows if r["status"] != "ok"]
+    assert all((r["media_uri"], r["request_index"], r["prompt"]) == expect[r["id"]] for r in rows)
+    local = {f"s3://media/{Path(p).name}": p for p in env["good"]}
+    ref = engine_alone(cfg, [(rid, local[u], q) for rid, (u, k, q) in expect.items()])
+    assert {r["id"]: r["answer"] for r in rows} == ref
     assert summary.duplicate_ids == 0
+    if runs == 1:  # siblings met the same actor's prefix cache in this run
+        assert summary.prefix_cache_hit_rate > 0 and summary.vision_cache_hit_rate > 0

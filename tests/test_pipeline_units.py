@@ -104,4 +104,8 @@ def test_progress_logs_periodically_when_not_a_terminal():
     r = p.rates()
     assert abs(r["rows_per_s"] - 3 / 11) < 1e-9 and abs(r["generated_tokens_per_s"] - 16 / 11) < 1e-9
     p.tick(final=True)
-    assert out.getvalue().count("vlbatch progress") == 2
+    assert out.getvalue().count("vlbatch progress") == 1  # nothing new since the last line: no repeat
+    clock.t = 12.0
+    p.update(stats.slice(1, 1))  # within the interval: silent until the final line
+    p.tick(final=True)
+    assert out.getvalue().count("vlbatch progress") == 2 and "4/4 rows" in out.getvalue().splitlines()[-1]

@@ -81,7 +81,7 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype = torch.float32,
-                        **budgets) -> "Engine":
+                        **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `budgets` are `EngineConfig` fields."""
         from tokenizers import Tokenizer
@@ -123,8 +123,8 @@ class Engine:
         plans = plan_branch_points(keys) if self.prefix_cache is not None else [()] * len(reqs)
         if self.prefix_cache is not None:  # also after the last media item: reuse across calls
             plans = [tuple(sorted(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()) - {r.prompt_len}))
-                     for r, bp in zip(reqs, plans)]
-        for r, k, bp in zip(reqs, keys, plans):
+                     for r, bp in zip(reqs, plans, strict=False)]
+        for r, k, bp in zip(reqs, keys, plans, strict=False):
             seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
             problem = self._check(seq)
             if problem:
@@ -176,7 +176,7 @@ class Engine:
         hist = [torch.tensor(c.seq.token_ids) if c.seq.request.sampling.repetition_penalty else None for c in picked]
         tokens = sample(logits, params, hist, [c.seq.generator for c in picked])
         now = time.perf_counter()
-        for c, tok in zip(picked, tokens):
+        for c, tok in zip(picked, tokens, strict=False):
             seq = c.seq
             seq.token_ids.append(tok)
             seq.t_first = seq.t_first or now

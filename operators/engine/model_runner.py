@@ -32,6 +32,7 @@ class PagedStepCache:
         self.kv, self.pool, self.layout = kv, pool, layout
         self._query_lens = query_lens
         self.slots = slots  # [B] pool slot of each sequence, packing order
+        self.run = StatePool.contiguous_run(slots)  # consecutive slots: views, no gather copies
 
     @property
     def query_lens(self) -> tuple[int, ...]:
@@ -41,10 +42,10 @@ class PagedStepCache:
         return paged_attention(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v)
 
     def linear_states(self, linear_idx: int):
-        return self.pool.gather(linear_idx, self.slots)
+        return self.pool.gather(linear_idx, self.slots, self.run)
 
     def set_linear_states(self, linear_idx: int, conv, recurrent) -> None:
-        self.pool.scatter(linear_idx, self.slots, conv, recurrent)
+        self.pool.scatter(linear_idx, self.slots, conv, recurrent, self.run)
 
 
 @dataclass

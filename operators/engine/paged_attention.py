@@ -32,10 +32,10 @@ class PagedLayout:
 
     @classmethod
     def build(cls, tables: list[list[int]], starts: list[int], ends: list[int], block_size: int,
-              device) -> "PagedLayout":
+              device) -> PagedLayout:
         mapping, d_rows, d_ctx, prefills = [], [], [], []
         row = 0
-        for table, s, e in zip(tables, starts, ends):
+        for table, s, e in zip(tables, starts, ends, strict=False):
             blocks = torch.tensor(table, dtype=torch.long)
             pos = torch.arange(e)
             ctx = blocks[pos // block_size] * block_size + pos % block_size  # [e]

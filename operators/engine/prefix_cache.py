@@ -80,7 +80,7 @@ class KeyCodec:
 class Node:
     __slots__ = ("key", "start", "parent", "children", "blocks", "snapshot", "lock", "last_used")
 
-    def __init__(self, key: np.ndarray, start: int, parent: "Node | None", blocks: list[int]):
+    def __init__(self, key: np.ndarray, start: int, parent: Node | None, blocks: list[int]):
         self.key = key
         self.start = start
         self.parent = parent

@@ -143,7 +143,7 @@ class Request:
 
     @classmethod
     def from_processor(cls, id: str, out: dict, index: int = 0, *, sampling: SamplingParams | None = None,
-                       group: str | None = None, thinking: bool = False, merge_size: int = 2) -> "Request":
+                       group: str | None = None, thinking: bool = False, merge_size: int = 2) -> Request:
         """Build the `index`-th prompt of a processor output (numpy or torch values).
 
         Needs input_ids, mm_token_type_ids (when media are present), pixel_values /

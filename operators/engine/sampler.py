@@ -61,7 +61,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], histories: list[t
     plain = [i for i, p in enumerate(params) if not p.do_sample and not p.repetition_penalty]
     if plain:
         ids = logits[plain].argmax(-1).tolist()
-        for i, t in zip(plain, ids):
+        for i, t in zip(plain, ids, strict=False):
             out[i] = t
     for i, p in enumerate(params):
         if out[i] is not None:

@@ -82,10 +82,29 @@ class StatePool:
         self.recurrent[:, slot].copy_(snap.recurrent)
 
     # -- the StepCache side: gather / scatter a step's slots ---------------------------------
-    def gather(self, linear_idx: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(conv [B, C, K], recurrent [B, H, Dk, Dv]) of `slots` [B] (copies)."""
+    @staticmethod
+    def contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
+        """(first, count) when `slots` are consecutive ascending ids (then views replace copies)."""
+        n = slots.numel()
+        first = int(slots[0]) if n else 0
+        if n and int(slots[-1]) - first == n - 1 and bool((slots.diff() == 1).all()):
+            return first, n
+        return None
+
+    def gather(self, linear_idx: int, slots: torch.Tensor, run: tuple[int, int] | None = None):
+        """(conv [B, C, K], recurrent [B, H, Dk, Dv]) of `slots` [B]; read-only for the caller.
+
+        `run` = `contiguous_run(slots)` (computed once per step): views instead of copies.
+        """
+        if run is not None:
+            return self.conv[linear_idx].narrow(0, *run), self.recurrent[linear_idx].narrow(0, *run)
         return self.conv[linear_idx].index_select(0, slots), self.recurrent[linear_idx].index_select(0, slots)
 
-    def scatter(self, linear_idx: int, slots: torch.Tensor, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    def scatter(self, linear_idx: int, slots: torch.Tensor, conv: torch.Tensor, recurrent: torch.Tensor,
+                run: tuple[int, int] | None = None) -> None:
+        if run is not None:
+            self.conv[linear_idx].narrow(0, *run).copy_(conv)
+            self.recurrent[linear_idx].narrow(0, *run).copy_(recurrent)
+            return
         self.conv[linear_idx].index_copy_(0, slots, conv.to(self.conv.dtype))
         self.recurrent[linear_idx].index_copy_(0, slots, recurrent.to(torch.float32))

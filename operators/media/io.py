@@ -82,6 +82,9 @@ class StorageOptions:
         return kwargs
 
 
+DEFAULT_STORAGE = StorageOptions()  # AWS defaults, credentials from the environment
+
+
 def filesystem(uri: str, storage: StorageOptions):
     """(fsspec filesystem, path inside it) for `uri`; `ConfigError` for an unsupported scheme."""
     import fsspec
@@ -97,7 +100,7 @@ def filesystem(uri: str, storage: StorageOptions):
     return fs, fs._strip_protocol(uri)
 
 
-def read_bytes(uri: str, storage: StorageOptions = StorageOptions()) -> bytes:
+def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE) -> bytes:
     """All bytes of the object or file at `uri`.
 
     Raises `MediaError` (permanent: not found, denied, a directory) or `StorageError`

@@ -18,8 +18,8 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from operators.errors import ConfigError
-from operators.media.io import StorageOptions, read_bytes
-from operators.media.video import FrameSampling
+from operators.media.io import DEFAULT_STORAGE, StorageOptions, read_bytes
+from operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from operators.media.worker import DecodeWorker, decode_video
 from operators.types import VideoClip
 
@@ -43,10 +43,10 @@ def media_type_of(uri: str, head: bytes) -> str:
 
 def load_media(
     uri: str,
-    storage: StorageOptions = StorageOptions(),
+    storage: StorageOptions = DEFAULT_STORAGE,
     *,
     media_type: str | None = None,
-    sampling: FrameSampling = FrameSampling(),
+    sampling: FrameSampling = DEFAULT_SAMPLING,
     backend: str = "decord",
     timeout_s: float = 60.0,
     worker: DecodeWorker | None = None,

@@ -1,7 +1,7 @@
 """Deterministic sample media for tests, the demo and benchmarks (no downloads).
 
-Owns: real encoded videos written with PyAV (libx264 with B-frames in mp4, VP9 in
-webm, MPEG-4 Part 2 in avi, variable frame rate, odd frame counts, display-matrix
+Owns: real encoded videos written with PyAV (libx264 with B-frames in mp4, VP9 and VP8
+(alt-ref frames) in webm, MPEG-4 Part 2 in avi, variable frame rate, odd frame counts, display-matrix
 rotation) and deliberately bad files (truncated, zero bytes, audio only, a header
 that claims more frames than the file holds, not media at all), plus a manifest of
 what was written with the facts tests check against (`SampleVideo`). Images live
@@ -90,6 +90,7 @@ def encode_video(
     container_options: dict | None = None,
     rotation: int = 0,
     durations_ms: list[int] | None = None,
+    audio: bool = False,
     pattern=index_pattern,
 ) -> None:
     """Encode `n` frames of `pattern(i, width, height)` (upright) into `path`.
@@ -97,6 +98,7 @@ def encode_video(
     rotation: display rotation (degrees CCW) written to the container; the coded
     frames are the upright ones rotated back, so a correct player shows `pattern`.
     durations_ms: per-frame display durations for a variable frame rate stream.
+    audio: also write an AAC track (a tone) interleaved with the video.
     """
     import av
 
@@ -113,7 +115,8 @@ def encode_video(
             stream.set_display_rotation(rotation)
         if durations_ms is not None:
             stream.codec_context.time_base = Fraction(1, 1000)
-        t = 0
+        tone = _tone_stream(out) if audio else None  # every stream exists before the first packet
+        t = done = 0
         for i in range(n):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(pattern(i, width, height), -k)), format="rgb24")
             if durations_ms is not None:
@@ -121,10 +124,38 @@ def encode_video(
                 t += durations_ms[i % len(durations_ms)]
             for packet in stream.encode(frame):
                 out.mux(packet)
+            if tone is not None:  # interleave: audio up to the end of this frame
+                done = _write_tone(out, tone, done, int((i + 1) / fps * tone.rate) // 1024 * 1024)
         for packet in stream.encode():
             out.mux(packet)
+        if tone is not None:
+            _write_tone(out, tone, done, int(n / fps * tone.rate), flush=True)
     finally:
         out.close()
+
+
+def _tone_stream(out, rate: int = 16000):
+    stream = out.add_stream("aac", rate=rate)
+    stream.layout = "mono"
+    return stream
+
+
+def _write_tone(out, stream, start: int, stop: int, flush: bool = False) -> int:
+    """Encode samples [start, stop) of a 440 Hz tone into the AAC `stream` of `out`; returns `stop`."""
+    import av
+
+    rate = stream.rate
+    for a in range(start, stop, 1024):
+        t = np.arange(a, min(a + 1024, stop)) / rate
+        frame = av.AudioFrame.from_ndarray((0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None],
+                                           format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = rate, a
+        for packet in stream.encode(frame):
+            out.mux(packet)
+    if flush:
+        for packet in stream.encode():
+            out.mux(packet)
+    return stop
 
 
 def encode_audio_only(path: Path, seconds: float = 1.0, rate: int = 16000) -> None:
@@ -133,18 +164,7 @@ def encode_audio_only(path: Path, seconds: float = 1.0, rate: int = 16000) -> No
 
     out = av.open(str(path), "w", options={"fflags": "+bitexact"})
     try:
-        stream = out.add_stream("aac", rate=rate)
-        stream.layout = "mono"
-        t = np.arange(int(seconds * rate)) / rate
-        tone = (0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-        for start in range(0, tone.size, 1024):
-            chunk = tone[None, start:start + 1024]
-            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = rate, start
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
+        _write_tone(out, _tone_stream(out, rate), 0, int(seconds * rate), flush=True)
     finally:
         out.close()
 
@@ -167,9 +187,15 @@ def write_sample_videos(out_dir: str | Path) -> list[SampleVideo]:
     encode_video(out / "h264_even.mp4", 48, 128, 72, 30, options=H264_BFRAMES,
                  container_options={"movflags": "+faststart"})
     add("h264_even.mp4", "h264", 48, 128, 72, 30.0, note="moov first (faststart)")
+    encode_video(out / "h264_with_audio.mp4", 25, 96, 64, 25, options=H264_BFRAMES, audio=True)
+    add("h264_with_audio.mp4", "h264", 25, 96, 64, 25.0, note="plus an AAC track")
     encode_video(out / "vp9.webm", 31, 160, 96, 30, codec="libvpx-vp9",
                  options={"crf": "18", "b": "0", "deadline": "realtime", "cpu-used": "8", "g": "10"})
     add("vp9.webm", "vp9", 31, 160, 96, 30.0, header=False, note="Matroska stores no frame count")
+    encode_video(out / "vp8_altref.webm", 45, 160, 96, 24, codec="libvpx",
+                 options={"crf": "10", "b": "1M", "auto-alt-ref": "1", "lag-in-frames": "16", "g": "15",
+                          "deadline": "good", "cpu-used": "4"})
+    add("vp8_altref.webm", "vp8", 45, 160, 96, 24.0, header=False, note="VP8 with alt-ref (hidden) frames")
     encode_video(out / "mpeg4.avi", 29, 96, 64, 15, codec="mpeg4", options={"qscale": "2", "g": "8"})
     add("mpeg4.avi", "mpeg4", 29, 96, 64, 15.0, note="MPEG-4 Part 2 in AVI")
     encode_video(out / "vfr.mp4", 23, 96, 64, 30, options=H264_BFRAMES, durations_ms=VFR_DURATIONS_MS)

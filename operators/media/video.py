@@ -10,7 +10,8 @@ Owns the decode plan shared by the in-process path and the worker process:
    count the frames that really decode, the indices are re-sampled over that
    count, and decoding restarts with PyAV (a new `Plan` is emitted).
 
-Memory bound (per video): the input bytes + the output `F x H x W x 3` bytes + the
+Memory bound (per video): the input bytes + the output `F x H x W x 3` bytes (refused
+above `FrameSampling.max_output_bytes`, 8 GiB by default) + the
 backend's working set (decord: `chunk` = 8 frames; PyAV: one frame plus the
 codec's reference frames, <= 16). Nothing scales with the video's length except
 the packet index (16 bytes per frame).
@@ -26,18 +27,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from operators.errors import InputError
 from operators.media.decoders import ShortVideo, VideoInfo, get_decoder
 from operators.types import VideoClip
 
 
 @dataclass(frozen=True)
 class FrameSampling:
-    """How to pick frames (the reference's semantics): `fps` or `num_frames`, never both."""
+    """How to pick frames (the reference's semantics): `fps` or `num_frames`, never both.
+
+    max_output_bytes: refuse (InputError, before decoding) a plan whose frames
+    `F x H x W x 3` would exceed this many bytes; 768 frames of 4K are 19 GB.
+    """
 
     fps: float | None = None
     num_frames: int | None = None
     min_frames: int = 4
     max_frames: int = 768
+    max_output_bytes: int = 8 << 30
 
     def indices(self, info: VideoInfo) -> np.ndarray:
         """[F] int64 indices in the source's index space, within [0, info.frames)."""
@@ -46,6 +53,9 @@ class FrameSampling:
         idx = sample_frame_indices(info.frames, info.fps, fps=self.fps, num_frames=self.num_frames,
                                    min_frames=self.min_frames, max_frames=self.max_frames)
         return np.clip(idx, 0, info.frames - 1)
+
+
+DEFAULT_SAMPLING = FrameSampling()  # the reference's defaults: 2 fps, 4..768 frames
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,15 @@ class Plan:
     def shape(self) -> tuple[int, int, int, int]:
         return (len(self.indices), self.info.height, self.info.width, 3)
 
+    def check(self, sampling: FrameSampling) -> Plan:
+        """Raise `InputError` if the output would exceed `sampling.max_output_bytes`."""
+        nbytes = int(np.prod(self.shape))
+        if nbytes > sampling.max_output_bytes:
+            f, h, w, _ = self.shape
+            raise InputError(f"{f} sampled frames of {w}x{h} need {nbytes / 2**30:.1f} GiB, over the "
+                             f"{sampling.max_output_bytes / 2**30:.1f} GiB limit; sample fewer frames")
+        return self
+
 
 def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "decord",
                   threads: int = 1) -> Iterator[Plan | tuple[int, np.ndarray]]:
@@ -72,10 +91,9 @@ def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "decord",
     if video is not None:
         with video:
             plan = Plan(video.info, tuple(int(i) for i in sampling.indices(video.info)), decoder.name)
-            yield plan
+            yield plan.check(sampling)
             try:
-                for slot, frame in enumerate(video.iter_frames(plan.indices)):
-                    yield slot, frame
+                yield from enumerate(video.iter_frames(plan.indices))
                 return
             except ShortVideo:
                 pass
@@ -89,7 +107,7 @@ def _recount_and_decode(data: bytes, sampling: FrameSampling, threads: int):
     with PyAVDecoder(threads).open(data) as video:
         info = video.recount()
         plan = Plan(info, tuple(int(i) for i in sampling.indices(info)), "pyav")
-        yield plan
+        yield plan.check(sampling)
         yield from enumerate(video.iter_frames(plan.indices))
 
 
@@ -105,7 +123,7 @@ def collect(stream: Iterator[Plan | tuple[int, np.ndarray]]) -> VideoClip:
     return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames, indices=plan.indices)
 
 
-def decode_video_inprocess(data: bytes, sampling: FrameSampling = FrameSampling(), backend: str = "decord",
+def decode_video_inprocess(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord",
                            threads: int = 1) -> VideoClip:
     """Decode in this process (no time limit: tests and benchmarks; production uses `DecodeWorker`)."""
     return collect(decode_stream(data, sampling, backend, threads))

@@ -14,8 +14,9 @@ Frames stream one at a time straight into the parent's preallocated output, so
 the child never holds more than its backend's working set. Every read waits at
 most until the call's deadline; past it the child is SIGKILLed and the call raises
 `MediaTimeoutError`. A child that dies (native crash) gives `MediaError`. The
-next call starts a fresh child. A child is reused across calls (start-up costs
-about 0.3 s) and recycled after `max_calls` to cap slow native leaks.
+next call starts a fresh child. Start-up (imports, about 1 s) is waited for
+separately and never counts against a video's limit. A child is reused across
+calls and recycled after `max_calls` to cap slow native leaks.
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ import numpy as np
 
 from operators import errors
 from operators.errors import MediaError, MediaTimeoutError
-from operators.media.video import FrameSampling, Plan, decode_stream
+from operators.media.video import DEFAULT_SAMPLING, FrameSampling, Plan, decode_stream
 from operators.types import VideoClip
+
+STARTUP_TIMEOUT_S = 120.0  # generous: a loaded node can take seconds to import av + decord
 
 
 class DecodeWorker:
@@ -75,6 +78,16 @@ class DecodeWorker:
         self._recv = Connection(res_r, writable=False)
         self._calls = 0
         self.starts += 1
+        # The child imports av, decord and numpy before it says ready, so start-up (about 1 s on a busy
+        # node) never eats into a video's time limit.
+        try:
+            if self._recv.poll(STARTUP_TIMEOUT_S) and self._recv.recv() == ("ready",):
+                return
+        except (EOFError, OSError):
+            pass
+        code = self._proc.poll()
+        self._kill()
+        raise MediaError(f"the decoder process failed to start (exit code {code})")
 
     def close(self) -> None:
         """Stop the child (closing its request pipe lets it exit; kill if it does not)."""
@@ -97,7 +110,7 @@ class DecodeWorker:
             self._recv.close()
             self._proc = None
 
-    def decode(self, data: bytes, sampling: FrameSampling = FrameSampling(), backend: str = "decord") -> VideoClip:
+    def decode(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord") -> VideoClip:
         """Decode the sampled frames of `data` in the child within `timeout_s`.
 
         Raises `MediaError` (not a video, crash), `MediaTimeoutError` (over the limit;
@@ -111,21 +124,25 @@ class DecodeWorker:
         try:
             self._send.send((backend, self.threads, sampling))
             self._send.send_bytes(data)
-            return self._receive(deadline)
-        except MediaTimeoutError:
-            self._kill()
-            raise
+            clip, error = self._receive(deadline)
         except (EOFError, OSError) as e:
             code = self._proc.poll() if self._proc is not None else None
             self._kill()
             raise MediaError(f"the decoder process died (exit code {code}) on this file") from e
+        except BaseException:  # timeout, interrupt, bad message: the pipe is out of step, start afresh
+            self._kill()
+            raise
+        if error is not None:
+            raise error  # the child reported it and waits for the next request: keep it
+        return clip
 
     def _wait(self, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0 or not self._recv.poll(left):
             raise MediaTimeoutError(f"decoding took longer than the {self.timeout_s:g} s limit; the decoder was killed")
 
-    def _receive(self, deadline: float) -> VideoClip:
+    def _receive(self, deadline: float) -> tuple[VideoClip | None, errors.VlbatchError | None]:
+        """Read one reply: (clip, None), or (None, the typed error the child reported)."""
         plan: Plan | None = None
         frames = None
         while True:
@@ -139,13 +156,14 @@ class DecodeWorker:
                 self._recv.recv_bytes_into(frames[msg[1]].reshape(-1))
             elif msg[0] == "done":
                 return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames,
-                                 indices=plan.indices)
+                                 indices=plan.indices), None
             else:
                 _, kind, text = msg
-                raise getattr(errors, kind, MediaError)(text)
+                cls = getattr(errors, kind, MediaError)
+                return None, (cls if isinstance(cls, type) and issubclass(cls, errors.VlbatchError) else MediaError)(text)
 
 
-def decode_video(data: bytes, sampling: FrameSampling = FrameSampling(), backend: str = "decord",
+def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord",
                  timeout_s: float = 60.0, worker: DecodeWorker | None = None) -> VideoClip:
     """Decode sampled frames in a killable child. Pass a long-lived `worker` to avoid a start per call."""
     if worker is not None:
@@ -179,9 +197,16 @@ def _serve(req: Connection, res: Connection) -> None:
 
 def main(argv: list[str]) -> None:
     import av
+    import decord  # noqa: F401 - imported before "ready" so the first decode's time limit is all decoding
+
+    import operators.media.decoders.decord_backend  # noqa: F401
+    import operators.media.decoders.pyav_backend  # noqa: F401
+    import operators.preprocess.sampling  # noqa: F401
 
     av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
-    _serve(Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False))
+    res = Connection(int(argv[2]), readable=False)
+    res.send(("ready",))
+    _serve(Connection(int(argv[1]), writable=False), res)
 
 
 if __name__ == "__main__":

@@ -99,12 +99,11 @@ class GatedDeltaNet(nn.Module):
     def _delta(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor):
         """mixed [B, L, C] (after conv) -> o [B, L, H_v, D_v], state [B, H_v, D_k, D_v]."""
         b, length, _ = mixed.shape
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = l2norm(q.reshape(b, length, self.n_k, self.d_k).float())
-        k = l2norm(k.reshape(b, length, self.n_k, self.d_k).float())
+        qk, v = mixed.split([2 * self.key_dim, self.value_dim], dim=-1)
+        qk = l2norm(qk.reshape(b, length, 2, self.n_k, self.d_k).float())  # q and k in one pass
         if self.n_v != self.n_k:
-            q = q.repeat_interleave(self.n_v // self.n_k, dim=2)
-            k = k.repeat_interleave(self.n_v // self.n_k, dim=2)
+            qk = qk.repeat_interleave(self.n_v // self.n_k, dim=3)
+        q, k = qk.unbind(2)
         q = q * self.d_k**-0.5
         v = v.reshape(b, length, self.n_v, self.d_v)
         rule = recurrent_gated_delta_rule if length == 1 else chunk_gated_delta_rule

@@ -4,7 +4,9 @@ The model is built on the meta device (no memory), every checkpoint tensor is ch
 against it before anything is read (missing, unexpected and mis-shaped tensors are
 all listed in one `CheckpointError`), then each parameter is read from the
 memory-mapped file (`safetensors.safe_open`), cast to the requested dtype and device
-and put in place: one tensor at a time, so RAM never holds a second full copy.
+and put in place: one tensor at a time, so RAM never holds a second full copy. On CPU
+in the checkpoint's own dtype nothing is copied at all: parameters stay views of the
+file's private (copy-on-write) mapping and pages are read on first use.
 
 Names: checkpoint `model.visual.*` / `model.language_model.*` map to the model's
 `visual.*` / `language_model.*`; `lm_head.weight` to `lm_head.weight` (a tied

@@ -47,6 +47,7 @@ class Processor:
         self.image_config = image_config
         self.video_config = video_config
         self.spatial_merge_size = spatial_merge_size
+        self._luts = (image_config.norm.lut(3), video_config.norm.lut(3))  # [3, 256] float32 each
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Processor:
@@ -85,12 +86,12 @@ class Processor:
         img_tokens: list[int] = []
         vid_parts: list[tuple[int, tuple[float, ...]]] = []
         if images:
-            batch = process_images(images, self.image_config)
+            batch = process_images(images, self.image_config, self._luts[0])
             out["pixel_values"], out["image_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.image_config.merge_size ** 2  # the reference counts with the processor's merge size
             img_tokens = [int(g.prod()) // merge2 for g in batch.grid_thw]
         if videos:
-            batch = process_videos(videos, self.video_config)
+            batch = process_videos(videos, self.video_config, self._luts[1])
             out["pixel_values_videos"], out["video_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.video_config.merge_size ** 2
             vid_parts = [(int(g[1] * g[2]) // merge2, ts)

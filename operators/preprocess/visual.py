@@ -58,7 +58,10 @@ def _resized(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """uint8 `[F, H, W, 3]` -> `[F, h, w, 3]` with the reference's resize op (identity when equal)."""
     if frames.shape[1:3] == size:
         return frames
-    view = _tensor(frames).permute(0, 3, 1, 2)  # [F, 3, H, W] channels-last view, no copy
+    t = _tensor(frames)
+    if t.shape[0] == 1:  # numpy's new axis has stride 0; torch then picks a channels-first output
+        t = t[0].unsqueeze(0)
+    view = t.permute(0, 3, 1, 2)  # [F, 3, H, W] channels-last view, no copy
     return resize_frames(view, *size).permute(0, 2, 3, 1).numpy()
 
 
@@ -81,13 +84,16 @@ def image_sizes(images: list[np.ndarray], cfg: ImageConfig) -> list[tuple[int, i
     return sizes
 
 
-def process_images(images: list[np.ndarray], cfg: ImageConfig) -> VisualBatch:
-    """uint8 `[H, W, 3]` images -> pixel_values `[sum N_i, C*tp*p*p]`, image_grid_thw `[M, 3]`."""
+def process_images(images: list[np.ndarray], cfg: ImageConfig, lut: np.ndarray | None = None) -> VisualBatch:
+    """uint8 `[H, W, 3]` images -> pixel_values `[sum N_i, C*tp*p*p]`, image_grid_thw `[M, 3]`.
+
+    lut: `cfg.norm.lut(3)`, passed in by callers that process many items.
+    """
     sizes = image_sizes(images, cfg)
     p, tp = cfg.patch_size, cfg.temporal_patch_size
     counts = [(h // p) * (w // p) for h, w in sizes]
     out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.float32)
-    lut = cfg.norm.lut(3)
+    lut = cfg.norm.lut(3) if lut is None else lut
     grids, off = [], 0
     for img, size, n in zip(images, sizes, counts, strict=True):
         grids.append(_fill(out[off:off + n], img[None], size, cfg, lut))
@@ -121,7 +127,7 @@ def video_size(i: int, clip: VideoClip, cfg: VideoConfig) -> tuple[int, int]:
         raise InputError(f"video {i}: {e}") from None
 
 
-def process_videos(clips: list[VideoClip], cfg: VideoConfig) -> VisualBatch:
+def process_videos(clips: list[VideoClip], cfg: VideoConfig, lut: np.ndarray | None = None) -> VisualBatch:
     """Sampled clips -> pixel_values_videos `[sum N_i, D]`, video_grid_thw `[M, 3]`, group timestamps."""
     for i, clip in enumerate(clips):
         _check_clip(i, clip)
@@ -129,7 +135,7 @@ def process_videos(clips: list[VideoClip], cfg: VideoConfig) -> VisualBatch:
     p, tp = cfg.patch_size, cfg.temporal_patch_size
     counts = [-(-c.frames.shape[0] // tp) * (h // p) * (w // p) for c, (h, w) in zip(clips, sizes, strict=True)]
     out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.float32)
-    lut = cfg.norm.lut(3)
+    lut = cfg.norm.lut(3) if lut is None else lut
     grids, stamps, off = [], [], 0
     for clip, size, n in zip(clips, sizes, counts, strict=True):
         grids.append(_fill(out[off:off + n], clip.frames, size, cfg, lut))

@@ -96,15 +96,25 @@ def train(args) -> Path:
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f}M", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    # The vision tower starts frozen: from scratch, the language model first fits the answer prior and,
+    # if the tower trains meanwhile, it collapses to one constant feature vector (measured: per-token
+    # spread 27% -> 3% by step 200) and never recovers. Random frozen features keep images distinct
+    # while the decoder learns to read them; then the tower trains at a reduced rate.
+    visual = [p for n, p in model.named_parameters() if n.startswith("model.visual.")]
+    others = [p for n, p in model.named_parameters() if not n.startswith("model.visual.")]
+    groups = [{"params": others, "mult": 1.0}, {"params": visual, "mult": args.vision_lr_mult}]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    model.model.visual.requires_grad_(False)
     batches = torch.utils.data.DataLoader(
         SceneBatches(str(out), args.seed, args.batch, args.video_share), batch_size=None, num_workers=1,
         prefetch_factor=4, persistent_workers=False,
     )
     start, ema = time.time(), None
     for step, batch in zip(range(args.steps), batches, strict=False):
+        if step == args.freeze_vision_steps:
+            model.model.visual.requires_grad_(True)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup) * group["mult"]
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -126,11 +136,13 @@ def train(args) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Train the bundled tiny Qwen3.5 on synthetic scenes (CPU).")
     ap.add_argument("--out", default="models/shapes-tiny")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=640)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=4e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--video-share", type=float, default=0.45)
+    ap.add_argument("--freeze-vision-steps", type=int, default=150)
+    ap.add_argument("--vision-lr-mult", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")

@@ -136,6 +136,10 @@ def open_container(data: bytes):
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.FFmpegError, ValueError, OSError) as e:
         raise MediaError(f"not a readable video container: {_short(e)}") from e
+    fmt = container.format.name
+    if fmt.endswith("_pipe") or fmt in ("image2", "gif", "apng"):
+        container.close()
+        raise MediaError(f"the file is an image ({fmt.removesuffix('_pipe')}), not a video; load it as an image")
     if not container.streams.video:
         kinds = sorted({s.type for s in container.streams}) or ["none"]
         container.close()
@@ -154,6 +158,8 @@ def scan_packets(container, stream) -> PacketIndex:
                 continue  # the demuxer's end-of-stream marker
             if packet.is_corrupt:
                 break  # a partial read: the file was cut here
+            if packet.is_discard:
+                continue  # dropped by an edit list: the decoder never shows it
             t = packet.pts if packet.pts is not None else packet.dts
             if t is None:
                 continue

@@ -39,7 +39,7 @@ def causal_conv1d_step(
     Returns (silu(conv) [B, C], new conv_state [B, C, K]).
     """
     new_state = torch.cat([conv_state[:, :, 1:].to(x.dtype), x.unsqueeze(-1)], dim=-1)
-    out = torch.einsum("bck,ck->bc", new_state, weight.to(x.dtype))
+    out = (new_state * weight.to(x.dtype)).sum(-1)
     return F.silu(out), new_state
 
 

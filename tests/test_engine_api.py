@@ -1,0 +1,103 @@
+"""Engine API behaviour: seeded sampling, stop conditions, thinking split, streaming, error results."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_engine_support import image, processed, reference_model, request, video
+
+from operators.engine import MediaItem, Request
+from operators.engine.engine import Engine
+from operators.engine.sequence import Sequence
+from operators.errors import InputError
+
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_ckpt):
+    return tiny_ckpt("dense")
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt):
+    return Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+
+
+def _one(engine, req):
+    (res,) = list(engine.generate([req]))
+    return res
+
+
+def test_seeded_sampling_equals_transformers_and_ignores_batch(ckpt, engine):
+    content = [("image", image(1)), "Describe it."]
+    req = request(ckpt, "s", content, max_new_tokens=10, seed=77, **SAMPLING)
+    out = processed(ckpt, content)
+    inputs = {k: v for k, v in out.items() if k not in ("position_ids", "rope_deltas")}
+    torch.manual_seed(77)  # generate draws from the global generator: same stream as our per-request one
+    with torch.no_grad():
+        ref = reference_model(str(ckpt)).generate(**inputs, max_new_tokens=10, **SAMPLING)
+    alone = _one(engine, req)
+    assert list(alone.token_ids) == ref[0, out["input_ids"].shape[1]:].tolist()
+    others = [request(ckpt, f"o{i}", [("video", video(i)), "What happens?"], max_new_tokens=4 + i, seed=i,
+                      **SAMPLING) for i in range(5)]
+    batched = {r.id: r for r in engine.generate(others[:3] + [req] + others[3:])}
+    assert batched["s"].token_ids == alone.token_ids
+    other = _one(engine, dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, seed=78)))
+    assert other.token_ids != alone.token_ids
+
+
+def test_stop_tokens_stop_strings_and_length(ckpt, engine):
+    base = request(ckpt, "g", [("image", image(2)), "Describe it."], max_new_tokens=12)
+    greedy = _one(engine, base)
+    assert greedy.finish_reason == "length" and greedy.generated_tokens == 12
+    stop_tok = greedy.token_ids[3]
+    first = greedy.token_ids.index(stop_tok)
+    r = _one(engine, dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, stop_token_ids=(stop_tok,))))
+    assert r.finish_reason == "stop" and r.token_ids == greedy.token_ids[: first + 1]
+    stop = greedy.text.strip()[len(greedy.text.strip()) // 2:][:3]
+    r = _one(engine, dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, stop_strings=(stop,))))
+    assert r.finish_reason == "stop" and stop not in r.text and greedy.text.startswith(r.text)
+    assert r.generated_tokens < 12 and r.token_ids == greedy.token_ids[: r.generated_tokens]
+
+
+def test_results_stream_as_requests_finish(ckpt, engine):
+    long = request(ckpt, "long", ["Write a caption."], max_new_tokens=16, stop_token_ids=())
+    short = request(ckpt, "short", ["Write a caption."], max_new_tokens=2, stop_token_ids=())
+    order = [r.id for r in engine.generate([long, short])]
+    assert order == ["short", "long"]
+
+
+def test_thinking_is_split_from_the_answer(ckpt, engine):
+    req = request(ckpt, "t", ["Think first."], thinking=True)
+    tok = engine.tokenizer
+    ids = tok.encode("a plan</think>\n\nthe answer", add_special_tokens=False).ids
+    seq = Sequence(req, None, (), None)
+    seq.token_ids += ids + [engine.eos_ids[0]]
+    res = engine._result(seq, "stop")
+    assert (res.thinking, res.text) == ("a plan", "the answer")
+    assert res.generated_tokens == len(ids) + 1 and res.prompt_tokens == req.prompt_len
+
+
+def test_bad_requests_become_error_results_and_others_finish(ckpt):
+    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=400 << 10)
+    ok = request(ckpt, "ok", [("image", image(5)), "Describe it."], max_new_tokens=3)
+    too_long = request(ckpt, "long", ["word " * 300], max_new_tokens=3)
+    m = ok.media[0]
+    bad_grid = dataclasses.replace(ok, id="grid", media=(MediaItem(m.kind, m.pixel_values, m.grid_thw,
+                                                                   ((m.spans[0][0], m.spans[0][1] - 1),)),))
+    res = {r.id: r for r in engine.generate([too_long, bad_grid, ok])}
+    assert res["ok"].finish_reason == "length" and res["ok"].visual_tokens == m.num_tokens
+    assert res["long"].finish_reason == "error" and "KV pool" in res["long"].error
+    assert res["grid"].finish_reason == "error" and "placeholders" in res["grid"].error
+    with pytest.raises(InputError):
+        Request(id="x", prompt_token_ids=(1, 2), position_ids=torch.zeros(3, 3, dtype=torch.long))

@@ -1,0 +1,80 @@
+"""Scheduler decisions without a model: chunking, branch-point cuts, sibling gating, preemption."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from operators.engine.block_manager import BlockManager
+from operators.engine.branch_points import plan_branch_points
+from operators.engine.prefix_cache import PrefixCache
+from operators.engine.request import Request, SamplingParams
+from operators.engine.scheduler import Scheduler
+from operators.engine.sequence import Sequence, Status
+from operators.engine.state_pool import StatePool
+
+
+def _req(rid, ids, new=4):
+    pos = torch.arange(len(ids)).expand(3, -1).contiguous()
+    return Request(id=rid, prompt_token_ids=tuple(ids), position_ids=pos, sampling=SamplingParams(max_new_tokens=new))
+
+
+def _setup(reqs, blocks=64, bs=4, seqs=8, tokens=64, chunk=None, cache=True):
+    bm = BlockManager(blocks, bs)
+    pool = StatePool(seqs, 1, 2, 2, 1, 1, 1)
+    pc = PrefixCache(bm, 100, 10**9) if cache else None
+    sched = Scheduler(bm, pool, pc, max_num_seqs=seqs, max_num_batched_tokens=tokens, chunk_size=chunk)
+    keys = [np.asarray(r.prompt_token_ids, dtype=np.int64) for r in reqs]
+    plans = plan_branch_points(keys) if cache else [()] * len(reqs)
+    seqs_ = [Sequence(r, k, p, None) for r, k, p in zip(reqs, keys, plans, strict=False)]
+    for s in seqs_:
+        sched.add(s)
+    return sched, seqs_
+
+
+def _step(sched, sampled_token=7):
+    plan = sched.schedule()
+    sched.commit(plan)
+    for c in plan.chunks:
+        if c.sample:
+            c.seq.token_ids.append(sampled_token)
+            if len(c.seq.output_ids) >= c.seq.request.sampling.max_new_tokens:
+                sched.finish(c.seq)
+    return [(c.seq.id, c.start, c.end) for c in plan.chunks]
+
+
+def test_siblings_wait_for_the_shared_prefix_then_hit_it():
+    shared = list(range(1, 12))  # 11 shared tokens: branch point 11, not block aligned
+    a, b, c = (_req(n, shared + tail) for n, tail in (("a", [50, 51, 52]), ("b", [60, 61]), ("c", [70])))
+    sched, seqs = _setup([a, b, c])
+    assert seqs[0].planned == (11,)
+    assert _step(sched) == [("a", 0, 11)]  # cut at the branch point; b and c held back
+    assert _step(sched) == [("a", 11, 14), ("b", 11, 13), ("c", 11, 12)]
+    assert [s.cached_tokens for s in seqs] == [0, 11, 11]
+    assert sched.stats.prefix_hit_tokens == 22 and sched.stats.snapshots_inserted == 1
+
+
+def test_token_budget_chunk_size_and_decode_batching():
+    reqs = [_req("long", list(range(1, 30))), _req("short", [5, 6, 7])]
+    sched, _ = _setup(reqs, tokens=10, chunk=8, cache=False)
+    assert _step(sched) == [("long", 0, 8), ("short", 0, 2)]  # chunk limit, then what the budget leaves
+    assert _step(sched) == [("long", 8, 16), ("short", 2, 3)]
+    assert _step(sched) == [("long", 16, 24), ("short", 3, 4)]  # short decodes beside the prefill
+
+
+def test_preemption_requeues_latest_and_recomputes():
+    reqs = [_req(f"r{i}", [10 * i + j for j in range(1, 8)], new=6) for i in range(3)]
+    sched, seqs = _setup(reqs, blocks=7, bs=4, cache=False)  # 28 tokens for 3 x (7 + 6)
+    finished, steps = [], 0
+    while sched.has_work and steps < 100:
+        _step(sched)
+        finished += [s.id for s in seqs if s.status is Status.FINISHED and s.id not in finished]
+        assert sched.bm.num_free >= 0
+        steps += 1
+    assert sorted(finished) == ["r0", "r1", "r2"] and sched.stats.preemptions > 0
+    assert all(len(s.output_ids) == 6 for s in seqs)
+    assert sched.bm.num_free == 7 and sched.pool.num_free == 8  # everything released
+
+
+def test_request_that_never_fits_is_flagged():
+    sched, seqs = _setup([_req("big", list(range(1, 40)), new=4)], blocks=4, bs=4, cache=False)
+    assert not sched.fits_at_all(seqs[0])
