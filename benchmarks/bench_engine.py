@@ -2,6 +2,11 @@
 
     python3 -m benchmarks.bench_engine [--threads 1] [--requests 64] [--new-tokens 64]
         [--videos 16] [--questions 8] [--ref-batches 8,64] [--model-dir DIR]
+        [--part a|b|c] [--quick] [--profile N]
+
+`--part` runs one part only (c needs the engine of (a), so it runs (a) too); `--quick`
+shrinks the workload (16 captions, 4 videos x 4 questions, reference batch 16) for
+iterating; `--profile N` prints the top N functions of a cProfile of the engine runs.
 
 Writes a Qwen3.5-shaped random dense checkpoint (~25M parameters: hidden 512, 8 layers in
 the [DeltaNet x3, attention] pattern; `make_tiny_checkpoint` overrides) unless
@@ -20,6 +25,8 @@ wall time for one thread on an idle one); wall seconds are printed beside them.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import resource
 import tempfile
 import time
@@ -74,12 +81,31 @@ def _requests(proc, ref, texts, media, kind, new_tokens, prefix):
     return out
 
 
-def _engine_run(ckpt, reqs, **kw):
+def _engine_run(ckpt, reqs, prof, **kw):
     from operators.engine.engine import Engine
 
     engine = Engine.from_pretrained(ckpt, **kw)
+    if prof is not None:
+        prof.enable()
     results, cpu, wall = _timed(lambda: list(engine.generate(reqs)))
+    if prof is not None:
+        prof.disable()
     return engine, results, cpu, wall
+
+
+def _print_memory(engine, rss_mb: float, s_on: dict | None) -> None:
+    print("\n(c) memory")
+    print(f"  peak RSS after the engine runs: {rss_mb:.0f} MiB (process total, model + pools + caches)")
+    print(f"  KV bytes per token: {engine.kv_bytes_per_token} (all full-attention layers, K + V)")
+    print(f"  DeltaNet state bytes per sequence: {engine.state_bytes_per_seq}")
+    pool = engine.runner.pool
+    line = (f"  KV pool: {engine.blocks.num_blocks} blocks x {engine.blocks.block_size} tokens = "
+            f"{engine.runner.kv.nbytes / 2**20:.0f} MiB; state pool: {pool.num_slots} slots = "
+            f"{(pool.conv.nbytes + pool.recurrent.nbytes) / 2**20:.0f} MiB")
+    if s_on is not None:
+        line += (f"; prefix cache after (b): {s_on['prefix_cache_bytes'] / 2**20:.1f} MiB; "
+                 f"vision cache after (b): {s_on['vision_cache_bytes'] / 2**20:.1f} MiB")
+    print(line)
 
 
 def _reference(ref, proc, texts, images, new_tokens, batch):
@@ -107,7 +133,13 @@ def main(argv=None) -> int:
     ap.add_argument("--video-new-tokens", type=int, default=16)
     ap.add_argument("--ref-batches", default="8,64")
     ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--part", choices=["a", "b", "c"], default=None, help="run one part only")
+    ap.add_argument("--quick", action="store_true", help="small workload for iterating")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the engine runs, print top N")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.videos, args.questions, args.ref_batches = 16, 4, 4, "16"
+    do_a, do_b = args.part in (None, "a", "c"), args.part in (None, "b")
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForImageTextToText
 
@@ -124,52 +156,55 @@ def main(argv=None) -> int:
         images = [rng.integers(0, 256, (*SIZES[i % len(SIZES)], 3), dtype=np.uint8) for i in range(args.requests)]
         cap_texts = [_chat(proc, "image", "Describe this image.")] * args.requests
         cap_reqs = _requests(proc, ref, cap_texts, images, "image", args.new_tokens, "img")
-        videos = [rng.integers(0, 256, (16, 160, 160, 3), dtype=np.uint8) for _ in range(args.videos)]
+        videos = [rng.integers(0, 256, (16, 224, 224, 3), dtype=np.uint8) for _ in range(args.videos)]  # 392 visual tokens
         vqa_media = [v for v in videos for _ in range(args.questions)]
         vqa_texts = [_chat(proc, "video", QUESTIONS[q % len(QUESTIONS)]) for _ in videos for q in range(args.questions)]
         vqa_reqs = _requests(proc, ref, vqa_texts, vqa_media, "video", args.video_new_tokens, "vid")
         budgets = dict(kv_budget_bytes=64 << 20, prefix_cache_bytes=64 << 20, max_num_seqs=64,
                        max_num_batched_tokens=4096)
 
-        # (a) captioning: engine
-        engine, res, cpu, wall = _engine_run(ckpt, cap_reqs, **budgets)
-        gen = sum(r.generated_tokens for r in res)
-        eng_tps = gen / cpu
-        print(f"\n(a) {args.requests} captions x {args.new_tokens} tokens "
-              f"(prompts {min(r.prompt_len for r in cap_reqs)}-{max(r.prompt_len for r in cap_reqs)} tokens)")
-        print(f"  engine:        {gen} tokens in {cpu:.1f} s cpu ({wall:.1f} s wall): {eng_tps:.1f} tok/s")
+        prof = cProfile.Profile() if args.profile else None
+        if do_a:  # (a) captioning: engine
+            engine, res, cpu, wall = _engine_run(ckpt, cap_reqs, prof, **budgets)
+            gen = sum(r.generated_tokens for r in res)
+            eng_tps = gen / cpu
+            print(f"\n(a) {args.requests} captions x {args.new_tokens} tokens "
+                  f"(prompts {min(r.prompt_len for r in cap_reqs)}-{max(r.prompt_len for r in cap_reqs)} tokens)")
+            print(f"  engine:        {gen} tokens in {cpu:.1f} s cpu ({wall:.1f} s wall): {eng_tps:.1f} tok/s")
 
-        # (b) video QA: caches on vs off
-        on, res_on, cpu_on, wall_on = _engine_run(ckpt, vqa_reqs, **budgets)
-        off, res_off, cpu_off, wall_off = _engine_run(ckpt, vqa_reqs, **{**budgets, "prefix_cache_bytes": 0,
-                                                                            "vision_cache_bytes": 0})
-        same = {r.id: r.token_ids for r in res_on} == {r.id: r.token_ids for r in res_off}
-        s_on, s_off = on.stats(), off.stats()
-        del on, off
+        if do_b:  # (b) video QA: caches on vs off
+            on, res_on, cpu_on, wall_on = _engine_run(ckpt, vqa_reqs, prof, **budgets)
+            off, res_off, cpu_off, wall_off = _engine_run(ckpt, vqa_reqs, prof, **{
+                **budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})
+            same = {r.id: r.token_ids for r in res_on} == {r.id: r.token_ids for r in res_off}
+            s_on, s_off = on.stats(), off.stats()
+            del on, off
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-        # (a) reference
-        best = None
-        for b in [int(x) for x in args.ref_batches.split(",")]:
-            tot, rcpu, rwall = _reference(ref, proc, cap_texts, images, args.new_tokens, b)
-            print(f"  transformers generate, batch {b:3d}: {tot} tokens in {rcpu:.1f} s cpu ({rwall:.1f} s wall): "
-                  f"{tot / rcpu:.1f} tok/s")
-            best = max(best or 0, tot / rcpu)
-        print(f"  ratio engine / best transformers: {eng_tps / best:.2f}x")
+        if do_a:  # (a) reference
+            best = None
+            for b in [int(x) for x in args.ref_batches.split(",")]:
+                tot, rcpu, rwall = _reference(ref, proc, cap_texts, images, args.new_tokens, b)
+                print(f"  transformers generate, batch {b:3d}: {tot} tokens in {rcpu:.1f} s cpu "
+                      f"({rwall:.1f} s wall): {tot / rcpu:.1f} tok/s")
+                best = max(best or 0, tot / rcpu)
+            print(f"  ratio engine / best transformers: {eng_tps / best:.2f}x")
 
-        print(f"\n(b) {args.videos} videos x {args.questions} questions, {args.video_new_tokens} new tokens each "
-              f"(prompts ~{vqa_reqs[0].prompt_len} tokens, {vqa_reqs[0].visual_tokens} visual)")
-        print(f"  caches on:  {cpu_on:.1f} s cpu ({wall_on:.1f} s wall), vision tower calls {s_on['vision_encodes']}, "
-              f"prefix hit tokens {s_on['prefix_hit_tokens']}, prefill tokens {s_on['prefill_tokens']}")
-        print(f"  caches off: {cpu_off:.1f} s cpu ({wall_off:.1f} s wall), vision tower calls "
-              f"{s_off['vision_encodes']}, prefill tokens {s_off['prefill_tokens']}")
-        print(f"  speed-up: {cpu_off / cpu_on:.2f}x; identical outputs: {same}")
+        if do_b:
+            print(f"\n(b) {args.videos} videos x {args.questions} questions, {args.video_new_tokens} new tokens each "
+                  f"(prompts ~{vqa_reqs[0].prompt_len} tokens, {vqa_reqs[0].visual_tokens} visual)")
+            print(f"  caches on:  {cpu_on:.1f} s cpu ({wall_on:.1f} s wall), vision tower calls "
+                  f"{s_on['vision_encodes']}, prefix hit tokens {s_on['prefix_hit_tokens']}, "
+                  f"prefill tokens {s_on['prefill_tokens']}")
+            print(f"  caches off: {cpu_off:.1f} s cpu ({wall_off:.1f} s wall), vision tower calls "
+                  f"{s_off['vision_encodes']}, prefill tokens {s_off['prefill_tokens']}")
+            print(f"  speed-up: {cpu_off / cpu_on:.2f}x; identical outputs: {same}")
 
-        print("\n(c) memory")
-        print(f"  peak RSS after the engine runs: {rss_mb:.0f} MiB (process total, model + pools + caches)")
-        print(f"  KV bytes per token: {engine.kv_bytes_per_token} (all full-attention layers, K + V)")
-        print(f"  DeltaNet state bytes per sequence: {engine.state_bytes_per_seq}")
-        print(f"  KV pool: {engine.blocks.num_blocks} blocks x {engine.blocks.block_size} tokens")
+        if do_a:
+            _print_memory(engine, rss_mb, s_on if do_b else None)
+        if prof is not None:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+            pstats.Stats(prof).sort_stats("cumtime").print_stats(args.profile)
     return 0
 
 

@@ -48,10 +48,14 @@ class Progress:
         self.start = self.clock()
         self._last = self.start
         self._logged: int | None = None  # rows counted in the last log line
+        self.first_at: float | None = None
 
     def update(self, stats: pa.Table) -> None:
         d = stats.to_pydict()
         n = stats.num_rows
+        now = self.clock()
+        if self.first_at is None:  # start-up (Ray actors, model load) ends with the first commit
+            self.first_at = now
         self.done += n
         self.status.update(d["status"])
         self.error_types.update(t for t in d["error_type"] if t)
@@ -80,7 +84,11 @@ class Progress:
                 "generated_tokens_per_s": self.generated_tokens / e, "prefix_cache_hit_rate": hit,
                 "vision_cache_hit_rate": self.vision_hits / lookups if (lookups := self.vision_hits + self.vision_encodes)
                 else 0.0,
-                "eta_s": (left / rps) if rps > 0 else None}
+                "eta_s": (left / rps) if rps > 0 else None, **self.startup()}
+
+    def startup(self) -> dict:
+        """Start-up time: from the start to the first committed batch (actors, model load, pipeline fill)."""
+        return {"time_to_first_row_s": None if self.first_at is None else self.first_at - self.start}
 
     def line(self) -> str:
         r = self.rates()

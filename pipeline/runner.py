@@ -50,7 +50,8 @@ class RunSummary:
     purged_transient: int = 0
     duplicate_ids: int = 0
     elapsed_s: float = 0.0
-    rows_per_s: float = 0.0
+    rows_per_s: float = 0.0  # this call's rows / elapsed since the graph started (start-up included)
+    time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch
     visual_tokens_per_s: float = 0.0
     generated_tokens_per_s: float = 0.0
     prefix_cache_hit_rate: float = 0.0  # prompt tokens served by the prefix cache / prompt tokens
@@ -97,6 +98,19 @@ def _init_ray(cfg: JobConfig) -> None:
     ctx.print_on_execution_start = False
 
 
+def model_gpus(cfg: JobConfig) -> float:
+    """GPUs per model actor: `resources.model.num_gpus`, or 0 when the cluster has no GPU and
+    `model.device` is `auto` (the model then runs on CPU instead of waiting forever for a
+    GPU). `device: cuda` keeps the request, for autoscaling clusters that add GPU nodes."""
+    import ray
+
+    want = cfg.resources.model.num_gpus
+    if want > 0 and cfg.model.device == "auto" and not ray.cluster_resources().get("GPU", 0):
+        log.warning("no GPU in the Ray cluster: the model stage runs on CPU (set model.device=cuda to wait for GPUs)")
+        return 0.0
+    return want
+
+
 def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     """The lazy dataset of write stats rows."""
     import ray
@@ -119,7 +133,7 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
                         batch_format="pyarrow", **pool(r.preprocess))
     ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.max_batch_media,
-                        batch_format="pyarrow", num_gpus=r.model.num_gpus, **pool(r.model))
+                        batch_format="pyarrow", num_gpus=model_gpus(cfg), **pool(r.model))
     return ds.map_batches(write_batch, fn_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
                           batch_size=r.write.batch_size, batch_format="pyarrow", num_cpus=r.write.num_cpus)
 
@@ -165,7 +179,8 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
         duplicate_ids=after.duplicate_ids, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
-        visual_tokens_per_s=rates["visual_tokens_per_s"], generated_tokens_per_s=rates["generated_tokens_per_s"],
+        visual_tokens_per_s=rates["visual_tokens_per_s"],
+        time_to_first_row_s=rates["time_to_first_row_s"], generated_tokens_per_s=rates["generated_tokens_per_s"],
         prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
         error_fraction=(errors / total) if total else 0.0,
         max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files),

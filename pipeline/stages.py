@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from operators.errors import InputError, VlbatchError
+from operators.errors import InputError
 from pipeline.config import JobConfig
 from pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
 
@@ -32,12 +32,12 @@ def _base(row: MediaTask) -> dict:
 
 
 def _catch(row: MediaTask, fn, err_cls):
-    """fn() or row-as-error on any exception (typed errors keep their type)."""
+    """fn(), or the row as an error row: a typed `VlbatchError` keeps its class name (permanent
+    or transient per `operators.errors`); any other exception (a bug, a library error) is
+    recorded under its own name and counts as transient on resume. Never a task failure."""
     try:
         return fn()
-    except VlbatchError as e:
-        return err_cls(**_base(row)).failed(e)
-    except Exception as e:  # a bug or an unexpected library error: still one row, never a task failure
+    except Exception as e:
         return err_cls(**_base(row)).failed(e)
 
 

@@ -79,7 +79,9 @@ def test_run_id_depends_on_inputs_not_on_resources():
 
 def test_config_is_frozen():
     cfg = validate_config(MIN)
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.sampling.temperature = 1.0
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_engine_support import image, processed, reference_model, request, video
 
-from operators.engine import MediaItem, Request
+from operators.engine import MediaItem, Request, SamplingParams
 from operators.engine.engine import Engine
 from operators.engine.sequence import Sequence
 from operators.errors import InputError
@@ -98,6 +98,47 @@ def test_bad_requests_become_error_results_and_others_finish(ckpt):
     res = {r.id: r for r in engine.generate([too_long, bad_grid, ok])}
     assert res["ok"].finish_reason == "length" and res["ok"].visual_tokens == m.num_tokens
     assert res["long"].finish_reason == "error" and "KV pool" in res["long"].error
+    assert res["long"].error_type == "InputError" and res["ok"].error_type is None
     assert res["grid"].finish_reason == "error" and "placeholders" in res["grid"].error
     with pytest.raises(InputError):
         Request(id="x", prompt_token_ids=(1, 2), position_ids=torch.zeros(3, 3, dtype=torch.long))
+
+
+def test_requests_from_our_processor_batch_match_the_reference_route(ckpt, engine):
+    """A padded two-prompt batch from operators.preprocess (numpy) -> the same requests and outputs."""
+    from operators.preprocess.processor import Processor
+    from operators.types import VideoClip
+
+    proc = Processor.from_pretrained(ckpt)
+    vid, img = video(3), image(6, 48, 64)
+    clip = VideoClip(frames=vid, source_fps=2.0, total_frames=len(vid), indices=tuple(range(len(vid))))
+    prompts = [[("image", img), "Describe it."], [("video", vid), ("image", img), "Compare the two, please."]]
+    texts = []
+    for content in prompts:
+        parts = [{"type": c[0]} if isinstance(c, tuple) else {"type": "text", "text": c} for c in content]
+        texts.append(proc.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True,
+                                              enable_thinking=False))
+    out = proc(text=texts, images=[img, img], videos=[clip])
+    ours = [Request.from_processor(f"p{i}", out, i, sampling=SamplingParams(max_new_tokens=6)) for i in range(2)]
+    refs = [request(ckpt, f"p{i}", prompts[i], max_new_tokens=6) for i in range(2)]
+    for a, b in zip(ours, refs, strict=True):
+        assert a.prompt_token_ids == b.prompt_token_ids and a.rope_delta == b.rope_delta
+        assert torch.equal(a.position_ids, b.position_ids)
+        assert [(m.kind, m.grid_thw, m.spans) for m in a.media] == [(m.kind, m.grid_thw, m.spans) for m in b.media]
+        for ma, mb in zip(a.media, b.media, strict=True):
+            torch.testing.assert_close(ma.pixel_values.float(), mb.pixel_values.float(), atol=1e-5, rtol=0)
+    got = {r.id: r.token_ids for r in engine.generate(ours)}
+    want = {r.id: r.token_ids for r in engine.generate(refs)}
+    assert got == want
+
+
+def test_abandoned_generate_releases_everything(ckpt):
+    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=4 << 20, prefix_cache_bytes=0)
+    reqs = [request(ckpt, f"a{i}", ["Write a caption."], max_new_tokens=2 + 6 * i, stop_token_ids=()) for i in range(3)]
+    gen = engine.generate(reqs)
+    first = next(gen)
+    gen.close()  # the consumer stops early: nothing may stay allocated
+    assert engine.runner.pool.num_free == engine.config.max_num_seqs
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+    again = {r.id: r.token_ids for r in engine.generate(reqs)}
+    assert again[first.id] == first.token_ids and len(again) == 3

@@ -49,6 +49,10 @@ def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_pa
     dup = vlbatch(*submit)
     assert dup.returncode == EXIT_DUPLICATE, dup.stderr
     assert "already exists" in dup.stderr and "not started" in dup.stderr
+    # The scheduler form attaches to the running attempt instead of starting a copy.
+    att = vlbatch(*submit, "--attach", "--json")
+    assert att.returncode == 0 and json.loads(att.stdout) | {"run_id": sid} == {
+        "submission_id": sid, "action": "attached", "run_id": sid, "slot": "20261129T0200"}
     # Another slot of the same job while this one runs: refused by the overlap guard.
     other = vlbatch("submit", str(cfg), "--workdir", str(wd), "--name", "clitest", "--slot", "20261130T0200", *addr)
     assert other.returncode == EXIT_OVERLAP, other.stderr

@@ -112,3 +112,57 @@ def test_conv_zero_state_matches_padded_conv_and_continues():
     first, mid = causal_conv1d_prefill(x[:, :, :5], w)
     second, end = causal_conv1d_prefill(x[:, :, 5:], w, mid)
     assert (torch.cat([first, second], -1) - out).abs().max() < 1e-5 and torch.equal(end, state)
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 7, 5), (1, 1, 64, 64), (64, 8, 16, 4)])
+def test_recurrent_odd_shapes_and_input_state_left_intact(shape):
+    b, h, dk, dv = shape
+    q, k, v, g, beta, s0 = _inputs(b, 3, h, dk, dv, seed=b * h)
+    keep = s0.clone()
+    o_ref, s_ref = _naive(q, k, v, g, beta, s0)
+    o, s = recurrent_gated_delta_rule(q, k, v, g, beta, s0)
+    assert (o - o_ref).abs().max() < TOL and (s - s_ref).abs().max() < TOL
+    assert torch.equal(s0, keep)  # the caller's state (a pool view) is never written
+
+
+@pytest.mark.parametrize("lengths", [(1, 9, 4), (3, 3, 3), (9, 1, 2)])
+def test_conv_prefill_right_padded_takes_each_state_at_its_length(lengths):
+    g = torch.Generator().manual_seed(sum(lengths))
+    m = max(lengths)
+    x = torch.randn(len(lengths), 6, m, generator=g)
+    w = torch.randn(6, 4, generator=g)
+    state = torch.randn(len(lengths), 6, 4, generator=g)
+    out, new_state = causal_conv1d_prefill(x, w, state, torch.tensor(lengths))
+    for i, n in enumerate(lengths):
+        ref, ref_state = causal_conv1d_naive(x[i : i + 1, :, :n], w, state[i : i + 1])
+        assert (out[i : i + 1, :, :n] - ref).abs().max() < 1e-5 and torch.equal(new_state[i : i + 1], ref_state)
+
+
+def test_deltanet_ragged_step_equals_each_sequence_alone(tiny_ckpt):
+    """Decodes, short chunks of different lengths (batched, right-padded) and long chunks
+    (equal lengths batched) in one step give what each sequence gives alone."""
+    from operators.model import ContiguousCache, load_model
+
+    model = load_model(tiny_ckpt("dense"))
+    cfg = model.config.text
+    layer = model.language_model.layers[cfg.linear_layers[0]].linear_attn
+    lens = (1, 7, 64, 65, 3, 1, 130, 7, 65)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(sum(lens), cfg.hidden_size, generator=gen)
+    conv0 = torch.randn(len(lens), cfg.linear_conv_dim, cfg.linear_conv_kernel_dim, generator=gen)
+    rec0 = torch.randn(len(lens), cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                       generator=gen) * 0.1
+
+    def run(rows, sel, step_lens):
+        cache = ContiguousCache(cfg, len(sel), capacity=1)
+        cache.set_linear_states(0, conv0[sel], rec0[sel])
+        cache.begin_step(step_lens)
+        return layer(x[rows], cache, 0), cache.conv[0], cache.recurrent[0]
+
+    out, conv, rec = run(slice(None), list(range(len(lens))), lens)
+    start = 0
+    for i, n in enumerate(lens):
+        o, c, r = run(slice(start, start + n), [i], (n,))
+        assert (out[start : start + n] - o).abs().max() < 1e-5, f"sequence {i} ({n} tokens)"
+        assert (conv[i] - c[0]).abs().max() < 1e-6 and (rec[i] - r[0]).abs().max() < 1e-5
+        start += n

@@ -102,6 +102,7 @@ def test_progress_logs_periodically_when_not_a_terminal():
     line = out.getvalue()
     assert "3/4 rows" in line and "errors 1" in line and "prefix-hit 50%" in line and "ETA 00:03" in line
     r = p.rates()
+    assert r["time_to_first_row_s"] == 2.0
     assert abs(r["rows_per_s"] - 3 / 11) < 1e-9 and abs(r["generated_tokens_per_s"] - 16 / 11) < 1e-9
     p.tick(final=True)
     assert out.getvalue().count("vlbatch progress") == 1  # nothing new since the last line: no repeat
@@ -109,3 +110,32 @@ def test_progress_logs_periodically_when_not_a_terminal():
     p.update(stats.slice(1, 1))  # within the interval: silent until the final line
     p.tick(final=True)
     assert out.getvalue().count("vlbatch progress") == 2 and "4/4 rows" in out.getvalue().splitlines()[-1]
+
+
+def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
+    from operators.writer import OUTPUT_SCHEMA, read_committed
+    from operators.writer.fs import open_filesystem
+    from pipeline.config import validate_config
+    from pipeline.write_stage import write_batch
+
+    ok = Generated("u1", "image", ("a", "b"), (0, 1), ("p0", "p1"), answers=("x", None), thinking=(None, None),
+                   statuses=("ok", "error"), req_error_types=(None, "EngineError"), req_error_messages=(None, "oom"),
+                   finish_reasons=("stop", None), prompt_tokens=(10, 11), generated_tokens=(2, None),
+                   cached_tokens=(0, 9), visual_tokens=4, decode_s=0.5, preprocess_s=0.25, model_s=1.0,
+                   vision_hits=1, vision_encodes=1, batch_model_s=1.0)
+    bad = Generated("u2", "video", ("c",), (0,), ("p",), status="error", error_type="MediaError",
+                    error_message="empty", answers=(None,), thinking=(None,), statuses=("error",),
+                    req_error_types=("MediaError",), req_error_messages=("empty",), finish_reasons=(None,),
+                    prompt_tokens=(None,), generated_tokens=(None,), cached_tokens=(None,))
+    cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
+    stats = write_batch(to_table([ok, bad], Generated), cfg=cfg, run_dir=str(tmp_path / "r"), run_id="r")
+    assert stats.column("id").to_pylist() == ["a", "b", "c"]
+    assert stats.column("vision_hits").to_pylist() == [1, 0, 0]  # media figures once, on the first request
+    fs, _ = open_filesystem(str(tmp_path))
+    out = read_committed(fs, str(tmp_path / "r"))
+    assert out.schema.equals(OUTPUT_SCHEMA)
+    rows = {r["id"]: r for r in out.to_pylist()}
+    assert rows["a"]["status"] == "ok" and rows["a"]["answer"] == "x" and rows["a"]["timings"]["model_s"] == 1.0
+    assert rows["b"]["status"] == "error" and rows["b"]["error_type"] == "EngineError" and rows["b"]["answer"] is None
+    assert rows["c"]["error_type"] == "MediaError" and rows["c"]["media_type"] == "video"
+    assert {r["run_id"] for r in rows.values()} == {"r"} and rows["a"]["request_index"] == 0

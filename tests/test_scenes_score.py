@@ -74,3 +74,13 @@ def test_video_caption_checks_the_active_shape(items):
     checks = score_answers([item], [wrong]).checks
     assert [c.attribute for c in checks if not c.correct] == ["motion"]
     assert replace(item.qa).target == active.motion
+
+
+def test_answer_grammar_accepts_truth_and_rejects_noise(items):
+    from operators.scenes.score import is_well_formed
+
+    assert all(is_well_formed(it.qa.task, it.qa.answer) for it in items)
+    assert not is_well_formed("caption", "Two shapes: a large red blob at the top.")
+    assert not is_well_formed("count", "Two shapes")
+    assert not is_well_formed("motion", "Sideways.")
+    assert not is_well_formed("video_caption", "A red circle moves right quickly")  # no full stop

@@ -11,8 +11,18 @@ import pytest
 
 from operators.errors import StorageError
 from operators.writer import (
-    OUTPUT_SCHEMA, OutputRow, Timings, clean_tmp, commit_table, load_index, open_filesystem, part_name,
-    purge_transient, read_committed, rows_to_table, table_to_rows,
+    OUTPUT_SCHEMA,
+    OutputRow,
+    Timings,
+    clean_tmp,
+    commit_table,
+    load_index,
+    open_filesystem,
+    part_name,
+    purge_transient,
+    read_committed,
+    rows_to_table,
+    table_to_rows,
 )
 from operators.writer.commit import with_retries
 from operators.writer.resume import is_transient, list_parts

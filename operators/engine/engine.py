@@ -136,9 +136,7 @@ class Engine:
             while self.scheduler.has_work:
                 yield from self._step()
         finally:
-            for seq in list(self.scheduler.running):
-                self.scheduler.finish(seq)
-            self.scheduler.waiting.clear()
+            self.scheduler.abort_all()
 
     def _check(self, seq: Sequence) -> str | None:
         merge2 = self.runner.merge ** 2
@@ -221,7 +219,7 @@ class Engine:
         now = time.perf_counter() - seq.arrival
         return Result(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
                       prompt_tokens=seq.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
-                      cached_tokens=0, timings=Timings(now, now, now), error=message)
+                      cached_tokens=0, timings=Timings(now, now, now), error=message, error_type="InputError")
 
 
 def _group_adjacent(reqs: list[Request]) -> list[Request]:

@@ -33,27 +33,43 @@ class PagedLayout:
     @classmethod
     def build(cls, tables: list[list[int]], starts: list[int], ends: list[int], block_size: int,
               device) -> PagedLayout:
-        mapping, d_rows, d_ctx, prefills = [], [], [], []
+        bs = block_size
+        mapping: list[torch.Tensor] = []
+        pending: list[int] = []  # slots of consecutive one-token rows, flushed as one tensor
+        d_rows, d_tables, d_lens, prefills = [], [], [], []
         row = 0
         for table, s, e in zip(tables, starts, ends, strict=False):
-            blocks = torch.tensor(table, dtype=torch.long)
-            pos = torch.arange(e)
-            ctx = blocks[pos // block_size] * block_size + pos % block_size  # [e]
-            mapping.append(ctx[s:])
-            if e - s == 1:
+            if e - s == 1:  # decode: its new slot in Python, its context below in one batched op
+                pending.append(table[s // bs] * bs + s % bs)
                 d_rows.append(row)
-                d_ctx.append(ctx)
+                d_tables.append(table)
+                d_lens.append(e)
             else:
+                if pending:
+                    mapping.append(torch.tensor(pending, dtype=torch.long))
+                    pending = []
+                blocks = torch.tensor(table, dtype=torch.long)
+                pos = torch.arange(e)
+                ctx = blocks[pos // bs] * bs + pos % bs  # [e]
+                mapping.append(ctx[s:])
                 prefills.append((row, e - s, s, ctx.to(device)))
             row += e - s
-        lmax = max((len(c) for c in d_ctx), default=0)
-        slots = torch.zeros(len(d_ctx), lmax, dtype=torch.long)
-        mask = torch.zeros(len(d_ctx), 1, 1, lmax, dtype=torch.bool)
-        for i, c in enumerate(d_ctx):
-            slots[i, : len(c)] = c
-            mask[i, 0, 0, : len(c)] = True
+        if pending:
+            mapping.append(torch.tensor(pending, dtype=torch.long))
+        slots, mask = _decode_slots(d_tables, d_lens, bs)
         return cls(torch.cat(mapping).to(device), torch.tensor(d_rows, dtype=torch.long, device=device),
                    slots.to(device), mask.to(device), tuple(prefills))
+
+
+def _decode_slots(tables: list[list[int]], lens: list[int], bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context slots [B, L_max] (0 past each length) and mask [B, 1, 1, L_max] of decode rows."""
+    lmax = max(lens, default=0)
+    width = max((len(t) for t in tables), default=0)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).view(len(tables), width)
+    pos = torch.arange(lmax)
+    mask = pos[None] < torch.tensor(lens, dtype=torch.long)[:, None]  # [B, L_max]
+    slots = padded[:, pos // bs] * bs + pos % bs if len(tables) else torch.zeros(0, lmax, dtype=torch.long)
+    return slots.masked_fill(~mask, 0), mask[:, None, None, :]
 
 
 def paged_attention(layout: PagedLayout, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,
@@ -66,15 +82,17 @@ def paged_attention(layout: PagedLayout, k_cache: torch.Tensor, v_cache: torch.T
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     gqa = q.shape[1] != h_kv
     if len(layout.decode_rows):
+        b, lmax = layout.decode_slots.shape
+        flat = layout.decode_slots.view(-1)  # index_select copies whole [H_kv, D] rows: ~3x faster than kc[slots]
         qd = q[layout.decode_rows].float().unsqueeze(2)  # [B, H_q, 1, D]
-        kd = kc[layout.decode_slots].float().transpose(1, 2)  # [B, H_kv, L, D]
-        vd = vc[layout.decode_slots].float().transpose(1, 2)
+        kd = kc.index_select(0, flat).view(b, lmax, h_kv, d).float().transpose(1, 2)  # [B, H_kv, L, D]
+        vd = vc.index_select(0, flat).view(b, lmax, h_kv, d).float().transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.decode_mask, enable_gqa=gqa)
         out[layout.decode_rows] = o.squeeze(2)
     for row0, n, start, ctx in layout.prefills:
         qp = q[row0: row0 + n].float().transpose(0, 1)[None]  # [1, H_q, n, D]
-        kp = kc[ctx].float().transpose(0, 1)[None]  # [1, H_kv, ctx, D]
-        vp = vc[ctx].float().transpose(0, 1)[None]
+        kp = kc.index_select(0, ctx).float().transpose(0, 1)[None]  # [1, H_kv, ctx, D]
+        vp = vc.index_select(0, ctx).float().transpose(0, 1)[None]
         mask = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(start)
         o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=gqa)
         out[row0: row0 + n] = o[0].transpose(0, 1)

@@ -185,7 +185,8 @@ class Result:
     thinking:   the reasoning text before `</think>` (None when thinking is off).
     token_ids:  every generated token, the final stop token included.
     finish_reason: "stop" (stop token or stop string), "length" (max_new_tokens) or
-                "error" (`error` says why; the request could not run, nothing crashed).
+                "error" (`error` says why, `error_type` names the operators.errors class;
+                the request could not run, nothing crashed).
     cached_tokens: prompt tokens served by the prefix cache.
     """
 
@@ -200,3 +201,4 @@ class Result:
     cached_tokens: int
     timings: Timings
     error: str | None = None
+    error_type: str | None = None  # operators.errors class name for error rows ("InputError": will fail again)

@@ -237,3 +237,13 @@ class Scheduler:
         self._release(seq)
         seq.status = Status.FINISHED
         self._digests.pop(id(seq), None)
+
+    def abort_all(self) -> None:
+        """Release everything (the caller stopped consuming results)."""
+        for seq in list(self.running):
+            self.finish(seq)
+        for seq in self.waiting:
+            seq.status = Status.FINISHED
+        self.waiting.clear()
+        self._digests.clear()
+        self._in_flight.clear()

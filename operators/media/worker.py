@@ -8,10 +8,11 @@ which matters inside Ray workers). The parent talks to it over two pipes with
 `multiprocessing.connection.Connection` framing:
 
     parent -> child: (backend, threads, sampling) then the video bytes
-    child -> parent: ("plan", Plan) | ("frame", slot) + raw frame bytes | ("done",) | ("error", type, msg)
+    child -> parent: ("plan", Plan) | ("frame", slot, nbytes) + nbytes raw bytes | ("done",) | ("error", type, msg)
 
-Frames stream one at a time straight into the parent's preallocated output, so
-the child never holds more than its backend's working set. Every read waits at
+Frames stream one at a time straight into the parent's preallocated output
+(`os.readv` into the destination rows: one copy), so the child never holds more
+than its backend's working set. Every read waits at
 most until the call's deadline; past it the child is SIGKILLed and the call raises
 `MediaTimeoutError`. A child that dies (native crash) gives `MediaError`. The
 next call starts a fresh child. Start-up (imports, about 1 s) is waited for
@@ -141,6 +142,16 @@ class DecodeWorker:
         if left <= 0 or not self._recv.poll(left):
             raise MediaTimeoutError(f"decoding took longer than the {self.timeout_s:g} s limit; the decoder was killed")
 
+    def _read_into(self, out: memoryview, deadline: float) -> None:
+        """Read exactly `out.nbytes` raw bytes from the child straight into `out` (one copy, no framing)."""
+        fd, got = self._recv.fileno(), 0
+        while got < out.nbytes:
+            self._wait(deadline)
+            n = os.readv(fd, [out[got:]])
+            if n == 0:
+                raise EOFError("the decoder process closed its pipe mid-frame")
+            got += n
+
     def _receive(self, deadline: float) -> tuple[VideoClip | None, errors.VlbatchError | None]:
         """Read one reply: (clip, None), or (None, the typed error the child reported)."""
         plan: Plan | None = None
@@ -152,8 +163,11 @@ class DecodeWorker:
                 plan = msg[1]
                 frames = np.empty(plan.shape, np.uint8)  # restarts on a second plan
             elif msg[0] == "frame":
-                self._wait(deadline)
-                self._recv.recv_bytes_into(frames[msg[1]].reshape(-1))
+                _, slot, nbytes = msg
+                out = memoryview(frames[slot].reshape(-1))
+                if nbytes != out.nbytes:
+                    raise MediaError(f"decoder sent a frame of {nbytes} bytes, expected {out.nbytes}")
+                self._read_into(out, deadline)
             elif msg[0] == "done":
                 return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames,
                                  indices=plan.indices), None
@@ -186,13 +200,19 @@ def _serve(req: Connection, res: Connection) -> None:
                     res.send(("plan", item))
                 else:
                     slot, frame = item
-                    res.send(("frame", slot))
-                    res.send_bytes(np.ascontiguousarray(frame).reshape(-1))  # 1-D: Connection sizes by len()
+                    raw = memoryview(np.ascontiguousarray(frame)).cast("B")
+                    res.send(("frame", slot, raw.nbytes))
+                    _write_all(res.fileno(), raw)  # raw bytes after the header: the parent reads them in place
             res.send(("done",))
         except errors.VlbatchError as e:
             res.send(("error", e.error_type, str(e)))
         except Exception as e:  # a backend bug or native error text: still a typed, per-file error
             res.send(("error", "MediaError", f"decoder failed: {type(e).__name__}: {str(e)[:300]}"))
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def main(argv: list[str]) -> None:

@@ -10,7 +10,9 @@ then `out_proj`.
 Packing: the step's tokens are [T, D] in `cache.query_lens` order. Sequences with one
 new token are run together through the single-step conv and recurrent rule (decode,
 batched over them); when every sequence brings the same L > 1 tokens they run together
-through the chunked rule; any other sequence runs on its own through the chunked rule.
+through the chunked rule. In a ragged step, chunks of at most `SHORT` tokens (a
+sibling's question after a prefix hit, a chunked prefill's tail) run together,
+right-padded to the longest; longer chunks run together by equal length.
 States in and out go through `cache.linear_states` / `cache.set_linear_states`.
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ from operators.model.config import TextConfig
 from operators.model.layers import GatedRMSNorm
 from operators.model.ops.conv import causal_conv1d_prefill, causal_conv1d_step
 from operators.model.ops.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+
+SHORT = 64  # chunks up to this many tokens fit one delta-rule chunk: batched together, padded
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -80,21 +84,48 @@ class GatedDeltaNet(nn.Module):
         return out.reshape(b * length, self.n_v, self.d_v), conv_new, rec_new
 
     def _ragged(self, qkv, g, beta, conv_state, rec_state, lens: tuple[int, ...]):
-        """Sequences of different lengths: decodes batched together, the others one by one."""
+        """Sequences of different lengths: decodes batched together; chunks of at most
+        `SHORT` tokens batched together, right-padded to the longest (`_padded`); longer
+        chunks batched by equal length."""
         starts = [sum(lens[:i]) for i in range(len(lens))]
         out = qkv.new_empty(qkv.shape[0], self.n_v, self.d_v)
         conv_new, rec_new = conv_state.clone(), rec_state.clone()
-        single = [i for i, n in enumerate(lens) if n == 1]
-        groups = [single] if single else []
-        groups += [[i] for i, n in enumerate(lens) if n > 1]
-        for seqs in groups:
+        groups: dict[int, list[int]] = {}  # 1: decodes, 0: short chunks, n: long chunks of n tokens
+        for i, n in enumerate(lens):
+            groups.setdefault(1 if n == 1 else 0 if n <= SHORT else n, []).append(i)
+        for key, seqs in groups.items():
+            sel = torch.tensor(seqs, device=qkv.device)
+            if key == 0 and len(seqs) > 1:
+                self._padded(qkv, g, beta, conv_state, rec_state, [starts[i] for i in seqs],
+                             [lens[i] for i in seqs], sel, out, conv_new, rec_new)
+                continue
             length = lens[seqs[0]]
             rows = torch.cat([torch.arange(starts[i], starts[i] + length, device=qkv.device) for i in seqs])
-            sel = torch.tensor(seqs, device=qkv.device)
             o, c, r = self._uniform(qkv[rows], g[rows], beta[rows], conv_state[sel], rec_state[sel], length)
             out[rows] = o
             conv_new[sel], rec_new[sel] = c.to(conv_new.dtype), r
         return out, conv_new, rec_new
+
+    def _padded(self, qkv, g, beta, conv_state, rec_state, starts, lens, sel, out, conv_new, rec_new):
+        """Short chunks of different lengths in one batch, right-padded to the longest M.
+
+        Padding rows get g = 0 and beta = 0, which leave the recurrent state untouched
+        (the chunked rule pads its tail the same way); the conv state is taken at each
+        sequence's own end. Writes the real rows into `out` and the states into
+        `conv_new` / `rec_new` at `sel`."""
+        b, m = len(lens), max(lens)
+        lengths = torch.tensor(lens, device=qkv.device)
+        valid = torch.arange(m, device=qkv.device)[None] < lengths[:, None]  # [B, M]
+        rows = (torch.tensor(starts, device=qkv.device)[:, None] + torch.arange(m, device=qkv.device))[valid]
+        x = qkv.new_zeros(b, m, qkv.shape[1])
+        x[valid] = qkv[rows]
+        gp, bp = g.new_zeros(b, m, g.shape[1]), beta.new_zeros(b, m, beta.shape[1])
+        gp[valid], bp[valid] = g[rows], beta[rows]
+        weight = self.conv1d.weight.view(self.conv_dim, self.kernel)
+        mixed, c = causal_conv1d_prefill(x.transpose(1, 2), weight, conv_state[sel], lengths)
+        o, r = self._delta(mixed.transpose(1, 2), gp, bp, rec_state[sel])  # o [B, M, H_v, D_v]
+        out[rows] = o[valid]
+        conv_new[sel], rec_new[sel] = c.to(conv_new.dtype), r
 
     def _delta(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor):
         """mixed [B, L, C] (after conv) -> o [B, L, H_v, D_v], state [B, H_v, D_k, D_v]."""

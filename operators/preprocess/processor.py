@@ -47,7 +47,7 @@ class Processor:
         self.image_config = image_config
         self.video_config = video_config
         self.spatial_merge_size = spatial_merge_size
-        self._luts = (image_config.norm.lut(3), video_config.norm.lut(3))  # [3, 256] float32 each
+        self._luts: dict = {}  # Normalization -> [3, 256] float32 (configs may be replaced after init)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Processor:
@@ -66,6 +66,11 @@ class Processor:
         if cfg_file.exists():
             merge = int(json.loads(cfg_file.read_text()).get("vision_config", {}).get("spatial_merge_size", merge))
         return cls(tokenizer, template, image_cfg, load_video_config(path), merge)
+
+    def _lut(self, norm) -> np.ndarray:
+        if norm not in self._luts:
+            self._luts[norm] = norm.lut(3)
+        return self._luts[norm]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             enable_thinking: bool = False, **template_kwargs) -> str:
@@ -86,12 +91,12 @@ class Processor:
         img_tokens: list[int] = []
         vid_parts: list[tuple[int, tuple[float, ...]]] = []
         if images:
-            batch = process_images(images, self.image_config, self._luts[0])
+            batch = process_images(images, self.image_config, self._lut(self.image_config.norm))
             out["pixel_values"], out["image_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.image_config.merge_size ** 2  # the reference counts with the processor's merge size
             img_tokens = [int(g.prod()) // merge2 for g in batch.grid_thw]
         if videos:
-            batch = process_videos(videos, self.video_config, self._luts[1])
+            batch = process_videos(videos, self.video_config, self._lut(self.video_config.norm))
             out["pixel_values_videos"], out["video_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.video_config.merge_size ** 2
             vid_parts = [(int(g[1] * g[2]) // merge2, ts)

@@ -70,9 +70,12 @@ class PromptEncoder:
 
     def _stamp(self, seconds: float) -> list[int]:
         text = f"<{seconds:.1f} seconds>"
-        if text not in self._stamp_ids:
-            self._stamp_ids[text] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self._stamp_ids[text]
+        ids = self._stamp_ids.get(text)
+        if ids is None:
+            if len(self._stamp_ids) >= 8192:  # bounded: long-lived workers see many distinct times
+                self._stamp_ids.clear()
+            ids = self._stamp_ids[text] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
 
     def video_ids(self, tokens_per_group: int, timestamps: tuple[float, ...]) -> list[int]:
         """The ids replacing one `<|video_pad|>`."""

@@ -160,3 +160,36 @@ def score_answers(items, answers) -> Scores:
     colour = [c for c in checks if media[c.item_id] == "video" and c.attribute.startswith("colour")]
     exact = sum(a.strip() == it.qa.answer for it, a in zip(items, answers, strict=True)) / max(len(items), 1)
     return Scores(acc(image), acc(motion), acc(colour), exact, tuple(checks))
+
+
+def _alt(words) -> str:
+    return "(?:" + "|".join(re.escape(w) for w in words) + ")"
+
+
+def _grammar() -> dict[str, re.Pattern]:
+    """Per task, the regular language of its ground-truth answers (case-insensitive)."""
+    from operators.scenes.vocab import POSITION_PHRASES, SPEEDS
+
+    colour, kind, size = _alt(COLOURS), _alt(KINDS), _alt(SIZES)
+    place = _alt(POSITION_PHRASES.values())
+    shape = rf"an? {size} {colour} {kind} {place}"
+    number = _alt(NUMBER_WORDS.values())
+    active = (rf"(?:a {colour} {kind} moves {_alt(DIRECTIONS)} {_alt(SPEEDS)}|a {kind} changes from {colour} to {colour}"
+              rf"|a {colour} {kind} stays still)\.")
+    flags = re.IGNORECASE
+    return {
+        "caption": re.compile(rf"{number} shapes?: {shape}(?:, {shape})*(?: and {shape})?\.", flags),
+        "count": re.compile(rf"{number}\.", flags),
+        "colour": re.compile(rf"{colour}\.", flags),
+        "shape": re.compile(rf"an? {kind}\.", flags),
+        "position": re.compile(rf"{place}\.", flags),
+        "video_caption": re.compile(rf"{active}(?: {active})?", flags),
+        "motion": re.compile(rf"(?:{_alt(DIRECTIONS)}|it stays still)\.", flags),
+        "colour_start": re.compile(rf"{colour}\.", flags),
+        "colour_end": re.compile(rf"{colour}\.", flags),
+    }
+
+
+def is_well_formed(task: str, answer: str) -> bool:
+    """Whether `answer` is a sentence of the task's answer language (right form, any attribute values)."""
+    return _grammar()[task].fullmatch(answer.strip()) is not None

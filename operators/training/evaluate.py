@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 from operators.scenes.heldout import SceneItem, clip_of, heldout_items
 from operators.scenes.score import score_answers
@@ -33,20 +34,36 @@ def decoded_item(item: SceneItem) -> SceneItem:
     return SceneItem(item.id, item.media_type, item.qa, item.scene, video=clip_of(frames, item.scene.fps))
 
 
-def generate_answers(model, processor, items, max_new_tokens: int = 48) -> list[str]:
-    """Greedy answers (special tokens stripped) for `items`, one `generate` call each."""
+@dataclass(frozen=True)
+class Generated:
+    """One greedy answer: text (special tokens stripped), token ids, and whether it ended in `<|im_end|>`."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stopped: bool
+
+
+def generate(model, processor, items, max_new_tokens: int = 48) -> list[Generated]:
+    """Greedy generation for `items`, one `generate` call each (no padding)."""
     import torch
 
-    from operators.training.batches import media_kwargs, prompt_text
+    from operators.training.batches import END, media_kwargs, prompt_text
 
-    answers = []
+    end_id = processor.tokenizer.convert_tokens_to_ids(END)
+    results = []
     for item in items:
         inputs = processor(text=[prompt_text(processor, item)], return_tensors="pt", **media_kwargs([item]))
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        new = out[0, inputs["input_ids"].shape[1]:]
-        answers.append(processor.tokenizer.decode(new, skip_special_tokens=True).strip())
-    return answers
+        new = out[0, inputs["input_ids"].shape[1]:].tolist()
+        text = processor.tokenizer.decode(new, skip_special_tokens=True).strip()
+        results.append(Generated(text, tuple(new), bool(new) and new[-1] == end_id))
+    return results
+
+
+def generate_answers(model, processor, items, max_new_tokens: int = 48) -> list[str]:
+    """Greedy answer texts for `items`."""
+    return [g.text for g in generate(model, processor, items, max_new_tokens)]
 
 
 def main(argv: list[str] | None = None) -> int:

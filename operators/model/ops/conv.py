@@ -16,11 +16,14 @@ import torch.nn.functional as F
 
 
 def causal_conv1d_prefill(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [B, C, L], weight: [C, K], conv_state: [B, C, K] or None (zeros).
 
-    Returns (silu(conv) [B, C, L], new conv_state [B, C, K]).
+    Returns (silu(conv) [B, C, L], new conv_state [B, C, K]). `lengths` [B] (long) marks
+    right-padded input: sequence b has only its first `lengths[b]` inputs real, its new
+    state holds the last K inputs up to there (outputs past it are padding garbage).
     """
     b, c, length = x.shape
     k = weight.shape[-1]
@@ -28,7 +31,12 @@ def causal_conv1d_prefill(
         conv_state = x.new_zeros(b, c, k)
     full = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, K + L]
     out = F.conv1d(full, weight.unsqueeze(1).to(x.dtype), groups=c)  # [B, C, L + 1]
-    return F.silu(out[:, :, 1:]), full[:, :, -k:].contiguous()
+    if lengths is None:
+        new_state = full[:, :, -k:].contiguous()
+    else:  # inputs lengths[b] .. lengths[b] + K - 1 of `full` are the last K real ones
+        idx = lengths.to(x.device)[:, None] + torch.arange(k, device=x.device)  # [B, K]
+        new_state = full.gather(2, idx[:, None, :].expand(b, c, k))
+    return F.silu(out[:, :, 1:]), new_state
 
 
 def causal_conv1d_step(

@@ -41,9 +41,12 @@ def chunk_gated_delta_rule(
         U = A^-1 diag(beta) V,   W = A^-1 diag(beta exp(G)) K,   Delta = U - W S0
         O = diag(exp(G)) Q S0 + ((Q K^T) * R) Delta
         S1 = exp(G_C) S0 + (K * exp(G_C - G_j))^T Delta
-    The tail is zero-padded (k = 0, beta = 0, g = 0 leave the state untouched).
+    The tail is zero-padded (k = 0, beta = 0, g = 0 leave the state untouched). An input
+    shorter than `chunk_size` is one chunk of its own length: the [C, C] work of a short
+    chunk (a question after a prefix hit) shrinks quadratically instead of being padded.
     """
     b, t, h, dk = q.shape
+    chunk_size = max(1, min(chunk_size, t))
     dv = v.shape[-1]
     out_dtype = v.dtype
     q, k, v = (x.transpose(1, 2).float() for x in (q, k, v))  # [B, H, T, *]
@@ -89,22 +92,29 @@ def recurrent_gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token form for decode (T is 1 in practice), batched over B sequences.
 
-    Same shapes and result as `chunk_gated_delta_rule`; one batched matmul pair per token.
+    Same shapes and result as `chunk_gated_delta_rule`. Decode is memory-bound on the
+    state [B, H, K, V], so each token touches it three times only: one batched read
+    `[q; k] S` (both projections of the old state in one matmul), then `S *= exp(g)`
+    and `S += k d^T` in place. The read-out uses the identity
+        o = S_new^T q = exp(g) (S^T q) + (q . k) d
+    so it needs no fourth pass. `initial_state` is never modified (the first pass writes
+    a new tensor).
     """
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     out_dtype = v.dtype
     state = q.new_zeros(b, h, dk, dv, dtype=torch.float32) if initial_state is None else initial_state.float()
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
-    outs = []
+    out = q.new_empty(b, t, h, dv)
     for i in range(t):
-        k_i = k[:, i].unsqueeze(-2)  # [B, H, 1, K]
-        state = state * g[:, i].exp()[..., None, None]
-        predicted = k_i @ state  # [B, H, 1, V]
-        delta = (v[:, i].unsqueeze(-2) - predicted) * beta[:, i, :, None, None]
-        state = state + k_i.transpose(-1, -2) @ delta
-        outs.append((q[:, i].unsqueeze(-2) @ state).squeeze(-2))  # [B, H, V]
-    return torch.stack(outs, dim=1).to(out_dtype), state
+        q_i, k_i = q[:, i], k[:, i]  # [B, H, K]
+        read = torch.stack([q_i, k_i], dim=-2) @ state  # [B, H, 2, V]: S^T q and S^T k
+        decay = g[:, i].exp().unsqueeze(-1)  # [B, H, 1]
+        delta = (v[:, i] - read[:, :, 1] * decay) * beta[:, i].unsqueeze(-1)  # [B, H, V]
+        state = state * decay.unsqueeze(-1)  # new tensor: the caller's state stays intact
+        state.addcmul_(k_i.unsqueeze(-1), delta.unsqueeze(-2))  # S += k d^T, no [B, H, K, V] temporary
+        out[:, i] = read[:, :, 0] * decay + (q_i * k_i).sum(-1, keepdim=True) * delta
+    return out.to(out_dtype), state
 
 
 def delta_rule_naive(
