@@ -17,8 +17,10 @@ import sys
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from jobs.demo import run_demo
+    from jobs.demo import run_demo, run_preprocess_demo
 
+    if args.preprocess_only:
+        return run_preprocess_demo(out_dir=args.out)
     return run_demo(out_dir=args.out)
 
 
@@ -36,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run the demo end to end on the bundled model and sample media")
+    demo = sub.add_parser("demo", help="run the demo job end to end (local Ray, sample media, local Parquet)")
     demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    demo.add_argument("--preprocess-only", action="store_true",
+                      help="only run preprocessing over generated samples and print what it produced")
     demo.set_defaults(func=_cmd_demo)
 
     tiny = sub.add_parser("make-tiny-checkpoint", help="write a tiny random Qwen3.5 checkpoint (HF layout)")
