@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from operators.scenes.heldout import heldout_items
-from operators.scenes.score import is_well_formed, score_answers
+from operators.scenes.score import is_well_formed
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "shapes-tiny"
 N_IMAGES, N_VIDEOS = 40, 32

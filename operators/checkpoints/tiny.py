@@ -140,8 +140,12 @@ def build_reference_model(
 ):
     """The transformers model for a variant, randomly initialised from `seed` (fp32, eval)."""
     import torch
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
-    from transformers import Qwen3_5MoeForConditionalGeneration
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
 
     cfg = tiny_config_dict(variant, vision_overrides, **text_overrides)
     cfg.pop("model_type")

@@ -49,25 +49,21 @@ def chunk_gated_delta_rule(
     chunk_size = max(1, min(chunk_size, t))
     dv = v.shape[-1]
     out_dtype = v.dtype
-    q, k, v = (x.transpose(1, 2).float() for x in (q, k, v))  # [B, H, T, *]
-    g, beta = (x.transpose(1, 2).float() for x in (g, beta))  # [B, H, T]
     pad = (-t) % chunk_size
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
     n = (t + pad) // chunk_size
-    q, k, v = (x.reshape(b, h, n, chunk_size, -1) for x in (q, k, v))
-    g, beta = g.reshape(b, h, n, chunk_size), beta.reshape(b, h, n, chunk_size)
+    q, k, v = (_to_chunks(x, pad, n, chunk_size) for x in (q, k, v))  # [B, H, N, C, *]
+    g, beta = (_to_chunks(x.unsqueeze(-1), pad, n, chunk_size).squeeze(-1) for x in (g, beta))  # [B, H, N, C]
 
     cum = g.cumsum(-1)  # G: [B, H, N, C]
     lower = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
-    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~lower, float("-inf")).exp()  # R
+    decay = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # R, built in place (the [.., C, C] tensors dominate memory)
+    decay.masked_fill_(~lower, float("-inf")).exp_()
     k_beta = k * beta.unsqueeze(-1)
-    system = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1)  # strict part of A (unit diagonal implied)
+    system = (k_beta @ k.transpose(-1, -2)).mul_(decay).tril_(-1)  # strict part of A (unit diagonal implied)
     rhs = torch.cat([v * beta.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
     solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     u, w = solved.split([dv, dk], dim=-1)  # U [.., C, V], W [.., C, K]
-    attn = (q @ k.transpose(-1, -2)) * decay  # [B, H, N, C, C]
+    attn = (q @ k.transpose(-1, -2)).mul_(decay)  # [B, H, N, C, C]
     q_read = q * cum.exp().unsqueeze(-1)
     k_write = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
     chunk_decay = cum[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
@@ -80,6 +76,16 @@ def chunk_gated_delta_rule(
         state = state * chunk_decay[:, :, i] + k_write[:, :, i].transpose(-1, -2) @ delta
     out = out.reshape(b, h, n * chunk_size, dv)[:, :, :t]
     return out.transpose(1, 2).to(out_dtype), state
+
+
+def _to_chunks(x: torch.Tensor, pad: int, n: int, chunk_size: int) -> torch.Tensor:
+    """[B, T, H, D] -> float32 [B, H, N, C, D] with the tail zero-padded: one copy."""
+    b, t, h, d = x.shape
+    out = x.new_empty(b, h, n * chunk_size, d, dtype=torch.float32)
+    out[:, :, :t] = x.transpose(1, 2)
+    if pad:
+        out[:, :, t:] = 0
+    return out.view(b, h, n, chunk_size, d)
 
 
 def recurrent_gated_delta_rule(
