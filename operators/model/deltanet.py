@@ -89,7 +89,7 @@ class GatedDeltaNet(nn.Module):
         chunks batched by equal length."""
         starts = [sum(lens[:i]) for i in range(len(lens))]
         out = qkv.new_empty(qkv.shape[0], self.n_v, self.d_v)
-        conv_new, rec_new = conv_state.clone(), rec_state.clone()
+        conv_new, rec_new = torch.empty_like(conv_state), torch.empty_like(rec_state)  # the groups fill every row
         groups: dict[int, list[int]] = {}  # 1: decodes, 0: short chunks, n: long chunks of n tokens
         for i, n in enumerate(lens):
             groups.setdefault(1 if n == 1 else 0 if n <= SHORT else n, []).append(i)
@@ -100,7 +100,8 @@ class GatedDeltaNet(nn.Module):
                              [lens[i] for i in seqs], sel, out, conv_new, rec_new)
                 continue
             length = lens[seqs[0]]
-            rows = torch.cat([torch.arange(starts[i], starts[i] + length, device=qkv.device) for i in seqs])
+            rows = (torch.tensor([starts[i] for i in seqs], device=qkv.device)[:, None]
+                    + torch.arange(length, device=qkv.device)).view(-1)  # [B * L], sequence-major
             o, c, r = self._uniform(qkv[rows], g[rows], beta[rows], conv_state[sel], rec_state[sel], length)
             out[rows] = o
             conv_new[sel], rec_new[sel] = c.to(conv_new.dtype), r

@@ -18,7 +18,6 @@ outputs are returned in the dtype of `v`, states in float32.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def chunk_gated_delta_rule(
