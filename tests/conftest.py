@@ -11,6 +11,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matmuls: one torch thread avoids OpenMP spin contention on a shared 2-core runner.
+
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`; restores the setting after the module.
+    """
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """`tiny_ckpt(variant, shards=1)` -> Path of a tiny random checkpoint (cached per session)."""

@@ -15,12 +15,7 @@ from operators.errors import InputError
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

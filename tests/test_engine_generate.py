@@ -7,7 +7,6 @@ after preemption; and equal to transformers' generate on the same prompt.
 from __future__ import annotations
 
 import pytest
-import torch
 from test_engine_support import image, reference_greedy, request, video
 
 from operators.engine.engine import Engine
@@ -30,13 +29,7 @@ def _contents():
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: one thread avoids OpenMP spin contention on a shared 2-core runner."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,7 @@ QUESTIONS = ["Describe it.", "Describe the colours.", "Describe the shapes in de
              "Describe the light.", "Describe the background."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
