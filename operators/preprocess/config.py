@@ -83,11 +83,10 @@ def _read(path: Path) -> dict:
         raise ConfigError(f"{path}: cannot read processor config: {e}") from e
 
 
-def load_image_config(model_dir: str | Path) -> ImageConfig:
-    d = _read(Path(model_dir) / "preprocessor_config.json")
-    base = ImageConfig()
+def _grid_fields(d: dict, base: ImageConfig | VideoConfig) -> dict:
+    """Fields image and video configs share: patch geometry, pixel budget, resize, normalisation."""
     lo, hi = _sizes(d, base.min_pixels, base.max_pixels)
-    return ImageConfig(
+    return dict(
         patch_size=int(d.get("patch_size", base.patch_size)),
         temporal_patch_size=int(d.get("temporal_patch_size", base.temporal_patch_size)),
         merge_size=int(d.get("merge_size", base.merge_size)),
@@ -98,23 +97,22 @@ def load_image_config(model_dir: str | Path) -> ImageConfig:
     )
 
 
+def load_image_config(model_dir: str | Path) -> ImageConfig:
+    d = _read(Path(model_dir) / "preprocessor_config.json")
+    base = ImageConfig()
+    return ImageConfig(**_grid_fields(d, base))
+
+
 def load_video_config(model_dir: str | Path) -> VideoConfig:
     path = Path(model_dir) / "video_preprocessor_config.json"
     d = _read(path) or _read(Path(model_dir) / "preprocessor_config.json")
     base = VideoConfig()
-    lo, hi = _sizes(d, base.min_pixels, base.max_pixels)
     return VideoConfig(
-        patch_size=int(d.get("patch_size", base.patch_size)),
-        temporal_patch_size=int(d.get("temporal_patch_size", base.temporal_patch_size)),
-        merge_size=int(d.get("merge_size", base.merge_size)),
-        min_pixels=lo,
-        max_pixels=hi,
-        do_resize=bool(d.get("do_resize", True)),
+        **_grid_fields(d, base),
         cap_pixels_per_frame=bool(d.get("cap_pixels_per_frame") or False),
         max_video_tokens=int(d.get("max_video_tokens", base.max_video_tokens)),
         fps=d.get("fps", base.fps),
         num_frames=d.get("num_frames"),
         min_frames=int(d.get("min_frames", base.min_frames)),
         max_frames=int(d.get("max_frames", base.max_frames)),
-        norm=_norm(d, base.norm),
     )
