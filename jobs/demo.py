@@ -1,12 +1,11 @@
 """`vlbatch demo`: the README's demo job, end to end, and a preprocessing-only report.
 
-`run_demo(out_dir)` is `make demo`: `pipeline.demo.prepare_demo` writes a model, the
-sample media (good and deliberately bad files) and a manifest under `out_dir`, then
-`configs/demo.yaml` runs through the real pipeline on a local Ray (decode, preprocess,
-engine, Parquet writer) and a few output rows are printed. The model is a tiny random
-checkpoint until the bundled trained model (issue 8, models/shapes-tiny) meets its
-accuracy target, so answers are random tokens: the demo shows the machinery, row
-per request, error rows for bad media, resume on a second run.
+`run_demo(out_dir)` is `make demo`: `pipeline.demo.prepare_demo` writes synthetic scene
+media (images and videos the bundled model `models/shapes-tiny` was trained to describe),
+deliberately bad files and a manifest under `out_dir`, then `configs/demo.yaml` runs
+through the real pipeline on a local Ray (decode, preprocess, engine, Parquet writer).
+Every output row is printed: the caption next to the scene's ground truth, or the error
+type of a bad file. A second run resumes: committed rows are not recomputed.
 
 `run_preprocess_demo(out_dir)` (`vlbatch demo --preprocess-only`) runs only
 `operators.preprocess.Processor` over a few generated images in several modes and
@@ -124,19 +123,19 @@ def run_preprocess_demo(out_dir: str | Path = "out/demo") -> int:
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
-def run_demo(out_dir: str | Path = "out/demo", *, show: int = 8) -> int:
+def run_demo(out_dir: str | Path = "out/demo", *, show: int = 40) -> int:
     """The demo job through the whole pipeline on a local Ray; prints `show` output rows."""
     from jobs.local import run_local
-    from pipeline.demo import demo_overrides, prepare_demo
+    from pipeline.demo import demo_overrides, demo_truth, prepare_demo
 
     out = Path(out_dir)
     prepare_demo(out)
     rc = run_local(DEMO_CONFIG, demo_overrides(out), name="demo", use_lock=False)
-    _print_rows(out / "output", show)
+    _print_rows(out / "output", show, demo_truth(out))
     return rc
 
 
-def _print_rows(output_root: Path, show: int) -> None:
+def _print_rows(output_root: Path, show: int, truth: dict[str, str]) -> None:
     """A few rows of the committed Parquet output, and the counts by status."""
     import pyarrow.dataset as ds
 
@@ -149,6 +148,12 @@ def _print_rows(output_root: Path, show: int) -> None:
     rows = table.to_pylist()
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"{len(rows)} rows in {len(parts)} Parquet files under {output_root}: {ok} ok, {len(rows) - ok} error")
+    rows.sort(key=lambda r: (r["status"] != "ok", r["media_uri"]))
     for r in rows[:show]:
-        what = r["answer"] if r["status"] == "ok" else f"error {r['error_type']}"
-        print(f"  {Path(r['media_uri']).name:<28} {str(what)[:70]!r}")
+        name = Path(r["media_uri"]).name
+        if r["status"] != "ok":
+            print(f"  {name:<28} error {r['error_type']}")
+            continue
+        print(f"  {name:<28} model: {r['answer']}")
+        if r["media_uri"] in truth:
+            print(f"  {'':<28} truth: {truth[r['media_uri']]}")

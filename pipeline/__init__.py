@@ -4,7 +4,7 @@
 - `runner`: `run_job(config) -> RunSummary`, the graph from manifest to committed Parquet;
 - `manifest`, `requests`: reading the manifest, expanding it into requests with stable ids;
 - `rows`: typed row schemas of the stages (frozen dataclasses <-> Arrow);
-- `stages` (decode, preprocess), `model_stage` + `backends` (engine), `write_stage`;
+- `stages` (decode, preprocess, or both fused), `model_stage` + `backends` (engine), `write_stage`;
 - `progress`: terminal / log progress and the summary's rates; `demo`: the demo's inputs.
 Importing this package imports nothing heavy.
 """

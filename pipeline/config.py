@@ -145,10 +145,13 @@ class ModelResources(StageResources):
 
 
 class ResourcesConfig(_Section):
+    fuse_cpu_stages: bool = Field(
+        True, description="true: decode and preprocess run in one CPU actor pool sized by `preprocess` (one process "
+                          "fewer, frames never leave it; `decode` is unused); false: one pool each")
     decode: StageResources = StageResources()
     preprocess: StageResources = StageResources()
     model: ModelResources = ModelResources(min_actors=1, max_actors=1)
-    write: StageResources = StageResources(min_actors=1, max_actors=1, batch_size=256)  # media rows per part file
+    write: StageResources = StageResources(num_cpus=0.25, min_actors=1, max_actors=1, batch_size=256)  # rows per part file
 
 
 class OutputConfig(_Section):

@@ -71,8 +71,9 @@ def _json_list(s: str) -> list[str]:
     return [str(x) for x in v] if isinstance(v, list) else [str(v)]
 
 
-def read_manifest(cfg: JobConfig) -> ray.data.Dataset:
-    """The manifest as a Ray dataset of (media_uri, media_type, questions)."""
+def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None) -> ray.data.Dataset:
+    """The manifest as a Ray dataset of (media_uri, media_type, questions); `num_cpus` per
+    read task (None: Ray Data's default of 1)."""
     inp = cfg.input
     proto, _ = split_protocol(inp.uri)
     fs, path = _fs(cfg, inp.uri)
@@ -89,15 +90,15 @@ def read_manifest(cfg: JobConfig) -> ray.data.Dataset:
             raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
         pafs = None if proto == "file" else PyFileSystem(FSSpecHandler(fs))
         if inp.format == "parquet":
-            ds = ray.data.read_parquet(path, filesystem=pafs)
+            ds = ray.data.read_parquet(path, filesystem=pafs, num_cpus=num_cpus)
         elif inp.format == "jsonl":
-            ds = ray.data.read_json(path, filesystem=pafs, lines=True)
+            ds = ray.data.read_json(path, filesystem=pafs, lines=True, num_cpus=num_cpus)
         else:
-            ds = ray.data.read_csv(path, filesystem=pafs)
+            ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus)
         base = posixpath.dirname(path) if not fs.isdir(path) else path
         base = _with_proto(proto, base)
         ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base},
-                            zero_copy_batch=True)
+                            num_cpus=num_cpus, zero_copy_batch=True)
     if inp.limit is not None:
         ds = ds.limit(inp.limit)
     return ds

@@ -25,7 +25,7 @@ def _fmt_eta(s: float | None) -> str:
 
 @dataclass
 class Progress:
-    total: int
+    total: int | None  # requests to do; None until known (a fresh run counts them beside the graph)
     stream: TextIO = field(default_factory=lambda: sys.stderr)
     interval_s: float = 10.0
     tty: bool | None = None
@@ -49,13 +49,16 @@ class Progress:
         self._last = self.start
         self._logged: int | None = None  # rows counted in the last log line
         self.first_at: float | None = None
+        self.first_rows = 0  # rows of the first commit
+        self.last_at: float | None = None  # time of the latest commit
 
     def update(self, stats: pa.Table) -> None:
         d = stats.to_pydict()
         n = stats.num_rows
         now = self.clock()
         if self.first_at is None:  # start-up (Ray actors, model load) ends with the first commit
-            self.first_at = now
+            self.first_at, self.first_rows = now, n
+        self.last_at = now
         self.done += n
         self.status.update(d["status"])
         self.error_types.update(t for t in d["error_type"] if t)
@@ -78,22 +81,29 @@ class Progress:
     def rates(self) -> dict:
         e = self.elapsed
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        left = self.total - self.done
+        left = None if self.total is None else self.total - self.done
         rps = self.done / e
         return {"rows_per_s": rps, "visual_tokens_per_s": self.visual_tokens / e,
                 "generated_tokens_per_s": self.generated_tokens / e, "prefix_cache_hit_rate": hit,
                 "vision_cache_hit_rate": self.vision_hits / lookups if (lookups := self.vision_hits + self.vision_encodes)
                 else 0.0,
-                "eta_s": (left / rps) if rps > 0 else None, **self.startup()}
+                "eta_s": (left / rps) if rps > 0 and left is not None else None, **self.startup()}
 
     def startup(self) -> dict:
-        """Start-up time: from the start to the first committed batch (actors, model load, pipeline fill)."""
-        return {"time_to_first_row_s": None if self.first_at is None else self.first_at - self.start}
+        """Start-up time: from the start to the first committed batch (actors, model load, pipeline fill),
+        and the steady-state rate after it: rows committed after the first commit / the time between
+        the first and the last commit (None until a second commit)."""
+        steady = None
+        if self.first_at is not None and self.last_at is not None and self.last_at > self.first_at:
+            steady = (self.done - self.first_rows) / (self.last_at - self.first_at)
+        return {"time_to_first_row_s": None if self.first_at is None else self.first_at - self.start,
+                "steady_rows_per_s": steady}
 
     def line(self) -> str:
         r = self.rates()
         errs = self.status.get("error", 0)
-        return (f"{self.done}/{self.total} rows  {r['rows_per_s']:.2f} rows/s  "
+        total = "?" if self.total is None else self.total
+        return (f"{self.done}/{total} rows  {r['rows_per_s']:.2f} rows/s  "
                 f"vis {r['visual_tokens_per_s']:.0f} tok/s  gen {r['generated_tokens_per_s']:.1f} tok/s  "
                 f"prefix-hit {r['prefix_cache_hit_rate']:.0%}  errors {errs}  ETA {_fmt_eta(r['eta_s'])}")
 

@@ -1,11 +1,13 @@
 """`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to committed Parquet.
 
     manifest (read_parquet/json/csv or a glob)             Ray read tasks
-      -> expand to requests, drop committed ids (resume)   map_batches (tasks), materialised
+      -> expand to requests, drop committed ids (resume)   tasks; streamed into the graph on a fresh run,
+                                                           materialised (and counted) first on a resumed one
       -> decode: bytes -> frames                           actor pool (CPU), killable subprocess
-      -> preprocess: frames -> pixel values + tokens       actor pool (CPU)
+      -> preprocess: frames -> pixel values + tokens       actor pool (CPU); with
+                                                           resources.fuse_cpu_stages one pool does both
       -> model: engine generate, batches cut by visual tokens   actor pool (num_gpus, min..max)
-      -> write: one atomic Parquet part file per batch     tasks; stats rows back to the driver
+      -> write: one atomic Parquet part file per batch     actor pool (small); stats rows back to the driver
 
 Output layout: `<output.uri>/<run_id>/part-<hash>.parquet` and `_summary.json` beside them.
 Before the graph starts, the run directory's committed ids are read (`operators.writer.resume`):
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -52,6 +55,9 @@ class RunSummary:
     elapsed_s: float = 0.0
     rows_per_s: float = 0.0  # this call's rows / elapsed since the graph started (start-up included)
     time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch
+    steady_rows_per_s: float | None = None  # rows after the first commit / time from the first to the last commit
+    expand_s: float = 0.0  # reading + expanding the manifest before the graph starts (a resumed run; ~0 on a
+    # fresh run, whose expansion streams into the graph)
     visual_tokens_per_s: float = 0.0
     generated_tokens_per_s: float = 0.0
     prefix_cache_hit_rate: float = 0.0  # prompt tokens served by the prefix cache / prompt tokens
@@ -87,6 +93,54 @@ def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Tab
     return to_table(rows, MediaTask)
 
 
+# CPUs per read / expand task when they stream into the graph beside the actor pools (which
+# hold most of the CPUs); the materialised expansion of a resumed run keeps Ray's default
+STREAMED_EXPAND_CPUS = 0.05
+
+
+def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None):
+    """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped)."""
+    from pipeline.manifest import read_manifest
+
+    return read_manifest(cfg, num_cpus=num_cpus).map_batches(_expand_batch, batch_format="pyarrow", num_cpus=num_cpus,
+                                                             fn_kwargs={"cfg": cfg, "done": done})
+
+
+def count_requests(tasks_ds) -> int:
+    """Requests in a dataset of MediaTask rows."""
+    return sum(int(pc.sum(pc.list_value_length(b["ids"])).as_py() or 0)
+               for b in tasks_ds.iter_batches(batch_format="pyarrow", batch_size=4096))
+
+
+class Counter:
+    """`fn()` on a daemon thread (the pending-request count of a fresh run, for the ETA);
+    `result()` is its value, or None while it runs or when it failed (logged unless abandoned:
+    a job shorter than the count leaves it behind, and Ray may be shut down under it)."""
+
+    def __init__(self, fn):
+        self._value: int | None = None
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="vlbatch-count")
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._value = fn()
+        except Exception as e:  # only the ETA depends on it
+            if not self._abandoned:
+                log.warning("counting the pending requests failed (%s: %s); progress shows no total until the end",
+                            type(e).__name__, e)
+
+    def result(self) -> int | None:
+        return self._value
+
+    def abandon(self, wait_s: float = 10.0) -> None:
+        """Stop caring about the value; wait up to `wait_s` for the thread, so a count still reading
+        the manifest is not cut off by Ray's shutdown (Ray Data then logs a traceback)."""
+        self._abandoned = True
+        self._thread.join(timeout=wait_s)
+
+
 def _init_ray(cfg: JobConfig) -> None:
     import ray
 
@@ -111,13 +165,25 @@ def model_gpus(cfg: JobConfig) -> float:
     return want
 
 
+def warn_if_cpus_do_not_fit(cfg: JobConfig, cluster_cpus: float) -> None:
+    """Log when the actor pools at their minimum sizes need more CPUs than the cluster has:
+    a pool that cannot start (the writer, say) waits until another shrinks, so nothing is
+    committed (no progress, no resume point) until the stages before it are done."""
+    r = cfg.resources
+    pools = [r.preprocess] if r.fuse_cpu_stages else [r.decode, r.preprocess]
+    need = sum(p.num_cpus * p.min_actors for p in [*pools, r.model, r.write])
+    if cluster_cpus and need > cluster_cpus:
+        log.warning("the actor pools at min_actors need %.2f CPUs but the cluster has %.2f: later stages wait "
+                    "for earlier ones to finish; lower resources.*.num_cpus or min_actors", need, cluster_cpus)
+
+
 def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     """The lazy dataset of write stats rows."""
     import ray
 
     from pipeline.model_stage import ModelStage
-    from pipeline.stages import DecodeStage, PreprocessStage
-    from pipeline.write_stage import write_batch
+    from pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
+    from pipeline.write_stage import WriteStage
 
     r = cfg.resources
 
@@ -128,20 +194,23 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
             kw["memory"] = int(stage.memory_gb * 2**30)
         return kw
 
-    ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.decode.batch_size,
-                              batch_format="pyarrow", **pool(r.decode))
-    ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
-                        batch_format="pyarrow", **pool(r.preprocess))
+    warn_if_cpus_do_not_fit(cfg, ray.cluster_resources().get("CPU", 0.0))
+    if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
+        ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
+                                  batch_format="pyarrow", **pool(r.preprocess))
+    else:
+        ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.decode.batch_size,
+                                  batch_format="pyarrow", **pool(r.decode))
+        ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
+                            batch_format="pyarrow", **pool(r.preprocess))
     ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.max_batch_media,
                         batch_format="pyarrow", num_gpus=model_gpus(cfg), **pool(r.model))
-    return ds.map_batches(write_batch, fn_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
-                          batch_size=r.write.batch_size, batch_format="pyarrow", num_cpus=r.write.num_cpus)
+    return ds.map_batches(WriteStage, fn_constructor_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
+                          batch_size=r.write.batch_size, batch_format="pyarrow", **pool(r.write))
 
 
 def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`."""
-    from pipeline.manifest import read_manifest
-
     stream = stream or sys.stderr
     t0 = time.monotonic()
     run_id = cfg.resolved_run_id()
@@ -160,15 +229,29 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
 
     _init_ray(cfg)
-    tasks_ds = read_manifest(cfg).map_batches(_expand_batch, batch_format="pyarrow",
-                                              fn_kwargs={"cfg": cfg, "done": done}).materialize()
-    pending_n = sum(int(pc.sum(pc.list_value_length(b["ids"])).as_py() or 0)
-                    for b in tasks_ds.iter_batches(batch_format="pyarrow", batch_size=4096))
+    t_expand = time.monotonic()
+    counter = None
+    if done:  # resuming: count what is left first, and start nothing when that is nothing
+        tasks_ds = expanded(cfg, done).materialize()
+        pending_n = count_requests(tasks_ds)
+    else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
+        tasks_ds = expanded(cfg, done, num_cpus=STREAMED_EXPAND_CPUS)
+        pending_n = None
+    t_graph = time.monotonic()
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
-    if pending_n:
-        for stats in build_graph(cfg, tasks_ds, run_dir, run_id).iter_batches(batch_format="pyarrow",
-                                                                              batch_size=None):
+    if pending_n is None or pending_n:
+        # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
+        for stats in build_graph(cfg, tasks_ds, run_dir, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
+                                                                              prefetch_batches=0):
+            if pending_n is None and counter is None:  # the total for the ETA, counted off the start-up path
+                counter = Counter(lambda: count_requests(expanded(cfg, done, num_cpus=STREAMED_EXPAND_CPUS)))
+            elif counter is not None and progress.total is None:
+                progress.total = counter.result()
             progress.update(stats)
+    if counter is not None:
+        counter.abandon()  # its value is not needed: the graph's stats rows already counted every request
+    if pending_n is None:  # the graph completed: every pending request gave one stats row
+        pending_n = progress.total = progress.done
     progress.tick(final=True)
     after = load_index(fs, run_dir, retries=s.retries)
     total = sum(after.status_counts.values())
@@ -180,7 +263,8 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
         duplicate_ids=after.duplicate_ids, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
         visual_tokens_per_s=rates["visual_tokens_per_s"],
-        time_to_first_row_s=rates["time_to_first_row_s"], generated_tokens_per_s=rates["generated_tokens_per_s"],
+        time_to_first_row_s=rates["time_to_first_row_s"], steady_rows_per_s=rates["steady_rows_per_s"],
+        expand_s=round(t_graph - t_expand, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
         prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
         error_fraction=(errors / total) if total else 0.0,
         max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files),

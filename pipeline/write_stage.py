@@ -1,14 +1,14 @@
 """The write stage: Generated rows -> one committed Parquet part file per batch.
 
-Runs as Ray tasks. Each call explodes its media rows into one `OutputRow` per request,
-commits them as one part file (deterministic name from the ids; atomic, see
-`operators.writer.commit`) and returns a small stats table, one row per request, that
+Runs as a small Ray actor pool (`WriteStage`). Each call explodes its media rows into one
+`OutputRow` per request, commits them as one part file (deterministic name from the ids;
+atomic, see `operators.writer.commit`) and returns a small stats table, one row per request, that
 the driver aggregates for progress and the run summary. The rows are committed before
 the stats row exists, so whatever the driver counts is durable.
 
-A commit that fails after all storage retries raises `StorageError`: the task fails
-(Ray retries it with the same rows, hence the same file name), and if it keeps failing
-the job stops with that error; a rerun commits the rows (resume).
+A commit that fails after all storage retries raises `StorageError` and the job stops with
+that error; a rerun commits the rows (resume). A write actor that dies is restarted by Ray
+Data and its batch retried with the same rows, hence the same file name.
 """
 from __future__ import annotations
 
@@ -42,13 +42,31 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
     return out
 
 
-def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str) -> pa.Table:
+def output_filesystem(cfg: JobConfig):
+    s = cfg.storage
+    return open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
+                           anonymous=s.anonymous, retries=s.retries)[0]
+
+
+class WriteStage:
+    """Ray actor UDF around `write_batch`. An actor, not tasks, so it starts (process, imports,
+    filesystem) together with the other pools at the start of the job instead of after the
+    first model batch, and the first commit follows the first model batch at once."""
+
+    def __init__(self, cfg: JobConfig, run_dir: str, run_id: str):
+        self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
+        self.fs = output_filesystem(cfg)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return write_batch(batch, cfg=self.cfg, run_dir=self.run_dir, run_id=self.run_id, fs=self.fs)
+
+
+def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, fs=None) -> pa.Table:
+    """Commit one batch of Generated rows as one part file; the stats table (one row per request)."""
     gens = from_table(batch, Generated)
     rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
-    s = cfg.storage
-    fs, _ = open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
-                            anonymous=s.anonymous, retries=s.retries)
-    path = commit_table(fs, run_dir, rows_to_table(rows), retries=s.retries)  # durable before any stats row
+    fs = fs if fs is not None else output_filesystem(cfg)
+    path = commit_table(fs, run_dir, rows_to_table(rows), retries=cfg.storage.retries)  # durable before any stats row
     cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
     # media-level figures go on the media's first request only, so sums over stats rows are exact
     media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,

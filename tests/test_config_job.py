@@ -105,3 +105,9 @@ def test_demo_inputs_match_the_demo_config(tmp_path):
     lines = [_json.loads(x) for x in manifest.read_text().splitlines()]
     assert {x["media_type"] for x in lines} == {"image", "video"}
     assert all(Path(x["media_uri"]).exists() for x in lines)
+    from pipeline.demo import BUNDLED_MODEL, demo_truth
+
+    assert Path(cfg.model.path) == BUNDLED_MODEL  # the demo captions with the bundled trained model
+    truth = demo_truth(tmp_path)
+    assert len(truth) >= 8 and set(truth) <= {x["media_uri"] for x in lines}
+    assert len(lines) > len(truth)  # bad media are in the manifest too

@@ -166,3 +166,63 @@ def test_deltanet_ragged_step_equals_each_sequence_alone(tiny_ckpt):
         assert (out[start : start + n] - o).abs().max() < 1e-5, f"sequence {i} ({n} tokens)"
         assert (conv[i] - c[0]).abs().max() < 1e-6 and (rec[i] - r[0]).abs().max() < 1e-5
         start += n
+
+
+@pytest.mark.parametrize("lens", [(1, 9, 4, 2), (5,), (3, 1, 1, 12, 7)])
+@pytest.mark.parametrize("kernel", [2, 4])
+def test_conv_packed_equals_naive_per_sequence(lens, kernel):
+    from operators.model.ops.conv import causal_conv1d_packed
+
+    g = torch.Generator().manual_seed(sum(lens) * kernel)
+    x = torch.randn(sum(lens), 6, generator=g)
+    w = torch.randn(6, kernel, generator=g)
+    state = torch.randn(len(lens), 6, kernel, generator=g)
+    out, new_state = causal_conv1d_packed(x, w, state, lens)
+    start = 0
+    for i, n in enumerate(lens):
+        ref, ref_state = causal_conv1d_naive(x[start: start + n].t()[None], w, state[i: i + 1])
+        assert (out[start: start + n] - ref[0].t()).abs().max() < 1e-5 and torch.equal(new_state[i], ref_state[0])
+        start += n
+
+
+@pytest.mark.parametrize("lens", [(5, 130, 64, 65, 1, 200, 3), (2, 2), (33,)])
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+def test_packed_chunked_equals_naive_per_sequence(lens, chunk):
+    from operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
+
+    q, k, v, g, beta, _ = _inputs(1, sum(lens), 3, 16, 8, seed=len(lens) + chunk)
+    q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))  # packed [T, H, *]
+    s0 = torch.randn(len(lens), 3, 16, 8, generator=torch.Generator().manual_seed(chunk))
+    keep = s0.clone()
+    o, s = chunk_gated_delta_rule_packed(q, k, v, g, beta, s0, lens, chunk)
+    assert torch.equal(s0, keep)  # the caller's states are read, never written
+    start = 0
+    for i, n in enumerate(lens):
+        rows = slice(start, start + n)
+        o_ref, s_ref = _naive(q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows], s0[i: i + 1])
+        assert (o[rows] - o_ref[0]).abs().max() < TOL, f"sequence {i} ({n} tokens)"
+        assert (s[i] - s_ref[0]).abs().max() < TOL
+        start += n
+
+
+def test_packed_chunked_strong_decay_stays_exact():
+    """Decay factors far below exp(EXP_FLOOR) (clamped there) still give the naive result."""
+    from operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
+
+    q, k, v, g, beta, s0 = _inputs(1, 70, 2, 8, 8, seed=9)
+    g = g * 60  # log decays down to -30 per token: products of many fall below 1e-35
+    o, s = chunk_gated_delta_rule_packed(q[0], k[0], v[0], g[0], beta[0], s0, (70,), 64)
+    o_ref, s_ref = _naive(q, k, v, g, beta, s0)
+    assert (o - o_ref[0]).abs().max() < TOL and (s - s_ref).abs().max() < TOL
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 7, 5), (64, 8, 16, 4)])
+def test_recurrent_in_place_equals_naive(shape):
+    from operators.model.ops.delta_rule import recurrent_gated_delta_rule_
+
+    b, h, dk, dv = shape
+    q, k, v, g, beta, s0 = _inputs(b, 1, h, dk, dv, seed=b + h)
+    o_ref, s_ref = _naive(q, k, v, g, beta, s0)
+    state = s0.clone()
+    o = recurrent_gated_delta_rule_(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state)
+    assert (o - o_ref[:, 0]).abs().max() < TOL and (state - s_ref).abs().max() < TOL

@@ -84,3 +84,36 @@ def test_ragged_steps_equal_separate_sequences(setup):
         ours = torch.cat([got[0][i : i + 1], step2[i], got[2][i : i + 1]])
         assert ours.shape == expected[i].shape
         assert (ours - expected[i]).abs().max().item() < 1e-4, f"sequence {i}"
+
+
+def _unfused(model):
+    """The same model on the reference path: separate projections (fused weights dropped)."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    for m in ref.modules():
+        if getattr(m, "fused_weight", None) is not None:
+            m.fused_weight = m.fused_bias = None
+    return ref
+
+
+def test_fused_projections_and_kept_rows_equal_the_reference_path(setup):
+    """Fused projections (load-time transform) and the last layer run on kept rows only give
+    the logits of separate projections over every row; parameters keep checkpoint names."""
+    model, processor = setup
+    i = model.config.text.linear_layers[0]
+    assert f"language_model.layers.{i}.linear_attn.in_proj_z.weight" in dict(model.named_parameters())
+    layer = model.language_model.layers[i].linear_attn
+    assert layer.fused_weight is not None and layer.in_proj_z.weight.data_ptr() > layer.fused_weight.data_ptr()
+    ref = _unfused(model)
+    prompts = [_prompt_embeds(model, s) for s in _sequences(processor)]
+    lens = [e.shape[0] for e, _, _ in prompts]
+    embeds, pos = torch.cat([e for e, _, _ in prompts]), torch.cat([p for _, p, _ in prompts], 1)
+    last = torch.tensor(lens).cumsum(0) - 1
+    outs = []
+    for m, idx in ((model, last), (ref, last), (ref, torch.arange(sum(lens)))):
+        cache = ContiguousCache(model.config.text, 3, capacity=4)
+        cache.begin_step(lens)
+        outs.append(m.forward_packed(embeds, pos, cache, idx))
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-4
+    assert (outs[1] - outs[2][last]).abs().max().item() < 1e-4

@@ -320,7 +320,7 @@ def test_questions_from_s3_with_s3_outage_during_writing(env):
     uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
     qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
     cfg = job(env, "questions", uris, questions=qs, resources__write__batch_size=1,
-              resources__model__max_batch_media=2)
+              resources__model__max_batch_media=2, resources__fuse_cpu_stages=False)  # decode, preprocess: 2 pools
     server, events = env["server"], []
 
     def outage():

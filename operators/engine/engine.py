@@ -35,6 +35,7 @@ from operators.engine.vision_cache import VisionCache
 from operators.errors import ConfigError, EngineError, InputError
 
 THINK_END = "</think>"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -80,14 +81,19 @@ class Engine:
         self.codec = KeyCodec()
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype = torch.float32,
+    def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
                         **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
-        generation_config.json); `budgets` are `EngineConfig` fields."""
+        generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
+        "float16"); `budgets` are `EngineConfig` fields."""
         from tokenizers import Tokenizer
 
         from operators.model import load_model
 
+        if isinstance(dtype, str):
+            if dtype not in _DTYPES:
+                raise ConfigError(f"unsupported dtype {dtype!r}; supported: {sorted(_DTYPES)}")
+            dtype = _DTYPES[dtype]
         model_dir = Path(model_dir)
         model = load_model(model_dir, device=device, dtype=dtype)
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))

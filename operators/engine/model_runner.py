@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from operators.engine.paged_attention import PagedLayout, paged_attention
+from operators.engine.paged_attention import PagedLayout, Workspace, paged_attention
 from operators.engine.scheduler import StepPlan
 from operators.engine.state_pool import StatePool
 from operators.engine.vision_cache import VisionCache
@@ -28,8 +28,8 @@ class PagedStepCache:
     """`StepCache` over paged K/V blocks and pooled DeltaNet slots for one step."""
 
     def __init__(self, kv: torch.Tensor, pool: StatePool, layout: PagedLayout, query_lens: tuple[int, ...],
-                 slots: torch.Tensor):
-        self.kv, self.pool, self.layout = kv, pool, layout
+                 slots: torch.Tensor, workspace: Workspace | None = None):
+        self.kv, self.pool, self.layout, self.workspace = kv, pool, layout, workspace
         self._query_lens = query_lens
         self.slots = slots  # [B] pool slot of each sequence, packing order
         self.run = StatePool.contiguous_run(slots)  # consecutive slots: views, no gather copies
@@ -38,8 +38,9 @@ class PagedStepCache:
     def query_lens(self) -> tuple[int, ...]:
         return self._query_lens
 
-    def attention(self, attn_idx: int, q, k, v):
-        return paged_attention(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v)
+    def attention(self, attn_idx: int, q, k, v, rows=None):
+        return paged_attention(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v, rows,
+                               self.workspace)
 
     def linear_states(self, linear_idx: int):
         return self.pool.gather(linear_idx, self.slots, self.run)
@@ -69,6 +70,7 @@ class ModelRunner:
                               text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim,
                               dtype=self.dtype, device=self.device)
         self.vision_cache = vision_cache
+        self.workspace = Workspace()  # decode attention gathers, reused across layers and steps
         self.stats = RunnerStats()
 
     @property
@@ -85,13 +87,9 @@ class ModelRunner:
         """Logits [n, V] (float32) of the chunks with `sample`, in plan order."""
         self.copy_blocks(plan.copies)
         chunks = plan.chunks
-        ids, pos = [], []
-        for c in chunks:
-            seq = c.seq
-            ids.append(torch.tensor(seq.token_ids[c.start: c.end], dtype=torch.long))
-            pos.append(_positions(seq, c.start, c.end))
-        input_ids = torch.cat(ids).to(self.device)
-        positions = torch.cat(pos, dim=1).to(self.device)
+        input_ids = torch.tensor([t for c in chunks for t in c.seq.token_ids[c.start: c.end]],
+                                 dtype=torch.long).to(self.device)
+        positions = _step_positions(chunks).to(self.device)
         embeds = self.model.embed(input_ids)
         row = 0
         for c in chunks:
@@ -100,7 +98,7 @@ class ModelRunner:
         layout = PagedLayout.build([c.seq.block_table for c in chunks], [c.start for c in chunks],
                                    [c.end for c in chunks], self.block_size, self.device)
         slots = torch.tensor([c.seq.slot for c in chunks], dtype=torch.long, device=self.device)
-        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots)
+        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots, self.workspace)
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         logits_idx = ends[[i for i, c in enumerate(chunks) if c.sample]].to(self.device)
         logits = self.model.forward_packed(embeds, positions, cache, logits_idx)
@@ -145,6 +143,25 @@ class ModelRunner:
                 self.vision_cache.put(item.content_hash, feats)
         seq.features[j] = feats
         return feats
+
+
+def _step_positions(chunks) -> torch.Tensor:
+    """[3, T] MRoPE positions of a step's chunks; runs of generated tokens (decodes) are
+    collected as plain ints and become one tensor (no per-sequence tensors)."""
+    parts: list[torch.Tensor] = []
+    gen: list[int] = []  # positions of consecutive chunks that lie past their prompts
+    for c in chunks:
+        seq = c.seq
+        if c.start >= seq.prompt_len:
+            gen.extend(range(c.start + seq.request.rope_delta, c.end + seq.request.rope_delta))
+            continue
+        if gen:
+            parts.append(torch.tensor(gen, dtype=torch.long)[None].expand(3, -1))
+            gen = []
+        parts.append(_positions(seq, c.start, c.end))
+    if gen:
+        parts.append(torch.tensor(gen, dtype=torch.long)[None].expand(3, -1))
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].contiguous()
 
 
 def _positions(seq, start: int, end: int) -> torch.Tensor:

@@ -92,9 +92,11 @@ class StatePool:
         return None
 
     def gather(self, linear_idx: int, slots: torch.Tensor, run: tuple[int, int] | None = None):
-        """(conv [B, C, K], recurrent [B, H, Dk, Dv]) of `slots` [B]; read-only for the caller.
+        """(conv [B, C, K], recurrent [B, H, Dk, Dv]) of `slots` [B].
 
-        `run` = `contiguous_run(slots)` (computed once per step): views instead of copies.
+        `run` = `contiguous_run(slots)` (computed once per step): views instead of copies,
+        so a decode step that updates the recurrent states in place writes the pool
+        directly; otherwise copies, which `scatter` writes back.
         """
         if run is not None:
             return self.conv[linear_idx].narrow(0, *run), self.recurrent[linear_idx].narrow(0, *run)
@@ -102,9 +104,17 @@ class StatePool:
 
     def scatter(self, linear_idx: int, slots: torch.Tensor, conv: torch.Tensor, recurrent: torch.Tensor,
                 run: tuple[int, int] | None = None) -> None:
+        """Store the states of `slots` after a step. A state the model updated in place in
+        the views `gather` handed out is already stored (nothing is copied)."""
         if run is not None:
-            self.conv[linear_idx].narrow(0, *run).copy_(conv)
-            self.recurrent[linear_idx].narrow(0, *run).copy_(recurrent)
+            for pool, new in ((self.conv[linear_idx], conv), (self.recurrent[linear_idx], recurrent)):
+                dst = pool.narrow(0, *run)
+                if not _same_memory(dst, new):
+                    dst.copy_(new)
             return
         self.conv[linear_idx].index_copy_(0, slots, conv.to(self.conv.dtype))
         self.recurrent[linear_idx].index_copy_(0, slots, recurrent.to(torch.float32))
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype

@@ -10,11 +10,12 @@ is multiplied by `sigmoid(gate)` before `o_proj`.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from operators.model.cache import StepCache
 from operators.model.config import TextConfig
-from operators.model.layers import RMSNorm
+from operators.model.layers import RMSNorm, fuse_linears, fused_buffers
 from operators.model.rope import apply_partial_rope
 
 
@@ -31,16 +32,40 @@ class FullAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_q * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self._sizes = [self.n_q * self.head_dim * 2, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        fused_buffers(self)
+
+    def fuse_(self) -> None:
+        """q / k / v projections as one matmul (a load-time transform)."""
+        fuse_linears(self, [self.q_proj, self.k_proj, self.v_proj])
+
+    def _project(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """x [T, D] -> q [T or n, 2 * H_q * D], k / v [T, H_kv * D] (q for rows `keep` only)."""
+        if keep is None and self.fused_weight is not None:
+            return F.linear(x, self.fused_weight, self.fused_bias).split(self._sizes, dim=-1)
+        xq = x if keep is None else x[keep]
+        if self.fused_weight is None:
+            return self.q_proj(xq), self.k_proj(x), self.v_proj(x)
+        nq, w, b = self._sizes[0], self.fused_weight, self.fused_bias
+        q = F.linear(xq, w[:nq], None if b is None else b[:nq])
+        k, v = F.linear(x, w[nq:], None if b is None else b[nq:]).split(self._sizes[1:], dim=-1)
+        return q, k, v
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StepCache, attn_idx: int
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StepCache, attn_idx: int,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x [T, D_model]; cos / sin [T, rotary_dim]."""
+        """x [T, D_model]; cos / sin [T, rotary_dim] -> [T, D_model], or [n, D_model] for rows
+        `keep` [n] (K/V of every row are still stored)."""
         t = x.shape[0]
-        q, gate = self.q_proj(x).view(t, self.n_q, 2 * self.head_dim).chunk(2, dim=-1)
-        q = apply_partial_rope(self.q_norm(q), cos, sin)  # [T, H_q, D]
-        k = apply_partial_rope(self.k_norm(self.k_proj(x).view(t, self.n_kv, self.head_dim)), cos, sin)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
-        out = cache.attention(attn_idx, q, k, v).to(x.dtype)  # [T, H_q, D]
-        out = out.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
+        q, k, v = self._project(x, keep)
+        n = q.shape[0]
+        q, gate = q.view(n, self.n_q, 2 * self.head_dim).chunk(2, dim=-1)
+        qcos, qsin = (cos, sin) if keep is None else (cos[keep], sin[keep])
+        q = apply_partial_rope(self.q_norm(q), qcos, qsin)  # [n, H_q, D]
+        k = apply_partial_rope(self.k_norm(k.view(t, self.n_kv, self.head_dim)), cos, sin)
+        v = v.view(t, self.n_kv, self.head_dim)
+        out = (cache.attention(attn_idx, q, k, v) if keep is None
+               else cache.attention(attn_idx, q, k, v, keep)).to(x.dtype)  # [n, H_q, D]
+        out = out.reshape(n, self.n_q * self.head_dim) * torch.sigmoid(gate.reshape(n, self.n_q * self.head_dim))
         return self.o_proj(out)

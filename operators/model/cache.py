@@ -36,17 +36,25 @@ class StepCache(Protocol):
         """New tokens of each sequence in this step, in packing order."""
         ...
 
-    def attention(self, attn_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attention(self, attn_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
         """Store the new K/V and attend causally over each sequence's cached + new tokens.
 
         q: [T, H_q, D] (after q-norm and MRoPE), k / v: [T, H_kv, D] (k after norm and MRoPE).
         Returns [T, H_q, D]: softmax(q k^T / sqrt(D)) v per sequence, causal, GQA
         (query head h reads kv head h // (H_q / H_kv)), computed in float32 or better.
+        With `rows` [n] (ascending packed row indices), q is [n, H_q, D], the queries of
+        those rows only, and the result is [n, H_q, D]; K/V of all T rows are still stored
+        (the last layer needs only the rows whose logits are taken).
         """
         ...
 
     def linear_states(self, linear_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(conv [B, C, K], recurrent [B, H_v, D_k, D_v]) of this step's B sequences."""
+        """(conv [B, C, K], recurrent [B, H_v, D_k, D_v]) of this step's B sequences.
+
+        The model may update these tensors in place (decode does, for the recurrent state)
+        and always passes the result to `set_linear_states`; an implementation hands out
+        either its own storage (then storing is a no-op) or copies."""
         ...
 
     def set_linear_states(self, linear_idx: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:

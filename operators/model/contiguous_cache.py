@@ -68,8 +68,16 @@ class ContiguousCache:
         return self._query_lens
 
     # -- StepCache -----------------------------------------------------------------
-    def attention(self, attn_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, H_q, D], k / v [T, H_kv, D] -> [T, H_q, D] (stores k / v first)."""
+    def attention(self, attn_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, H_q, D], k / v [T, H_kv, D] -> [T, H_q, D] (stores k / v first).
+
+        With `rows` [n], q holds only those rows' queries: the others are computed on zeros
+        and dropped (this is the reference, not the fast path)."""
+        if rows is not None:
+            full = q.new_zeros(k.shape[0], *q.shape[1:])
+            full[rows] = q
+            return self.attention(attn_idx, full, k, v)[rows]
         kc, vc = self.keys[attn_idx], self.values[attn_idx]
         lens, past = self.query_lens, self.seq_lens
         if len(set(lens)) == 1 and len(set(past)) == 1:

@@ -4,7 +4,8 @@ Each layer (seed 000 section 8): `x = x + mixer(input_layernorm(x))`, then
 `x = x + mlp(post_attention_layernorm(x))`. The mixer is Gated DeltaNet
 (`linear_attn`) or full attention (`self_attn`) as `layer_types` says; the FFN is
 SwiGLU (dense) or `SparseMoE`. Works on packed tokens [T, D]; the step cache says how
-T splits into sequences. Attribute names equal the checkpoint's
+T splits into sequences. Given the rows whose logits are wanted, the last layer computes
+the rest of its output only for them (a prompt chunk needs its last row at most). Attribute names equal the checkpoint's
 `model.language_model.*` names.
 """
 from __future__ import annotations
@@ -20,6 +21,11 @@ from operators.model.layers import RMSNorm, SwiGLU
 from operators.model.moe import SparseMoE
 from operators.model.rope import text_rope
 
+# A long prefill step runs the FFN in blocks of this many rows: its [rows, inner]
+# temporaries then stay a few MB, which the allocator reuses, instead of fresh pages
+# (page faults) every layer; tokens are independent in the FFN.
+FFN_ROWS = 512
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TextConfig, layer_idx: int):
@@ -33,15 +39,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache: StepCache, mixer_idx: int) -> torch.Tensor:
-        """x [T, D]; `mixer_idx` counts layers of this layer's kind (linear_idx or attn_idx)."""
+    def forward(self, x, cos, sin, cache: StepCache, mixer_idx: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, D] -> [T, D], or [n, D] for the rows `keep` [n] only (the cache still gets
+        every row's K/V or states). `mixer_idx` counts layers of this layer's kind."""
         h = self.input_layernorm(x)
         if self.is_linear:
-            h = self.linear_attn(h, cache, mixer_idx)
+            h = self.linear_attn(h, cache, mixer_idx, keep)
         else:
-            h = self.self_attn(h, cos, sin, cache, mixer_idx)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+            h = self.self_attn(h, cos, sin, cache, mixer_idx, keep)
+        x = (x if keep is None else x[keep]) + h  # a new tensor: the FFN below adds into it
+        if x.shape[0] <= FFN_ROWS:
+            return x + self.mlp(self.post_attention_layernorm(x))
+        for start in range(0, x.shape[0], FFN_ROWS):
+            rows = x[start: start + FFN_ROWS]
+            rows += self.mlp(self.post_attention_layernorm(rows))
+        return x
 
 
 class TextDecoder(nn.Module):
@@ -61,10 +73,14 @@ class TextDecoder(nn.Module):
             self._mixer_idx.append(counts[kind])
             counts[kind] += 1
 
-    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache: StepCache) -> torch.Tensor:
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache: StepCache,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """-> [T, D], or [n, D] for rows `keep` [n] (ascending): the last layer then runs its
+        query / output side and FFN on those rows only (its K/V and states on all)."""
         cfg = self.cfg
         cos, sin = text_rope(position_ids, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section)
         x = inputs_embeds
-        for layer, idx in zip(self.layers, self._mixer_idx, strict=True):
-            x = layer(x, cos, sin, cache, idx)
+        last = len(self.layers) - 1
+        for i, (layer, idx) in enumerate(zip(self.layers, self._mixer_idx, strict=True)):
+            x = layer(x, cos, sin, cache, idx, keep if i == last else None)
         return x

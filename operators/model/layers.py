@@ -5,6 +5,8 @@
 - `GatedRMSNorm`: DeltaNet output norm, `(x / rms(x)) * w * silu(z)` (scale `w` itself,
   initialised to 1, not zero-centred).
 - `SwiGLU`: `down(act(gate(x)) * up(x))`, the dense FFN and the MoE shared expert.
+- `fuse_linears`: the load-time transform that lets several projections of one input run
+  as one matmul (the weights concatenated; the original parameters become views of it).
 """
 from __future__ import annotations
 
@@ -61,15 +63,50 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * h * F.silu(z.float())).to(x.dtype)
 
 
+def fuse_linears(module: nn.Module, linears: list[nn.Linear]) -> None:
+    """Concatenate the weights (and biases) of `linears`, which all read the same input, into
+    `module.fused_weight` [sum N_i, D] (+ `fused_bias`); each linear's parameters become
+    views of it, so parameter names, values and memory stay those of the checkpoint.
+
+    Call after the weights are loaded and on their final device and dtype (`.to()` later
+    copies the views and the fused tensor separately). `module` must have registered
+    `fused_weight` / `fused_bias` as (None) buffers."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if linears[0].bias is not None else None
+    row = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[row: row + n], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[row: row + n], requires_grad=False)
+        row += n
+    module.fused_weight, module.fused_bias = weight, bias
+
+
+def fused_buffers(module: nn.Module) -> None:
+    """Register the (empty) `fused_weight` / `fused_bias` buffers `fuse_linears` fills."""
+    module.register_buffer("fused_weight", None, persistent=False)
+    module.register_buffer("fused_bias", None, persistent=False)
+
+
 class SwiGLU(nn.Module):
-    """Gated FFN: [T, D] -> [T, D] through width `inner`."""
+    """Gated FFN: [T, D] -> [T, D] through width `inner`. After `fuse_()`, gate and up run
+    as one [T, D] x [D, 2 * inner] matmul."""
 
     def __init__(self, dim: int, inner: int, act: str):
         super().__init__()
+        self.inner = inner
         self.gate_proj = nn.Linear(dim, inner, bias=False)
         self.up_proj = nn.Linear(dim, inner, bias=False)
         self.down_proj = nn.Linear(inner, dim, bias=False)
         self.act = activation(act)
+        fused_buffers(self)
+
+    def fuse_(self) -> None:
+        fuse_linears(self, [self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused_weight is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        h = F.linear(x, self.fused_weight)  # [T, 2 * inner]: gate | up
+        return self.down_proj(self.act(h[:, : self.inner]).mul_(h[:, self.inner:]))

@@ -14,7 +14,9 @@ checkpoint has none, and one present there is ignored). MoE experts are accepted
 either stacked (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) or per expert
 (`mlp.experts.{e}.gate_proj|up_proj|down_proj.weight`, what `save_pretrained` and the
 released checkpoints write). `mtp.*` tensors (multi-token prediction head) are loaded
-into `model.mtp_weights` unchanged in name.
+into `model.mtp_weights` unchanged in name. Last, `fuse_projections` concatenates the
+projections that share an input (the parameters become views of the fused weights, so
+names and values stay those of the checkpoint).
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
     for name in mtp:
         with safe_open(str(files[name]), framework="pt") as f:
             model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    return model.eval().requires_grad_(False)
+    return model.eval().requires_grad_(False).fuse_projections()
 
 
 def _target(name: str, config: ModelConfig) -> _Target | None:

@@ -64,6 +64,15 @@ class Qwen35Model(nn.Module):
         weight = self.lm_head.weight if self.lm_head is not None else self.language_model.embed_tokens.weight
         return hidden @ weight.t()
 
+    def fuse_projections(self) -> Qwen35Model:
+        """Load-time transform: projections that read the same input (DeltaNet qkv/z,
+        attention q/k/v, FFN gate/up) run as one matmul each. Parameters keep their
+        checkpoint names and values (they become views of the fused weights)."""
+        for module in self.language_model.modules():
+            if module is not self and hasattr(module, "fuse_"):
+                module.fuse_()
+        return self
+
     # -- engine step -----------------------------------------------------------------
     @torch.inference_mode()
     def forward_packed(
@@ -73,8 +82,9 @@ class Qwen35Model(nn.Module):
         logits_indices [n] (rows of T) -> logits [n, V]."""
         if inputs_embeds.shape[0] != sum(cache.query_lens):
             raise InputError(f"{inputs_embeds.shape[0]} packed tokens but query_lens sum to {sum(cache.query_lens)}")
-        hidden = self.language_model(inputs_embeds, position_ids, cache)
-        return self.logits(hidden[logits_indices])
+        keep = None if logits_indices.numel() == inputs_embeds.shape[0] else logits_indices
+        hidden = self.language_model(inputs_embeds, position_ids, cache, keep)
+        return self.logits(hidden if keep is not None else hidden[logits_indices])
 
     # -- transformers-like call ---------------------------------------------------------
     @torch.inference_mode()

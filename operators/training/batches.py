@@ -20,8 +20,14 @@ IMAGE_WEIGHTS = {"caption": 0.3, "count": 0.15, "colour": 0.2, "shape": 0.15, "p
 VIDEO_WEIGHTS = {"video_caption": 0.3, "motion": 0.3, "colour_start": 0.2, "colour_end": 0.2}
 
 
-def sample_items(rng: np.random.Generator, n: int, video_share: float, seed_limit: int) -> list[SceneItem]:
-    """`n` random training items, scene seeds drawn from `[0, seed_limit)` (below the held-out range)."""
+def sample_items(rng: np.random.Generator, n: int, video_share: float, seed_limit: int,
+                 image_weights: dict[str, float] | None = None) -> list[SceneItem]:
+    """`n` random training items, scene seeds drawn from `[0, seed_limit)` (below the held-out range).
+
+    `image_weights` (task -> weight, normalised here) replaces `IMAGE_WEIGHTS`.
+    """
+    weights = np.array([(image_weights or IMAGE_WEIGHTS)[t] for t in IMAGE_TASKS], dtype=np.float64)
+    weights /= weights.sum()
     items = []
     for _ in range(n):
         seed = int(rng.integers(seed_limit))
@@ -29,7 +35,7 @@ def sample_items(rng: np.random.Generator, n: int, video_share: float, seed_limi
             task = VIDEO_TASKS[int(rng.choice(len(VIDEO_TASKS), p=list(VIDEO_WEIGHTS.values())))]
             items.append(video_item(seed, task, rng))
         else:
-            task = IMAGE_TASKS[int(rng.choice(len(IMAGE_TASKS), p=list(IMAGE_WEIGHTS.values())))]
+            task = IMAGE_TASKS[int(rng.choice(len(IMAGE_TASKS), p=weights))]
             items.append(image_item(seed, task, rng))
     return items
 
@@ -76,3 +82,19 @@ def collate(processor, items: list[SceneItem]) -> dict:
         labels[row, length - n : length] = batch["input_ids"][row, length - n : length]
     batch["labels"] = labels
     return dict(batch)
+
+
+def vision_targets(batch: dict, items: list[SceneItem]):
+    """`[N, 6]` long tensor of per-token targets (see `token_labels`) in the merger's output order.
+
+    The reference model encodes all images of a batch first, then all videos, each in item order.
+    """
+    import torch
+
+    from operators.training.token_labels import image_targets, video_targets
+
+    images = [it for it in items if it.media_type == "image"]
+    videos = [it for it in items if it.media_type == "video"]
+    parts = [image_targets(it.scene, g) for it, g in zip(images, batch.get("image_grid_thw", []), strict=True)]
+    parts += [video_targets(it.video.frames, g, it.scene.shapes) for it, g in zip(videos, batch.get("video_grid_thw", []), strict=True)]
+    return torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros((0, 6), dtype=torch.long)

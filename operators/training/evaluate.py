@@ -66,6 +66,17 @@ def generate_answers(model, processor, items, max_new_tokens: int = 48) -> list[
     return [g.text for g in generate(model, processor, items, max_new_tokens)]
 
 
+def breakdown(scores) -> str:
+    """"task.attribute correct/total" for every (task, attribute) pair the checks cover."""
+    from collections import defaultdict
+
+    tally = defaultdict(lambda: [0, 0])
+    for c in scores.checks:
+        tally[f"{c.task}.{c.attribute}"][0] += c.correct
+        tally[f"{c.task}.{c.attribute}"][1] += 1
+    return ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(tally.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -83,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     answers = generate_answers(model, processor, items)
     scores = score_answers(items, answers)
     print(f"{len(items)} items in {time.time() - start:.1f}s: {scores.summary()}")
+    print("by task / attribute:", breakdown(scores))
     wrong = {c.item_id for c in scores.checks if not c.correct}
     shown = [(it, a) for it, a in zip(items, answers, strict=True) if it.id in wrong][: args.show]
     for it, a in shown:

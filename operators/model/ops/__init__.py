@@ -1,5 +1,8 @@
 """Numerical kernels of the decoder, in plain PyTorch, each with a naive reference beside it.
 
-- `delta_rule`: gated delta rule (chunked prefill, batched recurrent decode, naive loop).
-- `conv`: the DeltaNet causal depthwise conv1d (prefill from a state, one-step update, naive).
+- `delta_rule`: gated delta rule (chunked prefill, batched recurrent decode, in-place
+  decode, naive loop).
+- `delta_packed`: the chunked rule over sequences of different lengths packed together.
+- `conv`: the DeltaNet causal depthwise conv1d (prefill from a state, packed sequences,
+  one-step update, naive).
 """

@@ -7,6 +7,8 @@ plus the new one are read; the oldest stored entry exists to keep the transforme
 
 - `causal_conv1d_prefill`: L new inputs from a given state (one conv call).
 - `causal_conv1d_step`: one new input per sequence, batched over B (decode).
+- `causal_conv1d_packed`: sequences of different lengths packed in `[T, C]` (the engine's
+  ragged prefill), each from its own state.
 - `causal_conv1d_naive`: per-step loop, the reference for both.
 """
 from __future__ import annotations
@@ -47,8 +49,8 @@ def causal_conv1d_step(
     Returns (silu(conv) [B, C], new conv_state [B, C, K]).
     """
     new_state = torch.cat([conv_state[:, :, 1:].to(x.dtype), x.unsqueeze(-1)], dim=-1)
-    out = (new_state * weight.to(x.dtype)).sum(-1)
-    return F.silu(out), new_state
+    out = torch.einsum("bck,ck->bc", new_state, weight.to(x.dtype))  # a batched matmul: ~3x a size-K sum
+    return F.silu(out, inplace=True), new_state
 
 
 def causal_conv1d_naive(
@@ -63,3 +65,35 @@ def causal_conv1d_naive(
         window = torch.cat([window[:, :, 1:], x[:, :, t : t + 1]], dim=-1)
         outs.append(F.silu((window * weight).sum(-1)))
     return torch.stack(outs, dim=-1), window
+
+
+def causal_conv1d_packed(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, lens: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of `lens` tokens packed in x [T, C] (channels last), each from its state.
+
+    weight [C, K], conv_state [B, C, K]. Returns (silu(conv) [T, C], new conv_state [B, C, K]).
+    Each sequence's K stored inputs and then its own rows are laid out in one buffer
+    [B * K + T, C]; the conv is K shifted multiply-adds over it (no transposes), and a
+    row's window never reaches into another sequence's segment.
+    """
+    t, c = x.shape
+    b, _, k = conv_state.shape
+    dev = x.device
+    lengths = torch.tensor(lens, dtype=torch.long)
+    seg_end = (lengths + k).cumsum(0)  # [B] end of each segment in the buffer
+    seg_start = seg_end - lengths - k
+    x_rows = torch.arange(t) + k * (torch.repeat_interleave(torch.arange(b), lengths) + 1)  # [T] buffer row of each token
+    s_rows = (seg_start[:, None] + torch.arange(k)).view(-1)  # [B * K]
+    buf = x.new_empty(b * k + t, c)
+    buf.index_copy_(0, x_rows.to(dev), x)
+    buf.index_copy_(0, s_rows.to(dev), conv_state.to(x.dtype).transpose(1, 2).reshape(b * k, c))
+    w = weight.to(x.dtype).t()  # [K, C]
+    rows = buf.shape[0] - k + 1  # output r reads buffer rows r .. r + K - 1
+    out = buf[0:rows] * w[0]
+    for j in range(1, k):
+        out.addcmul_(buf[j: rows + j], w[j])
+    out = F.silu(out.index_select(0, (x_rows - (k - 1)).to(dev)), inplace=True)
+    last = (seg_end[:, None] - k + torch.arange(k)).view(-1)  # [B * K] the last K rows of each segment
+    new_state = buf.index_select(0, last.to(dev)).view(b, k, c).transpose(1, 2).contiguous()
+    return out, new_state

@@ -122,6 +122,25 @@ def recurrent_gated_delta_rule(
     return out.to(out_dtype), state
 
 
+def recurrent_gated_delta_rule_(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
+    """One decode token per sequence, updating `state` in place (no state-sized temporaries).
+
+    q, k [B, H, K], v [B, H, V], g, beta [B, H]; state [B, H, K, V] float32, overwritten with
+    the state after the token. Returns o [B, H, V] in v's dtype. Same algebra as
+    `recurrent_gated_delta_rule` (one read pass `[q; k] S`, then `S *= exp(g)`, `S += k d^T`).
+    """
+    out_dtype = v.dtype
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    read = torch.stack([q, k], dim=-2) @ state  # [B, H, 2, V]: S^T q and S^T k
+    decay = g.exp().unsqueeze(-1)  # [B, H, 1]
+    delta = (v - read[:, :, 1] * decay) * beta.unsqueeze(-1)  # [B, H, V]
+    state.mul_(decay.unsqueeze(-1)).addcmul_(k.unsqueeze(-1), delta.unsqueeze(-2))
+    out = read[:, :, 0] * decay + (q * k).sum(-1, keepdim=True) * delta
+    return out.to(out_dtype)
+
+
 def delta_rule_naive(
     q: torch.Tensor,
     k: torch.Tensor,

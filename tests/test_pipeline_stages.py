@@ -1,0 +1,156 @@
+"""The pipeline's stage classes called directly (no Ray): the fused CPU stage equals the two
+stages in sequence, preprocessing several prompts of one media equals the processor run once
+per prompt, the write actor equals the write function, steady-state progress figures."""
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import validate_config
+from pipeline.rows import MediaTask, Prepared, from_table, to_table
+
+
+@pytest.fixture(scope="module")
+def proc(tiny_ckpt):
+    from operators.preprocess import Processor
+
+    return Processor.from_pretrained(tiny_ckpt("dense"))
+
+
+def _chat(proc, kind: str, prompt: str, system: str | None = None) -> str:
+    from pipeline.stages import chat_messages
+
+    return proc.apply_chat_template(chat_messages(prompt, kind, system), add_generation_prompt=True)
+
+
+def _same(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and np.array_equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
+    from operators.types import VideoClip
+    from pipeline.stages import process_prompts, process_prompts_naive
+
+    rng = np.random.default_rng(1)
+    if kind == "image":
+        media = {"images": [rng.integers(0, 256, (97, 203, 3), dtype=np.uint8)]}
+    else:  # 5 frames: an odd count (the last temporal group is padded)
+        media = {"videos": [VideoClip(frames=rng.integers(0, 256, (5, 64, 90, 3), dtype=np.uint8), source_fps=2.0,
+                                      total_frames=10, indices=(0, 2, 4, 6, 8))]}
+    texts = [_chat(proc, kind, "Short?"), _chat(proc, kind, "A much longer question about it, with words?", "Be brief."),
+             _chat(proc, kind, "")]
+    visual, fast = process_prompts(proc, texts, **media)
+    ref = process_prompts_naive(proc, texts, **media)
+    for r, f in zip(ref, fast, strict=True):
+        _same({k: v for k, v in r.items() if k in f}, f)
+        _same({k: v for k, v in r.items() if k not in f}, visual)  # the media's outputs, computed once
+
+
+def test_process_prompts_raises_what_the_processor_raises(proc):
+    from operators.errors import InputError
+    from pipeline.stages import process_prompts
+
+    with pytest.raises(InputError):  # 1:300 aspect ratio
+        process_prompts(proc, [_chat(proc, "image", "q")], images=[np.zeros((300, 1, 3), np.uint8)])
+    with pytest.raises(InputError):  # a placeholder without its media
+        process_prompts(proc, [_chat(proc, "image", "q")])
+
+
+def _job(tmp_path, ckpt, **resources) -> dict:
+    return {"model": {"path": str(ckpt)}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path / "out")},
+            "image": {"max_pixels": 16384}, "task": {"system_prompt": "Be brief."}, "resources": resources}
+
+
+def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
+    from PIL import Image
+
+    from pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
+
+    rng = np.random.default_rng(0)
+    good = tmp_path / "a.png"
+    Image.fromarray(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8)).save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    rows = [MediaTask(str(good), "image", ("i", "j"), (0, 1), ("Describe.", "What colour?")),
+            MediaTask(str(bad), "image", ("k",), (0,), ("Describe.",)),
+            MediaTask(str(tmp_path / "missing.png"), "image", ("l",), (0,), ("Describe.",)),
+            MediaTask("x.xyz", "unknown", ("m",), (0,), ("",)).failed(ValueError("no type"))]
+    cfg = validate_config(_job(tmp_path, tiny_ckpt("dense")))
+    batch = to_table(rows, MediaTask)
+    fused = from_table(PrepareStage(cfg)(batch), Prepared)
+    two = from_table(PreprocessStage(cfg)(DecodeStage(cfg)(batch)), Prepared)
+    assert [r.status for r in fused] == ["ok", "error", "error", "error"]
+    assert [r.error_type for r in fused] == [None, "MediaError", "MediaError", "ValueError"]
+    for a, b in zip(fused, two, strict=True):
+        assert np.array_equal(a.pixel_values, b.pixel_values) and a.pixel_values.dtype == np.float32
+        same = ("ids", "prompts", "status", "error_type", "grid_thw", "input_ids", "mm_token_type_ids",
+                "position_ids", "rope_deltas", "visual_tokens")
+        assert [k for k in same if getattr(a, k) != getattr(b, k)] == []
+        assert (a.error_message or "").split(" at 0x")[0] == (b.error_message or "").split(" at 0x")[0]
+    ok = fused[0]
+    assert len(ok.input_ids) == 2 and ok.visual_tokens == sum(1 for t in ok.mm_token_type_ids[0] if t)
+    assert ok.decode_s > 0 and ok.preprocess_s > 0
+
+
+def test_write_actor_commits_what_write_batch_commits(tmp_path):
+    from operators.writer import read_committed
+    from operators.writer.fs import open_filesystem
+    from pipeline.rows import Generated
+    from pipeline.write_stage import WriteStage, write_batch
+
+    g = Generated("u1", "image", ("a", "b"), (0, 1), ("p0", "p1"), answers=("x", "y"), thinking=(None, None),
+                  statuses=("ok", "ok"), req_error_types=(None, None), req_error_messages=(None, None),
+                  finish_reasons=("stop", "length"), prompt_tokens=(10, 11), generated_tokens=(2, 3),
+                  cached_tokens=(0, 9), visual_tokens=4, vision_hits=0, vision_encodes=1, batch_model_s=1.0)
+    cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
+    table = to_table([g], Generated)
+    s1 = WriteStage(cfg, str(tmp_path / "w1"), "r")(table)
+    s2 = write_batch(table, cfg=cfg, run_dir=str(tmp_path / "w2"), run_id="r")
+    assert s1.drop_columns(["file"]).equals(s2.drop_columns(["file"]))
+    fs, _ = open_filesystem(str(tmp_path))
+    assert read_committed(fs, str(tmp_path / "w1")).equals(read_committed(fs, str(tmp_path / "w2")))
+
+
+def test_progress_steady_rate_excludes_start_up():
+    from pipeline.progress import Progress
+
+    t = [0.0]
+    p = Progress(total=10, stream=io.StringIO(), tty=False, clock=lambda: t[0])
+
+    def stats(n):
+        return pa.table({"id": ["x"] * n, "status": ["ok"] * n, "error_type": [None] * n, "prompt_tokens": [1] * n,
+                         "visual_tokens": [1] * n, "generated_tokens": [1] * n, "cached_tokens": [0] * n,
+                         "file": ["f"] * n})
+
+    assert p.rates()["steady_rows_per_s"] is None
+    t[0] = 8.0
+    p.update(stats(2))  # start-up: 8 s to the first commit
+    assert p.rates()["steady_rows_per_s"] is None and p.rates()["time_to_first_row_s"] == 8.0
+    t[0] = 10.0
+    p.update(stats(4))
+    t[0] = 12.0
+    p.update(stats(4))
+    r = p.rates()
+    assert r["steady_rows_per_s"] == 8 / 4 and r["rows_per_s"] == 10 / 12
+
+
+def test_cpu_fit_warning(tmp_path, caplog):
+    from pipeline.runner import warn_if_cpus_do_not_fit
+
+    base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
+    res = {"preprocess": {"num_cpus": 0.5}, "decode": {"num_cpus": 0.5}, "model": {"num_cpus": 1}}
+    fused = validate_config({**base, "resources": {**res, "write": {"num_cpus": 0.25}}})
+    assert fused.resources.fuse_cpu_stages  # the default
+    with caplog.at_level(logging.WARNING, logger="vlbatch.pipeline"):
+        warn_if_cpus_do_not_fit(fused, 2.0)  # 0.5 + 1 + 0.25
+        assert not caplog.records
+        split = validate_config({**base, "resources": {**res, "fuse_cpu_stages": False}})
+        warn_if_cpus_do_not_fit(split, 2.0)  # 0.5 + 0.5 + 1 + 0.25
+        assert "2.25 CPUs" in caplog.text
