@@ -193,36 +193,8 @@ def process_prompts(proc, texts: list[str], images: list[np.ndarray] | None = No
     `mm_token_type_ids` [1, L_i], `position_ids` [3, 1, L_i] and `rope_deltas` [1], the
     values `proc(text=texts[i], ...)` returns (`process_prompts_naive` is that loop).
     """
-    from operators.preprocess.prompt import pad_batch
-    from operators.preprocess.rope import mrope_position_ids
-    from operators.preprocess.visual import process_images, process_videos
-
-    visual: dict[str, np.ndarray] = {}
-    img_tokens: list[int] = []
-    vid_parts: list[tuple[int, tuple[float, ...]]] = []
-    if images:
-        cfg = proc.image_config
-        batch = process_images(list(images), cfg)  # its LUT: 0.3 ms
-        visual["pixel_values"], visual["image_grid_thw"] = batch.pixel_values, batch.grid_thw
-        img_tokens = [int(g.prod()) // cfg.merge_size ** 2 for g in batch.grid_thw]
-    if videos:
-        cfg = proc.video_config
-        batch = process_videos(list(videos), cfg)
-        visual["pixel_values_videos"], visual["video_grid_thw"] = batch.pixel_values, batch.grid_thw
-        vid_parts = [(int(g[1] * g[2]) // cfg.merge_size ** 2, ts)
-                     for g, ts in zip(batch.grid_thw, batch.timestamps, strict=True)]
-    tok = proc.prompts.tokens
-    per_text = []
-    for text in texts:
-        ids, mask = pad_batch(proc.prompts.encode([text], img_tokens, vid_parts), tok.pad, proc.tokenizer.padding_side)
-        types = np.zeros_like(ids)  # [1, L]
-        types[ids == tok.image_pad] = 1
-        types[ids == tok.video_pad] = 2
-        positions, deltas = mrope_position_ids(types, visual.get("image_grid_thw"), visual.get("video_grid_thw"),
-                                               mask, spatial_merge_size=proc.spatial_merge_size)
-        per_text.append({"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types,
-                         "position_ids": positions, "rope_deltas": deltas})
-    return visual, per_text
+    media = proc.encode_media(images, videos)
+    return media.arrays, [proc.encode_text(text, media) for text in texts]
 
 
 def process_prompts_naive(proc, texts: list[str], **media) -> list[dict[str, np.ndarray]]:

@@ -25,6 +25,7 @@ padding side. Bad input raises `InputError`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,17 @@ from operators.preprocess.prompt import PromptEncoder, pad_batch
 from operators.preprocess.rope import mrope_position_ids
 from operators.preprocess.visual import process_images, process_videos
 from operators.types import VideoClip
+
+
+@dataclass(frozen=True)
+class MediaInputs:
+    """`Processor.encode_media`'s result: the visual arrays (`pixel_values` / `image_grid_thw`
+    and / or the `_videos` pair) and, per media in order, its placeholder size: merged tokens
+    per image, (tokens per temporal group, group timestamps) per video."""
+
+    arrays: dict[str, np.ndarray]
+    image_tokens: tuple[int, ...]
+    video_parts: tuple[tuple[int, tuple[float, ...]], ...]
 
 
 class Processor:
@@ -82,33 +94,54 @@ class Processor:
     def __call__(self, text: str | list[str], images: list[np.ndarray] | None = None,
                  videos: list[VideoClip] | None = None) -> dict[str, np.ndarray]:
         """Model inputs for one prompt (str) or a batch of prompts (list[str]); see the module docstring."""
-        texts = [text] if isinstance(text, str) else list(text)
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise InputError("text must be a prompt string or a non-empty list of prompt strings")
-        images = list(images or [])
-        videos = list(videos or [])
-        out: dict[str, np.ndarray] = {}
+        texts = _texts(text)  # checked before any pixel work
+        media = self.encode_media(images, videos)
+        texts_out = self.encode_text(texts, media)
+        return {"input_ids": texts_out["input_ids"], "attention_mask": texts_out["attention_mask"],
+                "mm_token_type_ids": texts_out["mm_token_type_ids"], **media.arrays,
+                "position_ids": texts_out["position_ids"], "rope_deltas": texts_out["rope_deltas"]}
+
+    def encode_media(self, images: list[np.ndarray] | None = None,
+                     videos: list[VideoClip] | None = None) -> MediaInputs:
+        """The prompt-independent half of `__call__`: pixels, grids and placeholder sizes of the media.
+
+        Several prompts about the same media (`encode_text` each) share one `encode_media`.
+        """
+        arrays: dict[str, np.ndarray] = {}
         img_tokens: list[int] = []
         vid_parts: list[tuple[int, tuple[float, ...]]] = []
         if images:
-            batch = process_images(images, self.image_config, self._lut(self.image_config.norm))
-            out["pixel_values"], out["image_grid_thw"] = batch.pixel_values, batch.grid_thw
+            batch = process_images(list(images), self.image_config, self._lut(self.image_config.norm))
+            arrays["pixel_values"], arrays["image_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.image_config.merge_size ** 2  # the reference counts with the processor's merge size
             img_tokens = [int(g.prod()) // merge2 for g in batch.grid_thw]
         if videos:
-            batch = process_videos(videos, self.video_config, self._lut(self.video_config.norm))
-            out["pixel_values_videos"], out["video_grid_thw"] = batch.pixel_values, batch.grid_thw
+            batch = process_videos(list(videos), self.video_config, self._lut(self.video_config.norm))
+            arrays["pixel_values_videos"], arrays["video_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.video_config.merge_size ** 2
             vid_parts = [(int(g[1] * g[2]) // merge2, ts)
                          for g, ts in zip(batch.grid_thw, batch.timestamps, strict=True)]
-        rows = self.prompts.encode(texts, img_tokens, vid_parts)
+        return MediaInputs(arrays, tuple(img_tokens), tuple(vid_parts))
+
+    def encode_text(self, text: str | list[str], media: MediaInputs) -> dict[str, np.ndarray]:
+        """The prompt half of `__call__`: `input_ids`, `attention_mask`, `mm_token_type_ids` [B, L],
+        `position_ids` [3, B, L] and `rope_deltas` [B] of `text` over `media` (`encode_media`)."""
+        rows = self.prompts.encode(_texts(text), list(media.image_tokens), list(media.video_parts))
         ids, mask = pad_batch(rows, self.prompts.tokens.pad, self.tokenizer.padding_side)
         types = np.zeros_like(ids)
         types[ids == self.prompts.tokens.image_pad] = 1
         types[ids == self.prompts.tokens.video_pad] = 2
         types[mask == 0] = 0
         positions, deltas = mrope_position_ids(
-            types, out.get("image_grid_thw"), out.get("video_grid_thw"), mask,
+            types, media.arrays.get("image_grid_thw"), media.arrays.get("video_grid_thw"), mask,
             spatial_merge_size=self.spatial_merge_size)
-        return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types, **out,
+        return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types,
                 "position_ids": positions, "rope_deltas": deltas}
+
+
+def _texts(text: str | list[str]) -> list[str]:
+    """One prompt or a batch of prompts -> a non-empty list of prompt strings (else InputError)."""
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise InputError("text must be a prompt string or a non-empty list of prompt strings")
+    return texts

@@ -102,23 +102,20 @@ def recurrent_gated_delta_rule(
     `[q; k] S` (both projections of the old state in one matmul), then `S *= exp(g)`
     and `S += k d^T` in place. The read-out uses the identity
         o = S_new^T q = exp(g) (S^T q) + (q . k) d
-    so it needs no fourth pass. `initial_state` is never modified (the first pass writes
-    a new tensor).
+    so it needs no fourth pass. Each token is one `recurrent_gated_delta_rule_` step on a
+    copy of `initial_state`, which is never modified.
     """
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     out_dtype = v.dtype
-    state = q.new_zeros(b, h, dk, dv, dtype=torch.float32) if initial_state is None else initial_state.float()
+    if initial_state is None:
+        state = q.new_zeros(b, h, dk, dv, dtype=torch.float32)
+    else:  # a copy: the in-place step below must not touch the caller's state
+        state = initial_state.to(torch.float32, copy=True)
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     out = q.new_empty(b, t, h, dv)
     for i in range(t):
-        q_i, k_i = q[:, i], k[:, i]  # [B, H, K]
-        read = torch.stack([q_i, k_i], dim=-2) @ state  # [B, H, 2, V]: S^T q and S^T k
-        decay = g[:, i].exp().unsqueeze(-1)  # [B, H, 1]
-        delta = (v[:, i] - read[:, :, 1] * decay) * beta[:, i].unsqueeze(-1)  # [B, H, V]
-        state = state * decay.unsqueeze(-1)  # new tensor: the caller's state stays intact
-        state.addcmul_(k_i.unsqueeze(-1), delta.unsqueeze(-2))  # S += k d^T, no [B, H, K, V] temporary
-        out[:, i] = read[:, :, 0] * decay + (q_i * k_i).sum(-1, keepdim=True) * delta
+        out[:, i] = recurrent_gated_delta_rule_(q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i], state)
     return out.to(out_dtype), state
 
 
