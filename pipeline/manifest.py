@@ -71,9 +71,16 @@ def _json_list(s: str) -> list[str]:
     return [str(x) for x in v] if isinstance(v, list) else [str(v)]
 
 
-def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None) -> ray.data.Dataset:
+def task_pool(size: int | None):
+    """The compute strategy of a function stage: at most `size` tasks at once (None: Ray Data's choice)."""
+    return ray.data.TaskPoolStrategy(size=size)
+
+
+def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None,
+                  concurrency: int | None = None) -> ray.data.Dataset:
     """The manifest as a Ray dataset of (media_uri, media_type, questions); `num_cpus` per
-    read task (None: Ray Data's default of 1)."""
+    read task (None: Ray Data's default of 1), at most `concurrency` tasks at once (None: Ray
+    Data's choice)."""
     inp = cfg.input
     proto, _ = split_protocol(inp.uri)
     fs, path = _fs(cfg, inp.uri)
@@ -90,15 +97,16 @@ def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None) -> ray.data.
             raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
         pafs = None if proto == "file" else PyFileSystem(FSSpecHandler(fs))
         if inp.format == "parquet":
-            ds = ray.data.read_parquet(path, filesystem=pafs, num_cpus=num_cpus)
+            ds = ray.data.read_parquet(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
         elif inp.format == "jsonl":
-            ds = ray.data.read_json(path, filesystem=pafs, lines=True, num_cpus=num_cpus)
+            ds = ray.data.read_json(path, filesystem=pafs, lines=True, num_cpus=num_cpus,
+                                   concurrency=concurrency)
         else:
-            ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus)
+            ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
         base = posixpath.dirname(path) if not fs.isdir(path) else path
         base = _with_proto(proto, base)
         ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base},
-                            num_cpus=num_cpus, zero_copy_batch=True)
+                            num_cpus=num_cpus, compute=task_pool(concurrency), zero_copy_batch=True)
     if inp.limit is not None:
         ds = ds.limit(inp.limit)
     return ds

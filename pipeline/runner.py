@@ -94,16 +94,20 @@ def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Tab
 
 
 # CPUs per read / expand task when they stream into the graph beside the actor pools (which
-# hold most of the CPUs); the materialised expansion of a resumed run keeps Ray's default
-STREAMED_EXPAND_CPUS = 0.05
+# hold most of the CPUs), and one such task at a time: expansion costs microseconds per media
+# against the seconds the model spends on it, and every concurrent task is another worker
+# process to start (about 1.5 CPU-s each) while the actors are starting. The materialised
+# expansion of a resumed run keeps Ray's defaults.
+STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
 
 
-def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None):
+def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None, concurrency: int | None = None):
     """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped)."""
-    from pipeline.manifest import read_manifest
+    from pipeline.manifest import read_manifest, task_pool
 
-    return read_manifest(cfg, num_cpus=num_cpus).map_batches(_expand_batch, batch_format="pyarrow", num_cpus=num_cpus,
-                                                             fn_kwargs={"cfg": cfg, "done": done})
+    return read_manifest(cfg, num_cpus=num_cpus, concurrency=concurrency).map_batches(
+        _expand_batch, batch_format="pyarrow", num_cpus=num_cpus, compute=task_pool(concurrency),
+        fn_kwargs={"cfg": cfg, "done": done})
 
 
 def count_requests(tasks_ds) -> int:
@@ -235,7 +239,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         tasks_ds = expanded(cfg, done).materialize()
         pending_n = count_requests(tasks_ds)
     else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
-        tasks_ds = expanded(cfg, done, num_cpus=STREAMED_EXPAND_CPUS)
+        tasks_ds = expanded(cfg, done, **STREAMED_EXPAND)
         pending_n = None
     t_graph = time.monotonic()
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
@@ -244,7 +248,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         for stats in build_graph(cfg, tasks_ds, run_dir, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
                                                                               prefetch_batches=0):
             if pending_n is None and counter is None:  # the total for the ETA, counted off the start-up path
-                counter = Counter(lambda: count_requests(expanded(cfg, done, num_cpus=STREAMED_EXPAND_CPUS)))
+                counter = Counter(lambda: count_requests(expanded(cfg, done, **STREAMED_EXPAND)))
             elif counter is not None and progress.total is None:
                 progress.total = counter.result()
             progress.update(stats)

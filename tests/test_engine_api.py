@@ -137,3 +137,29 @@ def test_abandoned_generate_releases_everything(ckpt):
     assert engine.blocks.num_free == engine.blocks.num_blocks
     again = {r.id: r.token_ids for r in engine.generate(reqs)}
     assert again[first.id] == first.token_ids and len(again) == 3
+
+
+def test_submit_while_running_equals_generate(ckpt, engine):
+    """The incremental API: a second batch submitted mid-run joins the running batch (the
+    first batch's sequences are still decoding when it arrives) and every request gives
+    the tokens `generate` gives it alone."""
+    first = [request(ckpt, f"a{i}", [("image", image(i)), "Describe it."], max_new_tokens=8 + i, stop_token_ids=())
+             for i in range(3)]
+    second = [request(ckpt, f"b{i}", [("video", video(i)), "What happens?"], max_new_tokens=6, stop_token_ids=())
+              for i in range(2)]
+    bad = dataclasses.replace(second[0], id="bad", prompt_token_ids=(10**9,) + second[0].prompt_token_ids[1:])
+    want = {r.id: r.token_ids for r in engine.generate(first + second)}
+    assert engine.submit(first) == []
+    done = {r.id: r for r in engine.step()}
+    done.update({r.id: r for r in engine.step()})
+    running = engine.scheduler.running
+    assert {s.request.id for s in running} == {"a0", "a1", "a2"}
+    rejected = engine.submit([*second, bad])
+    assert [(r.id, r.finish_reason) for r in rejected] == [("bad", "error")]
+    steps_together = 0
+    while engine.has_work:
+        ids = {s.request.id for s in engine.scheduler.running}
+        steps_together += bool(ids & {"a0", "a1", "a2"} and ids & {"b0", "b1"})
+        done.update({r.id: r for r in engine.step()})
+    assert steps_together > 0  # the second batch ran beside the first, not after it
+    assert {k: r.token_ids for k, r in done.items()} == want

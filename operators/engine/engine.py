@@ -122,8 +122,25 @@ class Engine:
         Requests of one call are planned together (shared prefixes found, siblings held
         back until the first has cached the prefix). Bad requests yield an error result.
         """
+        yield from self.submit(requests)
+        try:
+            while self.has_work:
+                yield from self.step()
+        finally:
+            self.scheduler.abort_all()
+
+    @property
+    def has_work(self) -> bool:
+        """Whether submitted requests are still running or waiting."""
+        return self.scheduler.has_work
+
+    def submit(self, requests: Iterable[Request]) -> list[Result]:
+        """Queue requests beside those already running (the incremental half of `generate`:
+        a long-lived caller submits batches as they arrive and keeps calling `step`, so the
+        continuous batch never drains between them). The requests of one call are planned
+        together as in `generate`. Returns the error results of requests rejected now."""
         t0 = time.perf_counter()
-        seqs: list[Sequence] = []
+        rejected: list[Result] = []
         reqs = _group_adjacent(list(requests))
         keys = [self.codec.encode(r.prompt_token_ids, r.media) for r in reqs]
         plans = plan_branch_points(keys) if self.prefix_cache is not None else [()] * len(reqs)
@@ -134,15 +151,18 @@ class Engine:
             seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
             problem = self._check(seq)
             if problem:
-                yield self._error(seq, problem)
-                continue
-            self.scheduler.add(seq)
-            seqs.append(seq)
-        try:
-            while self.scheduler.has_work:
-                yield from self._step()
-        finally:
-            self.scheduler.abort_all()
+                rejected.append(self._error(seq, problem))
+            else:
+                self.scheduler.add(seq)
+        return rejected
+
+    def step(self) -> list[Result]:
+        """One scheduler step over everything submitted; the results that finished in it."""
+        return list(self._step())
+
+    def abort(self) -> None:
+        """Drop every submitted request (after a failed `step`: the caller reports them)."""
+        self.scheduler.abort_all()
 
     def _check(self, seq: Sequence) -> str | None:
         merge2 = self.runner.merge ** 2

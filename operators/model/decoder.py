@@ -17,7 +17,7 @@ from operators.model.attention import FullAttention
 from operators.model.cache import StepCache
 from operators.model.config import TextConfig
 from operators.model.deltanet import GatedDeltaNet
-from operators.model.layers import RMSNorm, SwiGLU
+from operators.model.layers import RMSNorm, SwiGLU, embedding
 from operators.model.moe import SparseMoE
 from operators.model.rope import text_rope
 
@@ -63,7 +63,7 @@ class TextDecoder(nn.Module):
     def __init__(self, cfg: TextConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # per layer: its index among layers of the same kind (attn_idx / linear_idx)

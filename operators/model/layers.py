@@ -5,6 +5,7 @@
 - `GatedRMSNorm`: DeltaNet output norm, `(x / rms(x)) * w * silu(z)` (scale `w` itself,
   initialised to 1, not zero-centred).
 - `SwiGLU`: `down(act(gate(x)) * up(x))`, the dense FFN and the MoE shared expert.
+- `embedding`: an `nn.Embedding` built without its random initialisation.
 - `fuse_linears`: the load-time transform that lets several projections of one input run
   as one matmul (the weights concatenated; the original parameters become views of it).
 """
@@ -33,6 +34,13 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name not in _ACTIVATIONS:
         raise ConfigError(f"unsupported hidden_act {name!r}; supported: {sorted(_ACTIVATIONS)}")
     return _ACTIVATIONS[name]
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """`nn.Embedding(num, dim)` without its random init: the loader replaces the weight anyway,
+    and `normal_` on the meta device goes through a Python reference that imports
+    torch._dynamo (about 3 CPU-s of every model load)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
 
 
 class RMSNorm(nn.Module):

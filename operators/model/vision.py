@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from operators.model.config import VisionConfig
-from operators.model.layers import activation
+from operators.model.layers import activation, embedding
 from operators.model.rope import apply_full_rope, vision_rope
 
 
@@ -104,7 +104,7 @@ class VisionTower(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
-        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.pos_embed = embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg)
 

@@ -64,14 +64,13 @@ class Processor:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Processor:
         """Read tokenizer, chat_template.jinja and the two processor configs from a checkpoint folder."""
-        from transformers import AutoTokenizer
+        from operators.preprocess.tokenizer import Tokenizer
 
         path = Path(model_dir)
         if not path.is_dir():
             raise ConfigError(f"model_dir {str(path)!r} is not a folder")
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        template_file = path / "chat_template.jinja"
-        template = template_file.read_text() if template_file.exists() else getattr(tokenizer, "chat_template", None)
+        tokenizer = Tokenizer.from_dir(path)
+        template = tokenizer.chat_template
         image_cfg = load_image_config(path)
         merge = image_cfg.merge_size
         cfg_file = path / "config.json"

@@ -1,0 +1,158 @@
+"""The checkpoint's tokenizer and chat template, without transformers.
+
+`Tokenizer.from_dir(model_dir)` reads `tokenizer.json` with the `tokenizers` library (the
+same Rust tokenizer transformers wraps) and the named special tokens and padding side from
+`tokenizer_config.json`. Its chat-template rendering configures jinja2 as transformers'
+`apply_chat_template` does (sandboxed, `trim_blocks`, `lstrip_blocks`, `loopcontrols`,
+a JSON `tojson`, `raise_exception`, `strftime_now`, a no-op `{% generation %}` block,
+the special tokens as variables), so the rendered prompt and the ids equal the
+reference's (tests/test_preprocess_processor.py compares both with AutoProcessor).
+
+Why not `AutoTokenizer`: importing transformers and building its tokenizer costs about
+2 CPU-s in every preprocessing actor at start-up, which on a small machine delays the
+first batch of every job.
+
+Contract (what `PromptEncoder` and `Processor` use, the subset of a transformers tokenizer
+they need): `convert_tokens_to_ids`, `unk_token_id`, `pad_token_id`, `added_tokens_decoder`,
+`padding_side`, `__call__(text | [text], add_special_tokens)["input_ids"]`, `decode`,
+`apply_chat_template(messages, ..., tokenize=False)`.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from operators.errors import ConfigError
+
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers aliases them; templates read the first
+
+
+def _token_text(value) -> str | None:
+    """A special token entry of tokenizer_config.json: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def special_tokens(config: dict) -> dict[str, str]:
+    """Named special tokens of tokenizer_config.json, as transformers collects them: the standard
+    names, then model-specific `*_token` entries (`image_token`, ...) and an
+    `extra_special_tokens` dict. All are chat-template variables."""
+    named = dict(config)
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, dict):
+        named.update(extra)
+    names = [*SPECIAL_TOKEN_NAMES, *(k for k in named if k.endswith("_token") and k not in SPECIAL_TOKEN_NAMES)]
+    return {k: text for k in names if (text := _token_text(named.get(k))) is not None}
+
+
+class Tokenizer:
+    """tokenizer.json + tokenizer_config.json of one checkpoint (see the module docstring)."""
+
+    def __init__(self, backend, config: dict, chat_template: str | None = None):
+        self.backend = backend  # tokenizers.Tokenizer
+        self.padding_side = str(config.get("padding_side", "right"))
+        self.special_tokens_map = special_tokens(config)
+        self.chat_template = chat_template if chat_template is not None else config.get("chat_template")
+        self.added_tokens_decoder = {int(i): t.content for i, t in backend.get_added_tokens_decoder().items()}
+        self._templates: dict[str, object] = {}
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> Tokenizer:
+        from tokenizers import Tokenizer as Backend
+
+        path = Path(model_dir)
+        if not (path / "tokenizer.json").exists():
+            raise ConfigError(f"{path} has no tokenizer.json (the fast tokenizer file every Qwen3.5 checkpoint ships)")
+        cfg_file = path / "tokenizer_config.json"
+        config = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+        template_file = path / "chat_template.jinja"
+        template = template_file.read_text() if template_file.exists() else None
+        return cls(Backend.from_file(str(path / "tokenizer.json")), config, template)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def _special_id(self, name: str) -> int | None:
+        text = self.special_tokens_map.get(name)
+        return None if text is None else self.backend.token_to_id(text)
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._special_id("unk_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._special_id("pad_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._special_id("eos_token")
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
+        """{"input_ids": ids} for one text, or a list of id lists for a list of texts."""
+        if isinstance(text, str):
+            return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
+        encs = self.backend.encode_batch(list(text), add_special_tokens=add_special_tokens)
+        return {"input_ids": [e.ids for e in encs]}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None, tokenize: bool = False,
+                            add_generation_prompt: bool = False, tools=None, documents=None, **kwargs) -> str:
+        """The prompt string the template renders (only `tokenize=False`: callers tokenise themselves)."""
+        if tokenize:
+            raise ValueError("Tokenizer.apply_chat_template renders text only; pass tokenize=False")
+        template = chat_template or self.chat_template
+        if not template:
+            raise ConfigError("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json)")
+        compiled = self._templates.get(template)
+        if compiled is None:
+            compiled = self._templates[template] = compile_template(template)
+        return compiled.render(messages=[_alias_reasoning(m) for m in messages], tools=tools, documents=documents,
+                               add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs})
+
+
+def _alias_reasoning(message: dict) -> dict:
+    """A message's reasoning under every name templates read (as transformers passes it)."""
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+def compile_template(source: str):
+    """A jinja2 template in the environment transformers renders chat templates in."""
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """`{% generation %}...{% endgeneration %}` renders its body (transformers uses the tag
+        to find assistant tokens for training masks; rendering is unaffected)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # not jinja's tojson, which escapes HTML characters
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
