@@ -68,3 +68,50 @@ def test_template_features_of_the_transformers_environment(toks):
         ours.apply_chat_template([], chat_template="{{ raise_exception('no system') }}")
     with pytest.raises(ValueError, match="tokenize=False"):
         ours.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True)
+
+
+def _variant(src, dst, edit_json, edit_config=None):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    tj = json.loads((dst / "tokenizer.json").read_text())
+    edit_json(tj)
+    (dst / "tokenizer.json").write_text(json.dumps(tj))
+    if edit_config:
+        cfg = json.loads((dst / "tokenizer_config.json").read_text())
+        edit_config(cfg)
+        (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_qwen2_class_pipeline_comes_from_code_as_in_transformers(tiny_ckpt, tmp_path):
+    """transformers builds Qwen2Tokenizer's normaliser / pre-tokeniser in code and takes only the
+    vocabulary, merges and post-processor from tokenizer.json: a file whose pipeline differs
+    must still give the reference's ids (loading the file as is would not)."""
+    from tokenizers import Tokenizer as Backend
+
+    def edit(tj):
+        tj["normalizer"] = None  # no NFC
+        tj["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+
+    path = _variant(tiny_ckpt("dense"), tmp_path / "ckpt", edit)
+    ref, ours = AutoTokenizer.from_pretrained(str(path)), Tokenizer.from_dir(path)
+    want = [ref(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    assert ours(TEXTS, add_special_tokens=False)["input_ids"] == want
+    as_file = Backend.from_file(str(path / "tokenizer.json"))
+    assert [e.ids for e in as_file.encode_batch(TEXTS, add_special_tokens=False)] != want  # the test can fail
+
+
+def test_other_tokenizer_classes_fall_back_to_transformers(tiny_ckpt, tmp_path):
+    from operators.errors import ConfigError
+    from operators.preprocess.tokenizer import load_tokenizer
+
+    path = _variant(tiny_ckpt("dense"), tmp_path / "ckpt", lambda tj: None,
+                    lambda cfg: cfg.update(tokenizer_class="GPT2Tokenizer"))
+    with pytest.raises(ConfigError, match="GPT2Tokenizer"):
+        Tokenizer.from_dir(path)
+    tok = load_tokenizer(path)
+    assert not isinstance(tok, Tokenizer)
+    ref = AutoTokenizer.from_pretrained(str(path))
+    assert tok(TEXTS, add_special_tokens=True)["input_ids"] == ref(TEXTS, add_special_tokens=True)["input_ids"]

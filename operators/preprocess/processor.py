@@ -64,13 +64,14 @@ class Processor:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Processor:
         """Read tokenizer, chat_template.jinja and the two processor configs from a checkpoint folder."""
-        from operators.preprocess.tokenizer import Tokenizer
+        from operators.preprocess.tokenizer import load_tokenizer
 
         path = Path(model_dir)
         if not path.is_dir():
             raise ConfigError(f"model_dir {str(path)!r} is not a folder")
-        tokenizer = Tokenizer.from_dir(path)
-        template = tokenizer.chat_template
+        tokenizer = load_tokenizer(path)
+        template_file = path / "chat_template.jinja"
+        template = template_file.read_text() if template_file.exists() else getattr(tokenizer, "chat_template", None)
         image_cfg = load_image_config(path)
         merge = image_cfg.merge_size
         cfg_file = path / "config.json"

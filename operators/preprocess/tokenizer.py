@@ -2,7 +2,13 @@
 
 `Tokenizer.from_dir(model_dir)` reads `tokenizer.json` with the `tokenizers` library (the
 same Rust tokenizer transformers wraps) and the named special tokens and padding side from
-`tokenizer_config.json`. Its chat-template rendering configures jinja2 as transformers'
+`tokenizer_config.json`. For `tokenizer_class: Qwen2Tokenizer` (what Qwen3.5 checkpoints
+name) it rebuilds the pipeline as transformers 5 does: that class defines its normaliser
+(NFC), pre-tokeniser (the Qwen2 split regex + byte level), decoder and BPE settings in code
+and takes only the vocabulary, merges and post-processor from tokenizer.json, so a file
+whose own normaliser or pre-tokeniser differ still gives the reference's ids. Any other
+named class would need its own code: `load_tokenizer` then falls back to transformers'
+AutoTokenizer (same interface, exact by construction, slower to start). Its chat-template rendering configures jinja2 as transformers'
 `apply_chat_template` does (sandboxed, `trim_blocks`, `lstrip_blocks`, `loopcontrols`,
 a JSON `tojson`, `raise_exception`, `strftime_now`, a no-op `{% generation %}` block,
 the special tokens as variables), so the rendered prompt and the ids equal the
@@ -25,6 +31,11 @@ from pathlib import Path
 
 from operators.errors import ConfigError
 
+# transformers 5.23 models/qwen2/tokenization_qwen2.py: the pre-tokeniser split of Qwen2Tokenizer
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+AS_FILE_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")  # transformers uses tokenizer.json as is
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers aliases them; templates read the first
 
@@ -70,7 +81,13 @@ class Tokenizer:
         config = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
         template_file = path / "chat_template.jinja"
         template = template_file.read_text() if template_file.exists() else None
-        return cls(Backend.from_file(str(path / "tokenizer.json")), config, template)
+        backend = Backend.from_file(str(path / "tokenizer.json"))
+        if config.get("tokenizer_class") in QWEN2_CLASSES:
+            _as_qwen2_class(backend, path / "tokenizer.json", bool(config.get("add_prefix_space") or False))
+        elif config.get("tokenizer_class") not in AS_FILE_CLASSES:
+            raise ConfigError(f"tokenizer_class {config.get('tokenizer_class')!r} is not one Tokenizer reproduces; "
+                              "use load_tokenizer, which falls back to transformers for it")
+        return cls(backend, config, template)
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
@@ -114,6 +131,34 @@ class Tokenizer:
             compiled = self._templates[template] = compile_template(template)
         return compiled.render(messages=[_alias_reasoning(m) for m in messages], tools=tools, documents=documents,
                                add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs})
+
+
+def load_tokenizer(model_dir: str | Path):
+    """`Tokenizer.from_dir`, or transformers' AutoTokenizer for a tokenizer class it does not reproduce."""
+    path = Path(model_dir)
+    cfg_file = path / "tokenizer_config.json"
+    cls_name = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.exists() else None
+    if cls_name in QWEN2_CLASSES or cls_name in AS_FILE_CLASSES:
+        return Tokenizer.from_dir(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _as_qwen2_class(backend, file: Path, add_prefix_space: bool) -> None:
+    """Give `backend` (loaded from `file`) the pipeline transformers' Qwen2Tokenizer builds in code."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    model = json.loads(file.read_text())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    backend.model = BPE(vocab=model["vocab"], merges=merges, dropout=None, unk_token=None,
+                        continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
 
 
 def _alias_reasoning(message: dict) -> dict:
