@@ -75,7 +75,7 @@ def test_results_stream_as_requests_finish(ckpt, engine):
 def test_thinking_is_split_from_the_answer(ckpt, engine):
     req = request(ckpt, "t", ["Think first."], thinking=True)
     tok = engine.tokenizer
-    ids = tok.encode("a plan</think>\n\nthe answer", add_special_tokens=False).ids
+    ids = tok("a plan</think>\n\nthe answer", add_special_tokens=False)["input_ids"]
     seq = Sequence(req, None, (), None)
     seq.token_ids += ids + [engine.eos_ids[0]]
     res = engine._result(seq, "stop")

@@ -86,9 +86,8 @@ class Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
         "float16"); `budgets` are `EngineConfig` fields."""
-        from tokenizers import Tokenizer
-
         from operators.model import load_model
+        from operators.preprocess.tokenizer import load_tokenizer
 
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -96,7 +95,7 @@ class Engine:
             dtype = _DTYPES[dtype]
         model_dir = Path(model_dir)
         model = load_model(model_dir, device=device, dtype=dtype)
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
         return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
 
     # -- stats ----------------------------------------------------------------------------
