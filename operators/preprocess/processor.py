@@ -70,8 +70,7 @@ class Processor:
         if not path.is_dir():
             raise ConfigError(f"model_dir {str(path)!r} is not a folder")
         tokenizer = load_tokenizer(path)
-        template_file = path / "chat_template.jinja"
-        template = template_file.read_text() if template_file.exists() else getattr(tokenizer, "chat_template", None)
+        template = tokenizer.chat_template  # chat_template.jinja, else tokenizer_config.json's (both loaders)
         image_cfg = load_image_config(path)
         merge = image_cfg.merge_size
         cfg_file = path / "config.json"

@@ -71,22 +71,23 @@ class Tokenizer:
         self._templates: dict[str, object] = {}
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> Tokenizer:
+    def from_dir(cls, model_dir: str | Path, config: dict | None = None) -> Tokenizer:
+        """The tokenizer of a checkpoint folder (`config`: its tokenizer_config.json, when already read)."""
         from tokenizers import Tokenizer as Backend
 
         path = Path(model_dir)
         if not (path / "tokenizer.json").exists():
             raise ConfigError(f"{path} has no tokenizer.json (the fast tokenizer file every Qwen3.5 checkpoint ships)")
-        cfg_file = path / "tokenizer_config.json"
-        config = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-        template_file = path / "chat_template.jinja"
-        template = template_file.read_text() if template_file.exists() else None
-        backend = Backend.from_file(str(path / "tokenizer.json"))
-        if config.get("tokenizer_class") in QWEN2_CLASSES:
-            _as_qwen2_class(backend, path / "tokenizer.json", bool(config.get("add_prefix_space") or False))
-        elif config.get("tokenizer_class") not in AS_FILE_CLASSES:
+        config = read_config(path) if config is None else config
+        if config.get("tokenizer_class") not in QWEN2_CLASSES + AS_FILE_CLASSES:
             raise ConfigError(f"tokenizer_class {config.get('tokenizer_class')!r} is not one Tokenizer reproduces; "
                               "use load_tokenizer, which falls back to transformers for it")
+        template_file = path / "chat_template.jinja"
+        template = template_file.read_text() if template_file.exists() else None
+        text = (path / "tokenizer.json").read_text()
+        backend = Backend.from_str(text)
+        if config.get("tokenizer_class") in QWEN2_CLASSES:
+            _as_qwen2_class(backend, json.loads(text)["model"], bool(config.get("add_prefix_space") or False))
         return cls(backend, config, template)
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
@@ -136,21 +137,26 @@ class Tokenizer:
 def load_tokenizer(model_dir: str | Path):
     """`Tokenizer.from_dir`, or transformers' AutoTokenizer for a tokenizer class it does not reproduce."""
     path = Path(model_dir)
-    cfg_file = path / "tokenizer_config.json"
-    cls_name = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.exists() else None
-    if cls_name in QWEN2_CLASSES or cls_name in AS_FILE_CLASSES:
-        return Tokenizer.from_dir(path)
+    config = read_config(path)
+    if config.get("tokenizer_class") in QWEN2_CLASSES + AS_FILE_CLASSES:
+        return Tokenizer.from_dir(path, config)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _as_qwen2_class(backend, file: Path, add_prefix_space: bool) -> None:
-    """Give `backend` (loaded from `file`) the pipeline transformers' Qwen2Tokenizer builds in code."""
+def read_config(path: Path) -> dict:
+    """tokenizer_config.json of a checkpoint folder ({} when absent)."""
+    cfg_file = path / "tokenizer_config.json"
+    return json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+
+
+def _as_qwen2_class(backend, model: dict, add_prefix_space: bool) -> None:
+    """Give `backend` the pipeline transformers' Qwen2Tokenizer builds in code; `model` is
+    tokenizer.json's "model" entry (vocabulary and merges)."""
     from tokenizers import Regex, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
-    model = json.loads(file.read_text())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     backend.model = BPE(vocab=model["vocab"], merges=merges, dropout=None, unk_token=None,
                         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
