@@ -90,8 +90,8 @@ def job_dict(model: str, manifest: Path, out: Path, args) -> dict:
         "image": {"max_pixels": args.max_pixels},
         "resources": {"fuse_cpu_stages": True,
                       "preprocess": {"num_cpus": 0.5, "batch_size": 8, "max_actors": 1},
-                      "model": {"num_cpus": 1, "num_gpus": args.gpus, "max_batch_media": 16,
-                                "batch_visual_tokens": 65536},
+                      "model": {"num_cpus": 1, "num_gpus": args.gpus, "batch_size": 16,
+                                "max_concurrent_batches": 8, "batch_visual_tokens": 65536},
                       "write": {"num_cpus": 0.25, "batch_size": 16, "max_actors": 1}},
         "output": {"uri": str(out), "run_id": "bench"}, "max_error_fraction": 0.0,
     }
@@ -213,6 +213,10 @@ def report(args, model: str, n_req: int, eng: list[dict], pipe, pipe_wall: float
         print(f"  decomposed: the model actor's engine ran at {n_req / busy / ceil['rows_per_s']:.2f} of the faster "
               f"engine-alone run ({n_req / busy / mean:.2f} of the mean) and was busy {busy / pipe_wall:.2f} of "
               f"the pipeline's wall time")
+        cpu = pipe.stage_seconds.get("model_cpu")
+        if cpu:  # below the busy seconds: the engine's thread waited for its core (other processes) or the GIL
+            print(f"  the engine's thread had the CPU for {cpu:.1f} of its {busy:.1f} busy seconds ({cpu / busy:.2f}); "
+                  f"engine-alone runs took {', '.join(format(e['cpu_s'], '.1f') for e in eng)} CPU s")
     if base is not None:
         print(f"  pipeline / baseline (end to end)       {p_rps / base['rows_per_s']:8.2f}")
         if p_steady is not None and base["steady_rows_per_s"]:

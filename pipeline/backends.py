@@ -3,14 +3,21 @@
     backend.generate(rows: list[Prepared]) -> dict[request_id, ReqOut]
 
 covers every request of every row (one ReqOut each, possibly an error), greedy when
-`sampling.temperature == 0`, and `backend.stats() -> dict` gives cumulative counters
-(`prefix_cache_hit_tokens`, `prompt_tokens`, `vision_cache_hits`, `vision_cache_lookups`).
+`sampling.temperature == 0`; it may be called from several threads at once (the model
+stage runs concurrent calls on one actor). `backend.take_usage() -> Usage` gives the
+model's busy seconds and vision-tower counters since the previous take (so the figures
+of all calls sum to the actor's totals); `backend.stats() -> dict` cumulative counters.
 
-- `EngineBackend`: operators.engine (paged KV, prefix and vision caches): the product.
-- `TransformersBackend`: transformers' `generate()`, one request at a time: the
-  reference and the benchmark baseline (no caches, slow).
+- `EngineBackend`: operators.engine (paged KV, prefix and vision caches) behind an
+  `EngineLoop`: every call's requests join one continuous batch: the product.
+- `TransformersBackend`: transformers' `generate()`, one request at a time, calls
+  serialised: the reference and the benchmark baseline (no caches, slow).
 """
 from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,15 +33,44 @@ def _dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+@dataclass(frozen=True)
+class Usage:
+    """Model work since the previous `take_usage` (sums over takes are exact)."""
+
+    busy_s: float = 0.0  # seconds the model computed (overlapping calls' waits not double counted)
+    busy_cpu_s: float = 0.0  # CPU seconds of the thread computing in them (engine backend; else busy_s)
+    vision_cache_hits: int = 0
+    vision_encodes: int = 0
+
+
+class _UsageMeter:
+    """Cumulative Usage -> the delta since the last take, thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._last = Usage()
+
+    def take(self, read) -> Usage:
+        """`read()` gives the cumulative Usage; it runs under the lock, so deltas never go negative."""
+        with self._lock:
+            total = read()
+            last, self._last = self._last, total
+        return Usage(total.busy_s - last.busy_s, total.busy_cpu_s - last.busy_cpu_s,
+                     total.vision_cache_hits - last.vision_cache_hits, total.vision_encodes - last.vision_encodes)
+
+
 class EngineBackend:
     def __init__(self, cfg: JobConfig):
-        from operators.engine import Engine
+        from operators.engine import Engine, EngineLoop
 
         self.cfg = cfg
         self.engine = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
                                              dtype=_dtype(cfg.model.dtype),
                                              **cfg.model.engine.engine_kwargs())
+        self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
         self.counters = {"prompt_tokens": 0, "prefix_cache_hit_tokens": 0}
+        self._lock = threading.Lock()  # counters
+        self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
         from operators.engine.request import SamplingParams
@@ -57,9 +93,11 @@ class EngineBackend:
                                                        group=r.media_uri, thinking=self.cfg.task.thinking))
                 except InputError as e:
                     out[rid] = ReqOut(None, None, None, None, None, None, e.error_type, str(e))
-        for res in self.engine.generate(reqs):
-            self.counters["prompt_tokens"] += res.prompt_tokens
-            self.counters["prefix_cache_hit_tokens"] += res.cached_tokens
+        results = self.loop.run(reqs, visual_tokens=sum(r.visual_tokens for r in rows))
+        for res in results.values():
+            with self._lock:
+                self.counters["prompt_tokens"] += res.prompt_tokens
+                self.counters["prefix_cache_hit_tokens"] += res.cached_tokens
             if res.finish_reason == "error":
                 etype = getattr(res, "error_type", None) or "EngineError"
                 out[res.id] = ReqOut(None, None, None, res.prompt_tokens, 0, res.cached_tokens, etype, res.error)
@@ -68,9 +106,16 @@ class EngineBackend:
                                      res.generated_tokens, res.cached_tokens)
         return out
 
+    def take_usage(self) -> Usage:
+        def read() -> Usage:
+            s = self.engine.stats()
+            return Usage(self.loop.busy_s, self.loop.busy_cpu_s, s["vision_cache_hits"], s["vision_encodes"])
+
+        return self._meter.take(read)
+
     def stats(self) -> dict:
-        extra = self.engine.stats() if hasattr(self.engine, "stats") else {}
-        return {**self.counters, **(extra if isinstance(extra, dict) else {})}
+        with self._lock:
+            return {**self.counters, **self.engine.stats()}
 
 
 class TransformersBackend:
@@ -85,13 +130,24 @@ class TransformersBackend:
         self.tok = AutoTokenizer.from_pretrained(cfg.model.path)
         self.torch = torch
         self.counters = {"prompt_tokens": 0, "prefix_cache_hit_tokens": 0}
+        self._lock = threading.Lock()  # one generate() at a time
+        self._busy_s = 0.0
+        self._meter = _UsageMeter()
 
     def generate(self, rows: list[Prepared]) -> dict[str, ReqOut]:
         out = {}
-        for r in rows:
-            for i, rid in enumerate(r.ids):
-                out[rid] = self.generate_one(processor_dict(r, i), rid)
+        with self._lock:
+            t0 = time.perf_counter()
+            try:
+                for r in rows:
+                    for i, rid in enumerate(r.ids):
+                        out[rid] = self.generate_one(processor_dict(r, i), rid)
+            finally:
+                self._busy_s += time.perf_counter() - t0
         return out
+
+    def take_usage(self) -> Usage:
+        return self._meter.take(lambda: Usage(self._busy_s, self._busy_s))  # no vision cache counters
 
     def generate_one(self, inputs: dict[str, np.ndarray], rid: str) -> ReqOut:
         torch = self.torch

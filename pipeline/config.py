@@ -140,8 +140,12 @@ class StageResources(_Section):
 
 class ModelResources(StageResources):
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs per model actor; 0 = run on CPU")
-    batch_visual_tokens: int = Field(16384, ge=1, description="visual tokens per model batch (batches are cut by tokens)")
-    max_batch_media: int = Field(256, ge=1, description="upper bound on media per model batch")
+    batch_size: int = Field(16, ge=1, description="media rows per model-stage call (the commit granularity)")
+    max_concurrent_batches: int = Field(
+        8, ge=1, description="calls running at once on one model actor; they all feed one continuous batch")
+    batch_visual_tokens: int = Field(
+        16384, ge=1, description="visual tokens in flight per model actor: a call waits while the calls already in "
+                                 "the engine hold more (a call alone always runs)")
 
 
 class ResourcesConfig(_Section):
@@ -176,6 +180,9 @@ class ResumeConfig(_Section):
 class RayConfig(_Section):
     address: str | None = Field(None, description="None = start or join a local Ray; 'auto' = the running cluster")
     progress_interval_s: float = Field(10.0, gt=0.0, description="log line period when not on a terminal")
+    block_mb: int = Field(
+        16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes whole "
+                                       "blocks, so smaller blocks reach the model and commit sooner (Ray's default: 128)")
 
 
 class JobConfig(_Section):

@@ -3,17 +3,20 @@
 The actor holds one backend (`engine`: operators.engine, the product; `transformers`:
 reference `generate()`, used by the benchmark baseline). A Ray batch holds whole media
 rows (all questions of a media together), so siblings meet the same actor's vision and
-prefix caches. Inside the actor the rows are cut into engine batches by *visual
-tokens* (`resources.model.batch_visual_tokens`), never splitting a media's requests.
+prefix caches. Ray Data runs up to `resources.model.max_concurrent_batches` calls at
+once on an actor (threads); with the engine backend all of them feed one continuous
+batch (`operators.engine.EngineLoop`), so a call returns as soon as its own requests are
+done while the engine goes on with the others': small Ray batches (`batch_size` media)
+commit early without draining the engine. What the engine holds is bounded by *visual
+tokens* (`resources.model.batch_visual_tokens` in flight per actor), not rows.
 
-Errors: a request that cannot be built (bad shapes) is a permanent error row; an
-exception from the backend for a whole engine batch turns each of its requests into a
-transient `EngineError` row (retried on resume); rows in error pass through.
+Errors: a request that cannot be built (bad shapes) is a permanent error row; an engine
+failure turns every request it held into a transient `EngineError` row (retried on
+resume), as does an exception from the backend for a whole call; rows in error pass through.
 """
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -37,23 +40,6 @@ class ReqOut:
     cached_tokens: int | None
     error_type: str | None = None
     error_message: str | None = None
-
-
-def plan_batches(visual_tokens: list[int], budget: int, max_items: int) -> list[list[int]]:
-    """Greedy, order-preserving cut of rows into batches of <= `budget` visual tokens and
-    <= `max_items` rows; a row over the budget alone forms its own batch."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    used = 0
-    for i, v in enumerate(visual_tokens):
-        if cur and (used + v > budget or len(cur) >= max_items):
-            out.append(cur)
-            cur, used = [], 0
-        cur.append(i)
-        used += v
-    if cur:
-        out.append(cur)
-    return out
 
 
 def request_seed(base: int, rid: str) -> int:
@@ -95,7 +81,6 @@ class ModelStage:
 
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
         self.cfg = cfg
-        self.lock = threading.Lock()  # Ray Data may run two batches on this actor at once; the engine is single-threaded
         if cfg.model.backend == "engine":
             from pipeline.backends import EngineBackend
 
@@ -105,29 +90,26 @@ class ModelStage:
 
             self.backend = TransformersBackend(cfg)
 
-    def __call__(self, batch: pa.Table):
-        with self.lock:
-            return self._call(from_table(batch, Prepared))
+    def __call__(self, batch: pa.Table):  # may run on several threads at once (see the module docstring)
+        return self._call(from_table(batch, Prepared))
 
     def _call(self, rows: list[Prepared]) -> pa.Table:
-        out: list[Generated | None] = [None] * len(rows)
-        live = [i for i, r in enumerate(rows) if r.status == "ok"]
-        for i, r in enumerate(rows):
+        live = [r for r in rows if r.status == "ok"]
+        t0 = time.perf_counter()
+        results = self._run(live) if live else {}
+        dt = time.perf_counter() - t0
+        # model work since the last take, on this call's first ok row (taken only when such a row exists)
+        usage = self.backend.take_usage() if live else None
+        out: list[Generated] = []
+        for r in rows:
             if r.status != "ok":
-                out[i] = self._passthrough(r)
-        res = self.cfg.resources.model
-        for group in plan_batches([rows[i].visual_tokens for i in live], res.batch_visual_tokens, res.max_batch_media):
-            picked = [rows[live[j]] for j in group]
-            t0, s0 = time.perf_counter(), self.backend.stats()
-            results = self._run(picked)
-            dt, s1 = time.perf_counter() - t0, self.backend.stats()
-            vision = {k: s1.get(k, 0) - s0.get(k, 0) for k in ("vision_cache_hits", "vision_encodes")}
-            for n, (j, r) in enumerate(zip(group, picked, strict=True)):
-                g = self._generated(r, [results[rid] for rid in r.ids], dt)
-                if n == 0:
-                    g = replace(g, vision_hits=vision["vision_cache_hits"], vision_encodes=vision["vision_encodes"],
-                                batch_model_s=dt)
-                out[live[j]] = g
+                out.append(self._passthrough(r))
+                continue
+            g = self._generated(r, [results[rid] for rid in r.ids], dt)
+            if r is live[0]:
+                g = replace(g, vision_hits=usage.vision_cache_hits, vision_encodes=usage.vision_encodes,
+                            batch_model_s=usage.busy_s, batch_model_cpu_s=usage.busy_cpu_s)
+            out.append(g)
         return to_table(out, Generated)
 
     def _run(self, rows: list[Prepared]) -> dict[str, ReqOut]:

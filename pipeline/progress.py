@@ -40,7 +40,7 @@ class Progress:
     status: Counter = field(default_factory=Counter)
     error_types: Counter = field(default_factory=Counter)
     files: set = field(default_factory=set)
-    stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model)
+    stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
 
     def __post_init__(self):
         if self.tty is None:
@@ -69,7 +69,7 @@ class Progress:
         self.visual_tokens += sum(x or 0 for x in d["visual_tokens"])
         self.vision_hits += sum(x or 0 for x in d.get("vision_hits", []))
         self.vision_encodes += sum(x or 0 for x in d.get("vision_encodes", []))
-        for k in ("decode_s", "preprocess_s", "model_s"):
+        for k in ("decode_s", "preprocess_s", "model_s", "model_cpu_s"):
             self.stage_s[k.removesuffix("_s")] += sum(x or 0.0 for x in d.get(k, []))
         self.files.update(d["file"])
         self.tick()

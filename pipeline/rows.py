@@ -87,9 +87,12 @@ class Generated(MediaTask):
     decode_s: float = 0.0
     preprocess_s: float = 0.0
     model_s: float = 0.0
-    vision_hits: int = 0  # vision-cache hits / tower runs of this row's engine batch (on its first row)
-    vision_encodes: int = 0
-    batch_model_s: float = 0.0  # the engine batch's wall time, on its first row only (sums to model time)
+    # the model's work since the actor's previous call returned, on a call's first ok row only
+    # (calls overlap, so this is an attribution; the sums over all rows are the actor's totals)
+    vision_hits: int = 0  # vision-cache hits
+    vision_encodes: int = 0  # vision tower runs
+    batch_model_s: float = 0.0  # seconds the engine computed
+    batch_model_cpu_s: float = 0.0  # CPU seconds of the engine's thread in them
 
 
 _BASE = {
@@ -107,7 +110,8 @@ ARROW_TYPES: dict[type, dict[str, Any]] = {
                 "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,
                 "generated_tokens": _LI, "cached_tokens": _LI, "visual_tokens": pa.int64(),
                 "decode_s": pa.float64(), "preprocess_s": pa.float64(), "model_s": pa.float64(),
-                "vision_hits": pa.int64(), "vision_encodes": pa.int64(), "batch_model_s": pa.float64()},
+                "vision_hits": pa.int64(), "vision_encodes": pa.int64(), "batch_model_s": pa.float64(),
+                "batch_model_cpu_s": pa.float64()},
 }
 
 

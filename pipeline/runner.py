@@ -65,7 +65,7 @@ class RunSummary:
     error_fraction: float = 0.0
     max_error_fraction: float = 0.0
     files_written: int = 0
-    stage_seconds: dict = field(default_factory=dict)  # summed busy time per stage (decode, preprocess, model)
+    stage_seconds: dict = field(default_factory=dict)  # summed busy time per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
 
     @property
     def exceeded_error_fraction(self) -> bool:
@@ -154,6 +154,11 @@ def _init_ray(cfg: JobConfig) -> None:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+    # A CPU-stage task emits its output (pixel values) in blocks of up to this size, and a
+    # model task takes whole blocks: with Ray Data's default (128 MiB, ~100 media of a few
+    # hundred visual tokens) the model stage took ~100 media per task and committed them only
+    # at its end (first commit after minutes). 16 MiB: a few media per block.
+    ctx.target_max_block_size = cfg.ray.block_mb << 20
 
 
 def model_gpus(cfg: JobConfig) -> float:
@@ -191,9 +196,9 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
 
     r = cfg.resources
 
-    def pool(stage):
+    def pool(stage, **strategy):
         kw = {"num_cpus": stage.num_cpus,
-              "compute": ray.data.ActorPoolStrategy(min_size=stage.min_actors, max_size=stage.max_actors)}
+              "compute": ray.data.ActorPoolStrategy(min_size=stage.min_actors, max_size=stage.max_actors, **strategy)}
         if stage.memory_gb:
             kw["memory"] = int(stage.memory_gb * 2**30)
         return kw
@@ -207,8 +212,11 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
                                   batch_format="pyarrow", **pool(r.decode))
         ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
                             batch_format="pyarrow", **pool(r.preprocess))
-    ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.max_batch_media,
-                        batch_format="pyarrow", num_gpus=model_gpus(cfg), **pool(r.model))
+    # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
+    ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.batch_size,
+                        batch_format="pyarrow", num_gpus=model_gpus(cfg),
+                        **pool(r.model, max_concurrent_calls_per_actor=r.model.max_concurrent_batches,
+                               enable_true_multi_threading=True))
     return ds.map_batches(WriteStage, fn_constructor_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
                           batch_size=r.write.batch_size, batch_format="pyarrow", **pool(r.write))
 

@@ -22,7 +22,7 @@ STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),
     ("visual_tokens", pa.int64()), ("generated_tokens", pa.int64()), ("cached_tokens", pa.int64()),
     ("vision_hits", pa.int64()), ("vision_encodes", pa.int64()), ("decode_s", pa.float64()),
-    ("preprocess_s", pa.float64()), ("model_s", pa.float64()), ("file", pa.string()),
+    ("preprocess_s", pa.float64()), ("model_s", pa.float64()), ("model_cpu_s", pa.float64()), ("file", pa.string()),
 ])
 
 
@@ -70,8 +70,10 @@ def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, f
     cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
     # media-level figures go on the media's first request only, so sums over stats rows are exact
     media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,
-                        "preprocess_s": g.preprocess_s, "model_s": g.batch_model_s} for g in gens}
-    zero = {"vision_hits": 0, "vision_encodes": 0, "decode_s": 0.0, "preprocess_s": 0.0, "model_s": 0.0}
+                        "preprocess_s": g.preprocess_s, "model_s": g.batch_model_s,
+                        "model_cpu_s": g.batch_model_cpu_s} for g in gens}
+    zero = {"vision_hits": 0, "vision_encodes": 0, "decode_s": 0.0, "preprocess_s": 0.0, "model_s": 0.0,
+            "model_cpu_s": 0.0}
     return pa.Table.from_pylist([
         {"id": r.id, "status": r.status, "error_type": r.error_type, "prompt_tokens": r.prompt_tokens,
          "visual_tokens": r.visual_tokens, "generated_tokens": r.generated_tokens,

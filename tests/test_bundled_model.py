@@ -138,7 +138,7 @@ def pipeline_answers(tmp_path_factory):
         "task": {"mode": "questions", "thinking": False},
         "sampling": {"max_tokens": 48},
         "resources": {"preprocess": {"num_cpus": 0.5, "batch_size": 8, "max_actors": 1},
-                      "model": {"num_cpus": 1, "max_batch_media": 32},
+                      "model": {"num_cpus": 1, "batch_size": 32},
                       "write": {"num_cpus": 0.25, "batch_size": 16}},
         "output": {"uri": str(root / "out"), "run_id": "heldout"},
         "max_error_fraction": 0.0,

@@ -181,7 +181,7 @@ image: {{max_pixels: 12544}}
 resources:
   decode: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 2}}
   preprocess: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 2}}
-  model: {{num_cpus: 0.25, num_gpus: {model_num_gpus}, min_actors: 1, max_actors: 1, max_batch_media: 2}}
+  model: {{num_cpus: 0.25, num_gpus: {model_num_gpus}, min_actors: 1, max_actors: 1, batch_size: 2}}
   write: {{num_cpus: 0.25, batch_size: {write_batch}}}
 output: {{uri: {out}}}
 ray: {{progress_interval_s: 1}}

@@ -110,7 +110,7 @@ def job(env, name: str, media: list[str], *, questions: dict | None = None, **ov
                                                    "decode_timeout_s": 30},
         "resources": {"decode": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
                       "preprocess": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
-                      "model": {"num_cpus": 1, "batch_visual_tokens": 512, "max_batch_media": 4},
+                      "model": {"num_cpus": 1, "batch_visual_tokens": 512, "batch_size": 4},
                       "write": {"num_cpus": 0.25, "batch_size": 4}},
         "output": {"uri": "s3://out", "run_id": name},
         "storage": {"endpoint_url": env["endpoint"], "region": "us-east-1", "retries": 6},
@@ -208,7 +208,7 @@ def captions(env):
     from pipeline.runner import run_job
 
     media = env["good"] + list(env["bad"].values()) + [str(env["root"] / MISSING)]
-    cfg = job(env, "captions", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
+    cfg = job(env, "captions", media, resources__model__batch_size=1, resources__write__batch_size=1)
     killed: list = []
 
     def killer():
@@ -269,7 +269,7 @@ def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
     from pipeline.runner import run_job
 
     _, media, _, ref_rows, _ = captions
-    cfg = job(env, "sigkill", media, resources__model__max_batch_media=1, resources__write__batch_size=1)
+    cfg = job(env, "sigkill", media, resources__model__batch_size=1, resources__write__batch_size=1)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
@@ -320,7 +320,7 @@ def test_questions_from_s3_with_s3_outage_during_writing(env):
     uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
     qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
     cfg = job(env, "questions", uris, questions=qs, resources__write__batch_size=1,
-              resources__model__max_batch_media=2, resources__fuse_cpu_stages=False)  # decode, preprocess: 2 pools
+              resources__model__batch_size=2, resources__fuse_cpu_stages=False)  # decode, preprocess: 2 pools
     server, events = env["server"], []
 
     def outage():

@@ -154,3 +154,49 @@ def test_cpu_fit_warning(tmp_path, caplog):
         split = validate_config({**base, "resources": {**res, "fuse_cpu_stages": False}})
         warn_if_cpus_do_not_fit(split, 2.0)  # 0.5 + 0.5 + 1 + 0.25
         assert "2.25 CPUs" in caplog.text
+
+
+def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
+    """Calls running at once on one model actor (as Ray Data runs them, threads) give each
+    call its own rows with the answers one call gives; the work figures on the calls' first
+    rows add up to the actor's totals."""
+    import threading
+
+    from PIL import Image
+
+    from pipeline.model_stage import ModelStage
+    from pipeline.rows import Generated
+    from pipeline.stages import PrepareStage
+
+    rng = np.random.default_rng(1)
+    tasks = []
+    for k in range(6):
+        path = tmp_path / f"m{k}.png"
+        Image.fromarray(rng.integers(0, 256, (40 + 8 * k, 56, 3), dtype=np.uint8)).save(path)
+        tasks.append(MediaTask(str(path), "image", (f"a{k}", f"b{k}"), (0, 1), ("Describe.", "What colour?")))
+    tasks.append(MediaTask(str(tmp_path / "missing.png"), "image", ("gone",), (0,), ("Describe.",)))
+    job = _job(tmp_path, tiny_ckpt("dense"), model={"batch_visual_tokens": 10**6})
+    job.update(model={"path": job["model"]["path"], "dtype": "float32"}, sampling={"max_tokens": 6})
+    cfg = validate_config(job)
+    prepared = PrepareStage(cfg)(to_table(tasks, MediaTask))
+    one = {g.media_uri: g for g in from_table(ModelStage(cfg)(prepared), Generated)}
+    stage = ModelStage(cfg)
+    parts = [prepared.slice(0, 2), prepared.slice(2, 3), prepared.slice(5, 2)]
+    outs: list = [None] * 3
+    threads = [threading.Thread(target=lambda k=k: outs.__setitem__(k, from_table(stage(parts[k]), Generated)))
+               for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    got = [g for o in outs for g in o]
+    assert [[g.media_uri for g in o] for o in outs] == [[t.media_uri for t in tasks[a:a + n]]
+                                                          for a, n in ((0, 2), (2, 3), (5, 2))]
+    for g in got:
+        assert g.answers == one[g.media_uri].answers and g.statuses == one[g.media_uri].statuses
+    assert got[-1].statuses == ("error",) and got[-1].req_error_types == ("MediaError",)
+    assert sum(g.vision_encodes for g in got) == 6  # every image through the tower once, counted once
+    busy = sum(g.batch_model_s for g in got)
+    assert busy > 0 and abs(busy - stage.backend.loop.busy_s) < 1e-9
+    cpu = sum(g.batch_model_cpu_s for g in got)
+    assert 0 < cpu <= busy + 0.05 and abs(cpu - stage.backend.loop.busy_cpu_s) < 1e-9

@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import TaskConfig
-from pipeline.model_stage import plan_batches
 from pipeline.progress import Progress
 from pipeline.requests import expand, pending, request_id
 from pipeline.rows import Decoded, Generated, MediaTask, Prepared, from_table, to_table
@@ -68,16 +67,6 @@ def test_rows_round_trip_through_arrow_with_variable_tensors():
     g = Generated("u", "image", ("i",), (0,), ("p",), answers=(None,), statuses=("error",))
     assert from_table(to_table([g], Generated), Generated)[0].answers == (None,)
     assert to_table([MediaTask("u", "image", ("i",), (0,), ("p",))], MediaTask).num_rows == 1
-
-
-def test_plan_batches_by_visual_tokens():
-    tok = [100, 300, 250, 50, 900, 10, 10]
-    plan = plan_batches(tok, budget=400, max_items=3)
-    assert [i for b in plan for i in b] == list(range(len(tok)))  # every row once, in order
-    for b in plan:
-        assert len(b) <= 3 and (sum(tok[i] for i in b) <= 400 or len(b) == 1)
-    assert plan == [[0, 1], [2, 3], [4], [5, 6]]
-    assert plan_batches([], 10, 2) == []
 
 
 class _Clock:

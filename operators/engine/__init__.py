@@ -2,7 +2,8 @@
 
 Public API: `Engine.from_pretrained(model_dir, device=..., dtype=..., <budgets>)`,
 `engine.generate(requests) -> Iterator[Result]`, `Request` / `MediaItem` /
-`SamplingParams` / `Result`.
+`SamplingParams` / `Result`; `EngineLoop(engine, max_visual_tokens).run(requests)` shares
+one engine between concurrent callers (threads) without draining it between their batches.
 
 Request path (one file each): `request` (types) -> `engine` (loop) -> `scheduler`
 (continuous batching, chunked prefill, preemption, sibling gating) with `block_manager`
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from operators.engine.request import MediaItem, Request, Result, SamplingParams, Timings
 
-__all__ = ["Engine", "EngineConfig", "MediaItem", "Request", "Result", "SamplingParams", "Timings"]
+__all__ = ["Engine", "EngineConfig", "EngineLoop", "MediaItem", "Request", "Result", "SamplingParams", "Timings"]
 
 
 def __getattr__(name: str):
@@ -23,4 +24,8 @@ def __getattr__(name: str):
         from operators.engine import engine
 
         return getattr(engine, name)
+    if name == "EngineLoop":
+        from operators.engine.loop import EngineLoop
+
+        return EngineLoop
     raise AttributeError(name)

@@ -19,7 +19,7 @@ TIMINGS_TYPE = pa.struct(
     [
         pa.field("decode_s", pa.float64()),  # media read + decode (per media, shared by its requests)
         pa.field("preprocess_s", pa.float64()),  # resize, patchify, tokenise (per media)
-        pa.field("model_s", pa.float64()),  # engine wall time of the batch holding this request
+        pa.field("model_s", pa.float64()),  # wall time of the model-stage call holding this request (queue + generation)
     ]
 )
 

@@ -1,0 +1,149 @@
+"""`EngineLoop`: one `Engine` shared by concurrent callers, never drained between their batches.
+
+A caller (a model-stage call on a Ray actor thread) hands a batch of requests to `run`
+and blocks until every one of them has a `Result`. One daemon thread owns the engine: it
+submits queued batches between steps and steps over everything submitted, so a new batch
+joins the running continuous batch and one batch's slow tail overlaps the next one's
+prefill. Calling `Engine.generate` per batch instead drains the batch to zero sequences at
+the end of every call (the slowest request of each batch holds the engine back).
+
+Contract:
+- `run(requests, visual_tokens)` returns `{request id: Result}` for every request given,
+  each exactly once, errors included (`finish_reason == "error"`). Requests of one call are
+  submitted together (one `Engine.submit`, so siblings are planned together).
+- Back-pressure: a call waits before its requests enter the engine while the calls
+  already in hold more than `max_visual_tokens` visual tokens (the pixel values they pin);
+  a call that finds the loop empty always goes in, whatever its size.
+- An exception from the engine fails every request in it at that moment (error type
+  `EngineError`, the message names the exception), resets the engine (`abort`) and the
+  loop goes on with later calls.
+- `busy_s`: seconds spent in `Engine.step` so far (the engine's busy time; callers'
+  waits overlap, this does not); `busy_cpu_s`: the CPU seconds of the loop thread in them
+  (below `busy_s` when other processes take the engine's core, or the GIL is elsewhere).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from operators.engine.request import Request, Result, Timings
+
+
+@dataclass
+class _Call:
+    """One caller's batch while it is queued or in the engine (mutated under the loop's lock)."""
+
+    requests: list[Request]
+    visual_tokens: int
+    pending: set[str]
+    results: dict[str, Result] = field(default_factory=dict)
+
+
+class EngineLoop:
+    def __init__(self, engine, max_visual_tokens: int):
+        self.engine = engine
+        self.max_visual_tokens = max_visual_tokens
+        self.busy_s = 0.0
+        self.busy_cpu_s = 0.0
+        self._cond = threading.Condition()
+        self._queue: list[_Call] = []  # admitted, not yet submitted (the loop thread submits)
+        self._owner: dict[str, _Call] = {}  # request id -> its call, from admission to its result
+        self._in_tokens = 0  # visual tokens of the admitted calls not yet complete
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def run(self, requests: list[Request], visual_tokens: int = 0) -> dict[str, Result]:
+        """Every request's `Result` (blocks until all of them finished)."""
+        ids = [r.id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request ids of one call must be distinct")
+        call = _Call(list(requests), visual_tokens, set(ids))
+        if not call.pending:
+            return {}
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("EngineLoop is closed")
+            self._cond.wait_for(lambda: not self._owner or self._in_tokens + visual_tokens <= self.max_visual_tokens)
+            clash = next((i for i in ids if i in self._owner), None)
+            if clash is not None:
+                raise ValueError(f"request id {clash!r} is already running")
+            self._in_tokens += visual_tokens
+            self._owner.update(dict.fromkeys(ids, call))
+            self._queue.append(call)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not call.pending)
+        return call.results
+
+    def close(self) -> None:
+        """Stop the loop thread once it is idle (later `run` calls raise)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- the loop thread (the only one touching the engine) --------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self.engine.has_work or self._closed)
+                if self._closed and not self._queue and not self.engine.has_work:
+                    return
+                queued, self._queue = self._queue, []
+            try:
+                while queued:
+                    self._deliver(self.engine.submit(queued[0].requests))
+                    queued.pop(0)
+                if self.engine.has_work:
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    try:
+                        finished = self.engine.step()
+                    finally:
+                        self.busy_s += time.perf_counter() - t0
+                        self.busy_cpu_s += time.thread_time() - c0
+                    self._deliver(finished)
+            except Exception as exc:  # noqa: BLE001 - any engine failure fails what is in it, never the loop
+                self._fail_all(exc, keep=queued[1:])
+
+    def _deliver(self, results: list[Result]) -> None:
+        if not results:
+            return
+        with self._cond:
+            for res in results:
+                call = self._owner.pop(res.id, None)
+                if call is None:
+                    continue  # failed earlier by _fail_all
+                call.results[res.id] = res
+                call.pending.discard(res.id)
+                if not call.pending:
+                    self._in_tokens -= call.visual_tokens
+            self._cond.notify_all()
+
+    def _fail_all(self, exc: Exception, keep: list[_Call]) -> None:
+        """Fail every request the engine holds; calls never submitted (`keep`, the queue) wait on."""
+        self.engine.abort()
+        message = f"engine failed: {type(exc).__name__}: {exc}"[:2000]
+        with self._cond:
+            self._queue = keep + self._queue
+            waiting = {id(c) for c in self._queue}
+            for rid, call in list(self._owner.items()):
+                if id(call) in waiting:
+                    continue
+                del self._owner[rid]
+                req = next(r for r in call.requests if r.id == rid)
+                call.results[rid] = failed_result(req, message)
+                call.pending.discard(rid)
+                if not call.pending:
+                    self._in_tokens -= call.visual_tokens
+            self._cond.notify_all()
+
+
+def failed_result(req: Request, message: str, error_type: str = "EngineError") -> Result:
+    """The error `Result` of a request the engine could not finish."""
+    return Result(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
+                  prompt_tokens=req.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
+                  cached_tokens=0, timings=Timings(0.0, 0.0, 0.0), error=message, error_type=error_type)
