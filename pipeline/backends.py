@@ -6,7 +6,7 @@ covers every request of every row (one ReqOut each, possibly an error), greedy w
 `sampling.temperature == 0`; it may be called from several threads at once (the model
 stage runs concurrent calls on one actor). `backend.take_usage() -> Usage` gives the
 model's busy seconds and vision-tower counters since the previous take (so the figures
-of all calls sum to the actor's totals); `backend.stats() -> dict` cumulative counters.
+of all calls sum to the actor's totals).
 
 - `EngineBackend`: operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product.
@@ -68,8 +68,6 @@ class EngineBackend:
                                              dtype=_dtype(cfg.model.dtype),
                                              **cfg.model.engine.engine_kwargs())
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
-        self.counters = {"prompt_tokens": 0, "prefix_cache_hit_tokens": 0}
-        self._lock = threading.Lock()  # counters
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -95,9 +93,6 @@ class EngineBackend:
                     out[rid] = ReqOut(None, None, None, None, None, None, e.error_type, str(e))
         results = self.loop.run(reqs, visual_tokens=sum(r.visual_tokens for r in rows))
         for res in results.values():
-            with self._lock:
-                self.counters["prompt_tokens"] += res.prompt_tokens
-                self.counters["prefix_cache_hit_tokens"] += res.cached_tokens
             if res.finish_reason == "error":
                 etype = getattr(res, "error_type", None) or "EngineError"
                 out[res.id] = ReqOut(None, None, None, res.prompt_tokens, 0, res.cached_tokens, etype, res.error)
@@ -113,10 +108,6 @@ class EngineBackend:
 
         return self._meter.take(read)
 
-    def stats(self) -> dict:
-        with self._lock:
-            return {**self.counters, **self.engine.stats()}
-
 
 class TransformersBackend:
     def __init__(self, cfg: JobConfig):
@@ -129,7 +120,6 @@ class TransformersBackend:
         self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(cfg.model.path)
         self.torch = torch
-        self.counters = {"prompt_tokens": 0, "prefix_cache_hit_tokens": 0}
         self._lock = threading.Lock()  # one generate() at a time
         self._busy_s = 0.0
         self._meter = _UsageMeter()
@@ -174,8 +164,4 @@ class TransformersBackend:
         if self.cfg.task.thinking and "</think>" in text:
             thinking, text = text.split("</think>", 1)
             thinking, text = thinking.replace("<think>", "").strip(), text.strip()
-        self.counters["prompt_tokens"] += L
         return ReqOut(text, thinking, finish, L, len(new), 0)
-
-    def stats(self) -> dict:
-        return dict(self.counters)  # no caches: vision_cache_hits / vision_encodes stay absent (0)

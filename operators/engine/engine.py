@@ -240,11 +240,8 @@ class Engine:
                       generated_tokens=len(seq.output_ids), cached_tokens=seq.cached_tokens, timings=timings)
 
     def _error(self, seq: Sequence, message: str) -> Result:
-        req = seq.request
         now = time.perf_counter() - seq.arrival
-        return Result(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
-                      prompt_tokens=seq.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
-                      cached_tokens=0, timings=Timings(now, now, now), error=message, error_type="InputError")
+        return Result.failed(seq.request, message, "InputError", Timings(now, now, now))
 
 
 def _group_adjacent(reqs: list[Request]) -> list[Request]:

@@ -135,15 +135,9 @@ class EngineLoop:
                     continue
                 del self._owner[rid]
                 req = next(r for r in call.requests if r.id == rid)
-                call.results[rid] = failed_result(req, message)
+                call.results[rid] = Result.failed(req, message, "EngineError", Timings(0.0, 0.0, 0.0))
                 call.pending.discard(rid)
                 if not call.pending:
                     self._in_tokens -= call.visual_tokens
             self._cond.notify_all()
 
-
-def failed_result(req: Request, message: str, error_type: str = "EngineError") -> Result:
-    """The error `Result` of a request the engine could not finish."""
-    return Result(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
-                  prompt_tokens=req.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
-                  cached_tokens=0, timings=Timings(0.0, 0.0, 0.0), error=message, error_type=error_type)

@@ -202,3 +202,10 @@ class Result:
     timings: Timings
     error: str | None = None
     error_type: str | None = None  # operators.errors class name for error rows ("InputError": will fail again)
+
+    @classmethod
+    def failed(cls, req: Request, message: str, error_type: str, timings: Timings) -> Result:
+        """The error result of a request that produced nothing."""
+        return cls(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
+                   prompt_tokens=req.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
+                   cached_tokens=0, timings=timings, error=message, error_type=error_type)
