@@ -23,7 +23,8 @@ def _yaml(rel: str) -> dict:
 
 
 def _pins() -> dict[str, str]:
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
     pins = {}
     for d in deps:
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?==([^,;]+)", d.strip())

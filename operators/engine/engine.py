@@ -82,10 +82,11 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                        **budgets) -> Engine:
+                        delta_kernels: str = "auto", **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
-        "float16"); `budgets` are `EngineConfig` fields."""
+        "float16"); `delta_kernels` auto / torch / fla (`operators.model.ops.delta_kernels`:
+        auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields."""
         from operators.model import load_model
         from operators.preprocess.tokenizer import load_tokenizer
 
@@ -94,7 +95,7 @@ class Engine:
                 raise ConfigError(f"unsupported dtype {dtype!r}; supported: {sorted(_DTYPES)}")
             dtype = _DTYPES[dtype]
         model_dir = Path(model_dir)
-        model = load_model(model_dir, device=device, dtype=dtype)
+        model = load_model(model_dir, device=device, dtype=dtype, delta_kernels=delta_kernels)
         tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
         return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
 

@@ -12,8 +12,9 @@ Packing: the step's tokens are [T, D] in `cache.query_lens` order. Sequences wit
 new token (decode) run together through the single-step conv and the recurrent rule,
 which updates the recurrent states in place (the engine's pool rows, when the step's
 slots are consecutive); all longer chunks, whatever their lengths, run together through
-the packed conv and the packed chunked rule (`ops.delta_packed`). States in and out go
-through `cache.linear_states` / `cache.set_linear_states`.
+the packed conv and the packed chunked rule. The rule itself is `self.kernels`
+(`ops.delta_kernels`: the torch kernels, or fla's on CUDA; `Qwen35Model.use_delta_kernels`
+sets them). States in and out go through `cache.linear_states` / `cache.set_linear_states`.
 """
 from __future__ import annotations
 
@@ -25,12 +26,7 @@ from operators.model.cache import StepCache
 from operators.model.config import TextConfig
 from operators.model.layers import GatedRMSNorm, fuse_linears, fused_buffers
 from operators.model.ops.conv import causal_conv1d_packed, causal_conv1d_step
-from operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
-from operators.model.ops.delta_rule import recurrent_gated_delta_rule_
-
-CHUNK = 64  # tokens per chunk of the chunked delta rule (prefill). Shorter chunks are faster on
-# CPU (16: ~40% less time in the rule) but pass the state through more roundings: logits
-# drift ~1e-4 from transformers (which chunks by 64) instead of ~1e-5
+from operators.model.ops.delta_kernels import TORCH_KERNELS, DeltaRuleKernels
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -56,6 +52,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.n_v, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.n_v, bias=False)
+        self.kernels: DeltaRuleKernels = TORCH_KERNELS
         fused_buffers(self)
 
     def fuse_(self) -> None:
@@ -99,7 +96,7 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight.view(self.conv_dim, self.kernel)
         mixed, conv_new = causal_conv1d_step(qkv, weight, conv_state)  # [B, C]
         q, k, v = self._heads(mixed)
-        out = recurrent_gated_delta_rule_(q, k, v, g, beta, rec_state)
+        out = self.kernels.decode_(q, k, v, g, beta, rec_state)
         return out, conv_new, rec_state
 
     def _prefill(self, qkv, g, beta, conv_state, rec_state, lens: tuple[int, ...]):
@@ -107,7 +104,7 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight.view(self.conv_dim, self.kernel)
         mixed, conv_new = causal_conv1d_packed(qkv, weight, conv_state, lens)  # [T, C]
         q, k, v = self._heads(mixed)
-        out, rec_new = chunk_gated_delta_rule_packed(q, k, v, g, beta, rec_state, lens, CHUNK)
+        out, rec_new = self.kernels.prefill(q, k, v, g, beta, rec_state, lens)
         return out, conv_new, rec_new
 
     def _mixed(self, qkv, g, beta, conv_state, rec_state, lens: tuple[int, ...]):

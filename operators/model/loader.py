@@ -66,8 +66,13 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
-def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Qwen35Model:
-    """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`."""
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               delta_kernels: str = "auto") -> Qwen35Model:
+    """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
+    `delta_kernels`: auto / torch / fla (`ops.delta_kernels.select_kernels`)."""
+    from operators.model.ops.delta_kernels import select_kernels
+
+    kernels = select_kernels(device, delta_kernels)  # a bad choice fails before the weights load
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = Qwen35Model(config)
@@ -78,7 +83,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
     for name in mtp:
         with safe_open(str(files[name]), framework="pt") as f:
             model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    return model.eval().requires_grad_(False).fuse_projections()
+    return model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
 
 
 def _target(name: str, config: ModelConfig) -> _Target | None:

@@ -25,6 +25,7 @@ from operators.model.cache import StepCache
 from operators.model.config import ModelConfig
 from operators.model.contiguous_cache import ContiguousCache
 from operators.model.decoder import TextDecoder
+from operators.model.deltanet import GatedDeltaNet
 from operators.model.positions import mm_token_types, mrope_positions
 from operators.model.vision import VisionTower
 
@@ -71,6 +72,14 @@ class Qwen35Model(nn.Module):
         for module in self.language_model.modules():
             if module is not self and hasattr(module, "fuse_"):
                 module.fuse_()
+        return self
+
+    def use_delta_kernels(self, kernels) -> Qwen35Model:
+        """Transform: every Gated DeltaNet layer runs its rule through `kernels`
+        (`ops.delta_kernels.DeltaRuleKernels`: torch, or fla's on CUDA)."""
+        for module in self.language_model.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.kernels = kernels
         return self
 
     # -- engine step -----------------------------------------------------------------
