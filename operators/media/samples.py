@@ -110,7 +110,12 @@ def encode_video(
         stream = out.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height = coded_w, coded_h
         stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
-        stream.options = dict(options or {})
+        opts = dict(options or {})
+        if codec == "libx264":  # x264's assembly gave different bytes from one process to the next
+            # on an AVX-512 EPYC (2026-11-30: PyAV 18.1 / FFmpeg 8; the lookahead reads memory
+            # it did not write, so the output followed the heap's garbage); its C code does not
+            opts["x264-params"] = ":".join(filter(None, [opts.get("x264-params"), "asm=0"]))
+        stream.options = opts
         if rotation:
             stream.set_display_rotation(rotation)
         if durations_ms is not None:
