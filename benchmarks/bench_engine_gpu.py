@@ -137,6 +137,25 @@ def timed_run(engine, reqs: list, device: str) -> dict:
     return {"wall_s": time.perf_counter() - t0, "generated": n_tokens, "decode_steps": dec}
 
 
+def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch", "fla")) -> str:
+    """The same requests through the torch and then fla's DeltaNet kernels (`names`) on the
+    loaded model (one load; engines without prefix / vision caches, so the second run
+    recomputes everything)."""
+    from operators.engine.engine import Engine, EngineConfig
+    from operators.model.ops.delta_kernels import select_kernels
+
+    cfg = EngineConfig(**{**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})
+    runs = {}
+    for k, name in enumerate(names):
+        engine.model.use_delta_kernels(select_kernels(device, name))
+        runs[k] = {r.id: r.token_ids for r in Engine(engine.model, engine.tokenizer, engine.eos_ids, cfg).generate(reqs)}
+    pairs = [(a, b) for rid in runs[0] for a, b in zip(runs[0][rid], runs[1][rid], strict=True)]
+    first = [next((i for i, (a, b) in enumerate(zip(runs[0][r], runs[1][r], strict=True)) if a != b), None)
+             for r in runs[0]]
+    return (f"{sum(a == b for a, b in pairs)} of {len(pairs)} greedy tokens identical; first difference per request "
+            f"at {first} (None: none)")
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="9b")
@@ -147,7 +166,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--delta-kernels", default="auto", choices=["auto", "torch", "fla"])
     ap.add_argument("--kv-gb", type=float, default=16.0, help="paged KV pool")
     ap.add_argument("--peak-gbs", type=float, default=None, help="nominal bandwidth, GB/s (H200: 4800)")
-    ap.add_argument("--check-kernels", action="store_true")
+    ap.add_argument("--check-kernels", action="store_true", help="first compare the torch and fla kernels' greedy tokens (CUDA)")
     ap.add_argument("--dir", default=None, help="checkpoint folder (reused when it holds one)")
     args = ap.parse_args(argv)
     from operators.engine import Engine
@@ -162,13 +181,11 @@ def main(argv=None) -> dict:
     reqs = make_requests(out, args.requests, args.new_tokens)
     budgets = dict(kv_budget_bytes=int(args.kv_gb * 2**30), max_num_seqs=max(args.requests, 1),
                    max_num_batched_tokens=8192)
-    if args.check_kernels:
-        runs = {k: [r.token_ids for r in Engine.from_pretrained(out, device=args.device, dtype=dtype, delta_kernels=k,
-                                                                **budgets).generate(reqs[:4])] for k in ("torch", "fla")}
-        same = sum(a == b for x, y in zip(runs["torch"], runs["fla"], strict=True) for a, b in zip(x, y, strict=False))
-        print(f"torch vs fla DeltaNet kernels: {same} of {sum(len(x) for x in runs['torch'])} greedy tokens identical")
     engine = Engine.from_pretrained(out, device=args.device, dtype=dtype, delta_kernels=args.delta_kernels, **budgets)
     layer = next(m for m in engine.model.modules() if hasattr(m, "kernels"))
+    if args.check_kernels:
+        print(f"torch vs fla DeltaNet kernels: {check_kernels(engine, reqs[:4], args.device, budgets)}")
+        engine.model.use_delta_kernels(layer.kernels)
     timed_run(engine, reqs[:2], args.device)  # warm-up: CUDA context, kernel compilation
     run = timed_run(engine, reqs, args.device)
     return report(args, engine, run, copy_bandwidth(args.device), layer.kernels.name)

@@ -42,3 +42,19 @@ def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
                if (k.startswith("model.language_model.") and "embed_tokens" not in k) or k == "lm_head.weight")
     assert res["weight_bytes"] == want
     assert res["bytes_moved"] > res["decode_steps"] * want and res["bandwidth"] > 0
+
+
+def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_path):
+    """On the CPU only the torch kernels exist: torch against torch must agree everywhere, and
+    the model keeps the kernels it had."""
+    from operators.engine.engine import Engine
+    from operators.model.ops.delta_kernels import TORCH_KERNELS
+
+    ckpt = bench.write_config(tmp_path, "tiny")
+    bench.write_random_weights(ckpt, "cpu", torch.float32)
+    reqs = bench.make_requests(ckpt, 2, 4)
+    budgets = {"kv_budget_bytes": 8 << 20, "max_num_seqs": 4, "max_num_batched_tokens": 2048}
+    engine = Engine.from_pretrained(ckpt, **budgets)
+    line = bench.check_kernels(engine, reqs, "cpu", budgets, names=("torch", "torch"))
+    assert line.startswith("8 of 8 greedy tokens identical") and "[None, None]" in line
+    assert all(m.kernels is TORCH_KERNELS for m in engine.model.modules() if hasattr(m, "kernels"))

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Issue 5's GPU checks in one command, for a lent device machine (an H200: its python3 holds
+# torch, triton, transformers, safetensors, tokenizers and jinja2; fla is carried as a wheel).
+# Prepared, not yet run (no device has been lent to this project so far):
+#   here, once:  echo /.whl/ >> .git/info/exclude
+#                python3 -m pip download --no-deps -d .whl fla-core==0.6.0    (pure Python)
+#   then:        the device tool's run, carry [".whl"], command "bash benchmarks/gpu_run.sh"
+# Prints, and writes under $OUT: fla's kernels against the torch ones (float32 and bf16), then
+# the 9B-shaped engine benchmark (kernel check, tokens/s, decode against the bandwidth roofline).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$(mktemp -d)}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -m operators.model.ops.delta_kernels 2>&1 | tee "$OUT/kernels.txt"
+python3 -m benchmarks.bench_engine_gpu --check-kernels --peak-gbs 4800 --dir /tmp/ckpt9b 2>&1 | tee "$OUT/bench_9b.txt"
