@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def sample_dirs(tmp_path_factory):
-    """The same set written twice: by the script (subprocess) and in process."""
+    """The same set written twice: by the script (subprocess) and in process. The script runs
+    on one CPU (its affinity): encoders that size their threads by the CPUs they may use
+    would write other bytes there."""
     a, b = tmp_path_factory.mktemp("by_script"), tmp_path_factory.mktemp("in_process")
+    one_cpu = sorted(os.sched_getaffinity(0))[:1]
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_sample_media.py"), str(a)], check=True,
-                   capture_output=True)
+                   capture_output=True, preexec_fn=lambda: os.sched_setaffinity(0, one_cpu))
     write_all(b)
     return a, b
 

@@ -116,6 +116,9 @@ def encode_video(
             # it did not write, so the output followed the heap's garbage); its C code does not
             opts["x264-params"] = ":".join(filter(None, [opts.get("x264-params"), "asm=0"]))
         stream.options = opts
+        # one encoder thread: x264, libvpx and mpeg4 size their threads by the CPUs the process
+        # may use (its affinity), and the bytes depend on the thread count
+        stream.codec_context.thread_count = 1
         if rotation:
             stream.set_display_rotation(rotation)
         if durations_ms is not None:
