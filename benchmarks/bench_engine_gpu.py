@@ -42,16 +42,26 @@ SHAPES = {"9b": (NINE_B_TEXT, NINE_B_VISION), "tiny": ({}, {})}
 SIZES = [(448, 448), (448, 672), (672, 448), (576, 576), (672, 672), (512, 640)]
 
 
-def write_config(out: Path, shape: str) -> Path:
-    """config.json (as transformers saves it), tokenizer and processor configs of a shape."""
-    from transformers import Qwen3_5Config
-
+def write_config(out: Path, shape: str, use_transformers: bool = True) -> Path:
+    """config.json, tokenizer and processor configs of a shape. config.json as transformers
+    saves it; where its installed version has no Qwen3.5 (a device machine's may be older), the
+    dict before transformers normalises it, which our config reader parses to the same config."""
     from operators.checkpoints.tiny import tiny_config_dict, write_tokenizer_and_processor
 
     text, vision = SHAPES[shape]
     cfg = tiny_config_dict("dense", vision, **text)
-    cfg.pop("model_type")
-    Qwen3_5Config(**cfg).save_pretrained(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config_cls = None
+    if use_transformers:
+        try:
+            from transformers import Qwen3_5Config as config_cls
+        except ImportError:
+            pass
+    if config_cls is None:
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    else:
+        cfg.pop("model_type")
+        config_cls(**cfg).save_pretrained(out)
     write_tokenizer_and_processor(out)
     return out
 

@@ -30,6 +30,14 @@ def test_nine_b_shape_is_the_seeds(tmp_path):
     assert 9.3e9 < sum(p.numel() for p in model.parameters()) < 9.5e9  # 9.41B with the vision tower
 
 
+def test_config_without_transformers_reads_the_same(tmp_path):
+    from operators.model import ModelConfig
+
+    saved = ModelConfig.from_pretrained(bench.write_config(tmp_path / "a", "9b"))
+    raw = ModelConfig.from_pretrained(bench.write_config(tmp_path / "b", "9b", use_transformers=False))
+    assert raw == saved and raw.text.hidden_size == 4096
+
+
 def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
     ckpt = tmp_path / "ckpt"
     res = bench.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--requests", "3",
