@@ -94,7 +94,7 @@ class EngineBackend:
         results = self.loop.run(reqs, visual_tokens=sum(r.visual_tokens for r in rows))
         for res in results.values():
             if res.finish_reason == "error":
-                etype = getattr(res, "error_type", None) or "EngineError"
+                etype = res.error_type or "EngineError"
                 out[res.id] = ReqOut(None, None, None, res.prompt_tokens, 0, res.cached_tokens, etype, res.error)
             else:
                 out[res.id] = ReqOut(res.text, res.thinking, res.finish_reason, res.prompt_tokens,

@@ -115,13 +115,16 @@ class EngineLoop:
         with self._cond:
             for res in results:
                 call = self._owner.pop(res.id, None)
-                if call is None:
-                    continue  # failed earlier by _fail_all
-                call.results[res.id] = res
-                call.pending.discard(res.id)
-                if not call.pending:
-                    self._in_tokens -= call.visual_tokens
+                if call is not None:  # None: failed earlier by _fail_all
+                    self._settle(call, res)
             self._cond.notify_all()
+
+    def _settle(self, call: _Call, res: Result) -> None:
+        """Record one result of `call` (under the lock); a complete call frees its visual tokens."""
+        call.results[res.id] = res
+        call.pending.discard(res.id)
+        if not call.pending:
+            self._in_tokens -= call.visual_tokens
 
     def _fail_all(self, exc: Exception, keep: list[_Call]) -> None:
         """Fail every request the engine holds; calls never submitted (`keep`, the queue) wait on."""
@@ -135,9 +138,6 @@ class EngineLoop:
                     continue
                 del self._owner[rid]
                 req = next(r for r in call.requests if r.id == rid)
-                call.results[rid] = Result.failed(req, message, "EngineError", Timings(0.0, 0.0, 0.0))
-                call.pending.discard(rid)
-                if not call.pending:
-                    self._in_tokens -= call.visual_tokens
+                self._settle(call, Result.failed(req, message, "EngineError", Timings(0.0, 0.0, 0.0)))
             self._cond.notify_all()
 
