@@ -11,7 +11,7 @@ PY ?= python3
 install: .deps
 
 demo: .deps
-	$(PY) -m jobs.cli demo
+	$(PY) -m vlbatch.jobs.cli demo
 
 # Airflow (for tests/test_infra_airflow.py) in its own venv: its dependencies never touch ours.
 .venv-airflow/.ok: .deps infra/airflow/setup-venv.sh

@@ -96,7 +96,7 @@ def _chat(proc, kind: str, question: str) -> str:
 
 
 def _requests(proc, ref, texts, media, kind, new_tokens, prefix):
-    from operators.engine import Request, SamplingParams
+    from vlbatch.operators.engine import Request, SamplingParams
 
     sp = SamplingParams(max_new_tokens=new_tokens, stop_token_ids=())
     out = []
@@ -115,7 +115,7 @@ def _requests(proc, ref, texts, media, kind, new_tokens, prefix):
 def _engine_run(ckpt, reqs, prof, timer=None, **kw):
     from contextlib import nullcontext
 
-    from operators.engine.engine import Engine
+    from vlbatch.operators.engine.engine import Engine
 
     engine = Engine.from_pretrained(ckpt, **kw)
     if prof is not None:
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForImageTextToText
 
-    from operators.checkpoints import make_tiny_checkpoint
+    from vlbatch.devtools.checkpoints import make_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(args.model_dir) if args.model_dir else make_tiny_checkpoint(Path(tmp) / "ckpt", "dense",

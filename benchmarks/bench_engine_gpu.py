@@ -46,7 +46,7 @@ def write_config(out: Path, shape: str, use_transformers: bool = True) -> Path:
     """config.json, tokenizer and processor configs of a shape. config.json as transformers
     saves it; where its installed version has no Qwen3.5 (a device machine's may be older), the
     dict before transformers normalises it, which our config reader parses to the same config."""
-    from operators.checkpoints.tiny import tiny_config_dict, write_tokenizer_and_processor
+    from vlbatch.devtools.checkpoints.tiny import tiny_config_dict, write_tokenizer_and_processor
 
     text, vision = SHAPES[shape]
     cfg = tiny_config_dict("dense", vision, **text)
@@ -70,7 +70,7 @@ def write_random_weights(out: Path, device: str, dtype: torch.dtype, seed: int =
     """model.safetensors with every parameter our model has, random; returns the parameter count."""
     from safetensors.torch import save_file
 
-    from operators.model import ModelConfig, Qwen35Model
+    from vlbatch.operators.model import ModelConfig, Qwen35Model
 
     with torch.device("meta"):
         model = Qwen35Model(ModelConfig.from_pretrained(out))
@@ -89,8 +89,8 @@ def write_random_weights(out: Path, device: str, dtype: torch.dtype, seed: int =
 
 
 def make_requests(model_dir: Path, n: int, new_tokens: int) -> list:
-    from operators.engine import Request, SamplingParams
-    from operators.preprocess import Processor
+    from vlbatch.operators.engine import Request, SamplingParams
+    from vlbatch.operators.preprocess import Processor
 
     proc = Processor.from_pretrained(model_dir)
     rng = np.random.default_rng(0)
@@ -151,8 +151,8 @@ def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch"
     """The same requests through the torch and then fla's DeltaNet kernels (`names`) on the
     loaded model (one load; engines without prefix / vision caches, so the second run
     recomputes everything)."""
-    from operators.engine.engine import Engine, EngineConfig
-    from operators.model.ops.delta_kernels import select_kernels
+    from vlbatch.operators.engine.engine import Engine, EngineConfig
+    from vlbatch.operators.model.ops.delta_kernels import select_kernels
 
     cfg = EngineConfig(**{**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})
     runs = {}
@@ -179,7 +179,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--check-kernels", action="store_true", help="first compare the torch and fla kernels' greedy tokens (CUDA)")
     ap.add_argument("--dir", default=None, help="checkpoint folder (reused when it holds one)")
     args = ap.parse_args(argv)
-    from operators.engine import Engine
+    from vlbatch.operators.engine import Engine
 
     dtype = getattr(torch, args.dtype)
     out = Path(args.dir or tempfile.mkdtemp(prefix=f"bench_gpu_{args.shape}_"))

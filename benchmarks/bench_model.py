@@ -46,7 +46,7 @@ def _clock() -> float:
 
 
 def _ours_run(model, ids, n_decode):
-    from operators.model import ContiguousCache
+    from vlbatch.operators.model import ContiguousCache
 
     cache = ContiguousCache(model.config.text, ids.shape[0], capacity=ids.shape[1] + n_decode)
     t0 = _clock()
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoModelForImageTextToText
 
-    from operators.checkpoints import make_tiny_checkpoint
-    from operators.model import load_model
+    from vlbatch.devtools.checkpoints import make_tiny_checkpoint
+    from vlbatch.operators.model import load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model_dir or make_tiny_checkpoint(tmp, "dense", **BENCH_TEXT)

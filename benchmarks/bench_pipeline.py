@@ -5,7 +5,7 @@
 
 Same requests (`--media` images x `--questions` questions), three ways, side by side in one
 run on a local Ray (local output):
-1. engine alone: operators.engine on the requests decoded and preprocessed beforehand (not
+1. engine alone: vlbatch.operators.engine on the requests decoded and preprocessed beforehand (not
    timed), all in one `generate` call: the ceiling. Run before and after the pipeline; the
    faster run is the ceiling (the machine is shared; the slower run would flatter the ratio);
 2. the vlbatch pipeline (`run_job`): manifest, expand, decode + preprocess (one fused CPU
@@ -70,7 +70,7 @@ def make_model(name: str, work: Path) -> str:
         return str(ROOT / "models" / "shapes-tiny")
     if name not in ("bench", "tiny"):
         return name
-    from operators.checkpoints import make_tiny_checkpoint
+    from vlbatch.devtools.checkpoints import make_tiny_checkpoint
 
     over = {}
     if name == "bench":
@@ -99,9 +99,9 @@ def job_dict(model: str, manifest: Path, out: Path, args) -> dict:
 
 def engine_requests(cfg, media: list[str], questions: list[str]) -> list:
     """The requests, decoded and preprocessed (as the pipeline does it, untimed)."""
-    from operators.engine import Request, SamplingParams
-    from operators.preprocess import Processor, load_image
-    from pipeline.stages import chat_messages
+    from vlbatch.operators.engine import Request, SamplingParams
+    from vlbatch.operators.preprocess import Processor, load_image
+    from vlbatch.pipeline.stages import chat_messages
 
     proc = Processor.from_pretrained(cfg.model.path)
     proc.image_config = replace(proc.image_config, max_pixels=cfg.image.max_pixels)
@@ -118,9 +118,9 @@ def engine_requests(cfg, media: list[str], questions: list[str]) -> list:
 
 def engine_alone(cfg, reqs: list) -> dict:
     """rows/s of one `generate` over all requests (model load not timed); CPU seconds beside."""
-    from operators.engine import Engine
-    from pipeline.backends import _dtype
-    from pipeline.model_stage import resolve_device
+    from vlbatch.operators.engine import Engine
+    from vlbatch.pipeline.backends import _dtype
+    from vlbatch.pipeline.model_stage import resolve_device
 
     eng = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
                                  dtype=_dtype(cfg.model.dtype), **cfg.model.engine.engine_kwargs())
@@ -253,8 +253,8 @@ def main(argv=None) -> None:
     import ray
     import torch
 
-    from pipeline.config import validate_config
-    from pipeline.runner import run_job
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.runner import run_job
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))

@@ -27,8 +27,8 @@ def _inputs(rng):
         return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
 
     def clip(frames, h, w, fps=30.0):
-        from operators.preprocess import sample_frame_indices
-        from operators.types import VideoClip
+        from vlbatch.operators.preprocess import sample_frame_indices
+        from vlbatch.operators.types import VideoClip
 
         total = int(frames * fps / 2)  # 2 fps sampling of a clip of that length
         idx = sample_frame_indices(total, fps, fps=2.0)
@@ -44,7 +44,7 @@ def _inputs(rng):
 
 
 def _check(ref_out, ours) -> str:
-    from operators.preprocess.rope import mrope_position_ids
+    from vlbatch.operators.preprocess.rope import mrope_position_ids
 
     same = all(np.array_equal(ours[k], ref_out[k]) for k in ref_out if not k.startswith("pixel_values"))
     diff = max(float(np.abs(ours[k] - ref_out[k]).max()) for k in ref_out if k.startswith("pixel_values"))
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoProcessor
     from transformers.utils import logging
 
-    from operators.checkpoints.tiny import write_tokenizer_and_processor
-    from operators.preprocess import Processor
+    from vlbatch.devtools.checkpoints.tiny import write_tokenizer_and_processor
+    from vlbatch.operators.preprocess import Processor
 
     torch.set_num_threads(args.threads)
     logging.set_verbosity_error()

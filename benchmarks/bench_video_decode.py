@@ -53,7 +53,7 @@ def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
     bw, bh, side = width // 8, height // 4, height // 6
     for i in range(seconds * CLIP_FPS):
         y = base.copy()
-        for b in range(16):  # the same bit layout as operators.media.samples.index_pattern
+        for b in range(16):  # the same bit layout as vlbatch.devtools.samples.index_pattern
             if (i >> b) & 1:
                 r, c = divmod(b, 8)
                 y[r * bh:(r + 1) * bh, c * bw:(c + 1) * bw] = 232
@@ -82,9 +82,9 @@ def run_one(method: str, path: str, fps: float) -> dict:
     """Child side: decode once, report time, frames, correctness and peak RSS."""
     import numpy as np
 
-    from operators.media.samples import frame_index
-    from operators.media.video import FrameSampling, decode_video_inprocess
-    from operators.media.worker import DecodeWorker
+    from vlbatch.devtools.samples import frame_index
+    from vlbatch.operators.media.video import FrameSampling, decode_video_inprocess
+    from vlbatch.operators.media.worker import DecodeWorker
 
     sampling = FrameSampling(fps=fps, max_frames=10**7)
     base_rss = peak_rss_mb()
@@ -114,9 +114,9 @@ def overhead() -> dict:
     """Per-call cost of the worker vs in-process on a tiny clip (mean of 20 calls after warm-up)."""
     import tempfile
 
-    from operators.media.samples import encode_video
-    from operators.media.video import FrameSampling, decode_video_inprocess
-    from operators.media.worker import DecodeWorker
+    from vlbatch.devtools.samples import encode_video
+    from vlbatch.operators.media.video import FrameSampling, decode_video_inprocess
+    from vlbatch.operators.media.worker import DecodeWorker
 
     with tempfile.TemporaryDirectory() as d:
         encode_video(Path(d) / "t.mp4", 25, 160, 96, 25, options={"bf": "2"})

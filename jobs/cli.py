@@ -17,7 +17,7 @@ import sys
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from jobs.demo import run_demo, run_preprocess_demo
+    from vlbatch.jobs.demo import run_demo, run_preprocess_demo
 
     if args.preprocess_only:
         return run_preprocess_demo(out_dir=args.out)
@@ -25,7 +25,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_tiny(args: argparse.Namespace) -> int:
-    from operators.checkpoints.tiny import make_tiny_checkpoint
+    from vlbatch.devtools.checkpoints.tiny import make_tiny_checkpoint
 
     print(make_tiny_checkpoint(args.out_dir, args.variant, seed=args.seed, shards=args.shards))
     return 0
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--shards", type=int, default=1)
     tiny.set_defaults(func=_cmd_tiny)
 
-    from jobs.commands import add_job_commands
+    from vlbatch.jobs.commands import add_job_commands
 
     add_job_commands(sub)
     return ap

@@ -1,7 +1,7 @@
 """The job subcommands of `vlbatch`: run, validate, submit, status, logs, stop, list, resume.
 
-Thin argparse handlers: each parses flags, calls `jobs.local` / `jobs.spec` /
-`jobs.submission`, prints, and returns an exit code (`jobs.errors.EXIT_*`). Typed errors
+Thin argparse handlers: each parses flags, calls `vlbatch.jobs.local` / `vlbatch.jobs.spec` /
+`vlbatch.jobs.submission`, prints, and returns an exit code (`vlbatch.jobs.errors.EXIT_*`). Typed errors
 become one line on stderr and their exit code; nothing here holds state.
 
 Cluster address (submit/status/logs/stop/list/resume): ``--address``, else
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from jobs.errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, JobsError, SubmissionError
-from operators.errors import ConfigError, VlbatchError
+from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, JobsError, SubmissionError
+from vlbatch.operators.errors import ConfigError, VlbatchError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 _STATUS_EXIT = {"SUCCEEDED": EXIT_OK, "FAILED": EXIT_JOB_FAILED, "STOPPED": EXIT_STOPPED}
@@ -37,7 +37,7 @@ def _address(args: argparse.Namespace) -> str:
 
 
 def _submitter(args: argparse.Namespace):
-    from jobs.submission import Submitter
+    from vlbatch.jobs.submission import Submitter
 
     return Submitter(_address(args))
 
@@ -89,7 +89,7 @@ def _finish(sub, sid: str, follow: bool, wait: bool) -> int:
 # ---- handlers -----------------------------------------------------------------
 @_guard
 def cmd_run(args: argparse.Namespace) -> int:
-    from jobs.local import run_local
+    from vlbatch.jobs.local import run_local
 
     return run_local(
         args.config, args.overrides, name=args.name, address=args.address, slot=_slot(args),
@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
+    from vlbatch.pipeline.config import load_config
 
     config = load_config(args.config, args.overrides)
     if args.json:
@@ -110,7 +110,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _slot(args: argparse.Namespace) -> str | None:
-    from jobs.scheduling import format_slot, latest_slot
+    from vlbatch.jobs.scheduling import format_slot, latest_slot
 
     if args.schedule:
         return format_slot(latest_slot(args.schedule, dt.datetime.now(dt.UTC)))
@@ -129,7 +129,7 @@ def _runtime_env_file(path: str) -> dict:
 
 @_guard
 def cmd_submit(args: argparse.Namespace) -> int:
-    from jobs.spec import build_spec
+    from vlbatch.jobs.spec import build_spec
 
     extra = _runtime_env_file(args.runtime_env) if args.runtime_env else None
     bad = [kv for kv in args.env if "=" not in kv]

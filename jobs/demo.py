@@ -1,6 +1,6 @@
 """`vlbatch demo`: the README's demo job, end to end, and a preprocessing-only report.
 
-`run_demo(out_dir)` is `make demo`: `pipeline.demo.prepare_demo` writes synthetic scene
+`run_demo(out_dir)` is `make demo`: `vlbatch.pipeline.demo.prepare_demo` writes synthetic scene
 media (images and videos the bundled model `models/shapes-tiny` was trained to describe),
 deliberately bad files and a manifest under `out_dir`, then `configs/demo.yaml` runs
 through the real pipeline on a local Ray (decode, preprocess, engine, Parquet writer).
@@ -8,7 +8,7 @@ Every output row is printed: the caption next to the scene's ground truth, or th
 type of a bad file. A second run resumes: committed rows are not recomputed.
 
 `run_preprocess_demo(out_dir)` (`vlbatch demo --preprocess-only`) runs only
-`operators.preprocess.Processor` over a few generated images in several modes and
+`vlbatch.operators.preprocess.Processor` over a few generated images in several modes and
 sizes plus one synthetic clip and prints grid_thw, patches, visual tokens and prompt
 tokens per item. It finishes in seconds.
 """
@@ -55,8 +55,8 @@ def sample_images() -> list[tuple[str, bytes]]:
 
 def sample_clip():
     """A synthetic 10 s, 25 fps clip sampled at 2 fps (a moving square over a gradient)."""
-    from operators.preprocess import sample_frame_indices
-    from operators.types import VideoClip
+    from vlbatch.operators.preprocess import sample_frame_indices
+    from vlbatch.operators.types import VideoClip
 
     total, fps = 250, 25.0
     idx = sample_frame_indices(total, fps, fps=2.0)
@@ -69,7 +69,7 @@ def sample_clip():
 
 
 def _checkpoint(out: Path) -> Path:
-    from operators.checkpoints.tiny import make_tiny_checkpoint
+    from vlbatch.devtools.checkpoints.tiny import make_tiny_checkpoint
 
     ckpt = out / "tiny-checkpoint"
     if not (ckpt / "config.json").exists():
@@ -79,8 +79,8 @@ def _checkpoint(out: Path) -> Path:
 
 def run_preprocess_demo(out_dir: str | Path = "out/demo") -> int:
     """Preprocessing only: one line per sample item (see the module docstring)."""
-    from operators.errors import VlbatchError
-    from operators.preprocess import Processor, load_image
+    from vlbatch.operators.errors import VlbatchError
+    from vlbatch.operators.preprocess import Processor, load_image
 
     start = time.perf_counter()
     out = Path(out_dir)
@@ -125,8 +125,8 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 def run_demo(out_dir: str | Path = "out/demo", *, show: int = 40) -> int:
     """The demo job through the whole pipeline on a local Ray; prints `show` output rows."""
-    from jobs.local import run_local
-    from pipeline.demo import demo_overrides, demo_truth, prepare_demo
+    from vlbatch.jobs.local import run_local
+    from vlbatch.pipeline.demo import demo_overrides, demo_truth, prepare_demo
 
     out = Path(out_dir)
     prepare_demo(out)

@@ -1,11 +1,11 @@
 """Errors of the jobs layer (CLI, submission, scheduling) and their exit codes.
 
-Each error maps to one documented exit code of the `vlbatch` command (see `jobs.cli`).
-They subclass `operators.errors.VlbatchError` so callers can catch one base class.
+Each error maps to one documented exit code of the `vlbatch` command (see `vlbatch.jobs.cli`).
+They subclass `vlbatch.operators.errors.VlbatchError` so callers can catch one base class.
 """
 from __future__ import annotations
 
-from operators.errors import VlbatchError
+from vlbatch.operators.errors import VlbatchError
 
 # Exit codes of `vlbatch` (documented in jobs/cli.py and the README).
 EXIT_OK = 0

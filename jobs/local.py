@@ -1,7 +1,7 @@
 """Running a job in this process: `vlbatch run` (also the entrypoint of submitted jobs).
 
 Order of work: validate the config (no Ray), take the job's overlap lock, connect to Ray,
-run the pipeline (`pipeline.runner.run_job`), turn its summary into an exit code.
+run the pipeline (`vlbatch.pipeline.runner.run_job`), turn its summary into an exit code.
 
 Which Ray: ``--address`` or the config's ``ray.address`` when set; else ``RAY_ADDRESS``
 (set by Ray for submitted jobs, so they run on their cluster); else a Ray already running
@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import EXIT_JOB_FAILED, EXIT_OK
-from jobs.scheduling import run_lock, submission_id
+from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
+from vlbatch.jobs.scheduling import run_lock, submission_id
 
 
 def connect_ray(address: str | None) -> bool:
@@ -58,7 +58,7 @@ def run_local(
     With a `slot` (cron / RayCronJob runs) the run id is ``vlb-<name>-<slot>`` unless the
     config pins one, so every retry of the same tick resumes the same output.
     """
-    from pipeline.config import load_config
+    from vlbatch.pipeline.config import load_config
 
     config = load_config(config_path, list(overrides))
     job_name = name or Path(config_path).stem
@@ -72,7 +72,7 @@ def run_local(
 
 
 def _run(config: Any, address: str | None) -> int:
-    from pipeline.runner import run_job
+    from vlbatch.pipeline.runner import run_job
 
     started = connect_ray(address or config.ray.address)
     try:

@@ -3,7 +3,7 @@
 A scheduled job runs once per *slot*: the scheduled time a tick belongs to. A cron tick
 that fires late, or is retried, or an Airflow task retry, computes the same slot and so
 the same submission id (`submission_id(name, slot)`); the cluster refuses a second
-submission with that id (see `jobs.submission`). Locally, `run_lock(name)` holds an
+submission with that id (see `vlbatch.jobs.submission`). Locally, `run_lock(name)` holds an
 exclusive `flock` for the job name while a run is active, so two cron ticks of the same
 job never overlap on one machine; the lock disappears with the process (no stale locks
 after a crash, unlike pid files).
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.errors import OverlapError, SubmissionError
+from vlbatch.jobs.errors import OverlapError, SubmissionError
 
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

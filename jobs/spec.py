@@ -2,7 +2,7 @@
 
 `build_spec` validates the job config locally (no Ray) before anything is sent, so a bad
 config never reaches a cluster. The job runs on the cluster as our own CLI
-(``python -m jobs.cli run CONFIG --set ... --set output.run_id=RUN``) inside the packaged
+(``python -m vlbatch.jobs.cli run CONFIG --set ... --set output.run_id=RUN``) inside the packaged
 working directory; pinning the run id on the command line makes every attempt of the same
 submission (the first, a resume after a stop, an Airflow retry) write to and resume the
 same output folder.
@@ -19,8 +19,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.errors import SubmissionError
-from jobs.scheduling import format_slot, submission_id
+from vlbatch.jobs.errors import SubmissionError
+from vlbatch.jobs.scheduling import format_slot, submission_id
 
 # Never packaged with the working directory: VCS data, caches, local outputs, venvs.
 DEFAULT_EXCLUDES = (
@@ -49,7 +49,7 @@ class JobSpec:
 
     def entrypoint(self) -> str:
         # --no-lock: on a cluster, overlap is guarded at submission (see Submitter.submit).
-        args = ["python", "-m", "jobs.cli", "run", self.config, "--name", self.name, "--no-lock"]
+        args = ["python", "-m", "vlbatch.jobs.cli", "run", self.config, "--name", self.name, "--no-lock"]
         for ov in self.overrides:
             args += ["--set", ov]
         args += ["--set", f"output.run_id={self.run_id}"]
@@ -105,7 +105,7 @@ def build_spec(
     Without a slot (an ad-hoc submission) the slot is the current UTC minute and the run id
     is the config's own (so resubmitting the same config resumes the same output).
     """
-    from pipeline.config import load_config
+    from vlbatch.pipeline.config import load_config
 
     wd = Path(workdir).resolve()
     if not wd.is_dir():

@@ -1,7 +1,7 @@
 """Remote jobs through the Ray Jobs API (`ray.job_submission.JobSubmissionClient`).
 
 A vlbatch submission has a deterministic *root* id (`vlb-<name>-<slot>`, see
-`jobs.scheduling`). Ray keeps one record per submission id and refuses a second job with
+`vlbatch.jobs.scheduling`). Ray keeps one record per submission id and refuses a second job with
 the same id, so the root id is the "at most once per slot" guarantee. Ray jobs cannot be
 restarted, so a resume is a new attempt ``<root>-r1``, ``<root>-r2``, ... running the same
 entrypoint (same config, same pinned run id), which makes the pipeline skip committed
@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import (
+from vlbatch.jobs.errors import (
     ClusterUnreachableError,
     DuplicateSubmissionError,
     JobNotFoundError,
     OverlapError,
     SubmissionError,
 )
-from jobs.spec import DEFAULT_EXCLUDES, JobSpec
+from vlbatch.jobs.spec import DEFAULT_EXCLUDES, JobSpec
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 ACTIVE = frozenset({"PENDING", "RUNNING"})

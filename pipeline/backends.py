@@ -8,7 +8,7 @@ stage runs concurrent calls on one actor). `backend.take_usage() -> Usage` gives
 model's busy seconds and vision-tower counters since the previous take (so the figures
 of all calls sum to the actor's totals).
 
-- `EngineBackend`: operators.engine (paged KV, prefix and vision caches) behind an
+- `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product.
 - `TransformersBackend`: transformers' `generate()`, one request at a time, calls
   serialised: the reference and the benchmark baseline (no caches, slow).
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.errors import InputError
-from pipeline.config import JobConfig
-from pipeline.model_stage import ReqOut, processor_dict, request_seed, resolve_device
-from pipeline.rows import Prepared
+from vlbatch.operators.errors import InputError
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.model_stage import ReqOut, processor_dict, request_seed, resolve_device
+from vlbatch.pipeline.rows import Prepared
 
 
 def _dtype(name: str):
@@ -61,7 +61,7 @@ class _UsageMeter:
 
 class EngineBackend:
     def __init__(self, cfg: JobConfig):
-        from operators.engine import Engine, EngineLoop
+        from vlbatch.operators.engine import Engine, EngineLoop
 
         self.cfg = cfg
         self.engine = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
@@ -71,7 +71,7 @@ class EngineBackend:
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
-        from operators.engine.request import SamplingParams
+        from vlbatch.operators.engine.request import SamplingParams
 
         s = self.cfg.sampling
         greedy = s.temperature == 0
@@ -80,7 +80,7 @@ class EngineBackend:
                               top_p=None if s.top_p == 1.0 else s.top_p, seed=request_seed(s.seed, rid))
 
     def generate(self, rows: list[Prepared]) -> dict[str, ReqOut]:
-        from operators.engine.request import Request
+        from vlbatch.operators.engine.request import Request
 
         out: dict[str, ReqOut] = {}
         reqs = []

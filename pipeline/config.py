@@ -2,13 +2,13 @@
 
 A job is a YAML file (``configs/*.yaml``) plus ``--set a.b=value`` overrides. It is
 validated completely before Ray starts; every problem becomes one
-`operators.errors.ConfigError` whose message names each bad field (dotted path) and,
+`vlbatch.operators.errors.ConfigError` whose message names each bad field (dotted path) and,
 for choices, the allowed values. Everything past this module uses the frozen
 `JobConfig` object (pydantic models with ``frozen=True``), never raw dicts.
 
 `load_config(path, overrides)` is the entry point used by `jobs/` and tests;
 `export_schema(path)` writes ``configs/job.schema.json`` for editors
-(``python -m pipeline.config --schema configs/job.schema.json``).
+(``python -m vlbatch.pipeline.config --schema configs/job.schema.json``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "configs" / "job.schema.json"
 
@@ -30,7 +30,7 @@ class _Section(BaseModel):
 
 
 class EngineBudgets(_Section):
-    """Budgets handed to `Engine.from_pretrained` (per model actor; `operators.engine.EngineConfig`)."""
+    """Budgets handed to `Engine.from_pretrained` (per model actor; `vlbatch.operators.engine.EngineConfig`)."""
 
     max_num_seqs: int = Field(32, ge=1, description="sequences decoded together")
     max_num_batched_tokens: int = Field(2048, ge=16, description="tokens per forward step (chunked prefill)")
@@ -315,7 +315,7 @@ def export_schema(path: str | Path = SCHEMA_PATH) -> Path:
     return p
 
 
-if __name__ == "__main__":  # python -m pipeline.config --schema [PATH]
+if __name__ == "__main__":  # python -m vlbatch.pipeline.config --schema [PATH]
     import argparse
 
     ap = argparse.ArgumentParser(description="job config tools")

@@ -1,11 +1,11 @@
 """Inputs of the README demo (`configs/demo.yaml`), generated locally, no downloads.
 
 The model is the bundled `models/shapes-tiny` (issue 8: a tiny Qwen3.5 trained on
-synthetic shapes, see `operators.training.shapes`). `prepare_demo(out_dir)` writes
+synthetic shapes, see `vlbatch.devtools.training.shapes`). `prepare_demo(out_dir)` writes
 under `out_dir` (default out/demo):
 - `media/scenes/`: synthetic scenes it was trained to describe, from seeds outside both
   the training and the held-out ranges: images (PNG) and short videos (H.264 MP4);
-- `media/bad/`: deliberately bad files from `operators.media.samples` (truncated,
+- `media/bad/`: deliberately bad files from `vlbatch.devtools.samples` (truncated,
   zero-byte, header-lies, audio-only, ...), which must become error rows;
 - `media/manifest.jsonl`: one line per media, `{"media_uri": ..., "media_type": ...}`;
 - `media/truth.json`: the ground-truth caption of each scene, for the demo's printout.
@@ -17,14 +17,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "models" / "shapes-tiny"
+from vlbatch.models import SHAPES_TINY
+
+BUNDLED_MODEL = SHAPES_TINY
 DEMO_SEED_BASE = 2_000_000_000  # training uses seeds < 1e9, the held-out set 1e9 + i
 N_IMAGES, N_VIDEOS = 8, 4
 
 
 def write_scenes(media: Path, n_images: int = N_IMAGES, n_videos: int = N_VIDEOS) -> dict[str, str]:
     """Scene images and videos under `media/scenes`; returns {path: ground-truth caption}."""
-    from operators.scenes.heldout import heldout_items
+    from vlbatch.devtools.scenes.heldout import heldout_items
 
     items = heldout_items(n_images, n_videos, seed_base=DEMO_SEED_BASE)
     seen, truth = set(), {}
@@ -47,7 +49,7 @@ def prepare_demo(out_dir: str | Path = "out/demo", *, include_bad: bool = True) 
         truth_json.write_text(json.dumps(write_scenes(media), indent=1))
     bad_json = media / "bad" / "manifest.json"
     if include_bad and not bad_json.exists():
-        from operators.media.samples import write_all
+        from vlbatch.devtools.samples import write_all
 
         write_all(media / "bad")
     lines = [{"media_uri": p, "media_type": "video" if p.endswith(".mp4") else "image"}

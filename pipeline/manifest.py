@@ -14,9 +14,9 @@ import pyarrow as pa
 import ray
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-from operators.errors import ConfigError, InputError
-from operators.writer.fs import open_filesystem, split_protocol
-from pipeline.config import JobConfig
+from vlbatch.operators.errors import ConfigError, InputError
+from vlbatch.operators.writer.fs import open_filesystem, split_protocol
+from vlbatch.pipeline.config import JobConfig
 
 COLUMNS = ("media_uri", "media_type", "questions")
 

@@ -1,11 +1,11 @@
 """The model stage: Prepared rows -> Generated rows on one model actor.
 
-The actor holds one backend (`engine`: operators.engine, the product; `transformers`:
+The actor holds one backend (`engine`: vlbatch.operators.engine, the product; `transformers`:
 reference `generate()`, used by the benchmark baseline). A Ray batch holds whole media
 rows (all questions of a media together), so siblings meet the same actor's vision and
 prefix caches. Ray Data runs up to `resources.model.max_concurrent_batches` calls at
 once on an actor (threads); with the engine backend all of them feed one continuous
-batch (`operators.engine.EngineLoop`), so a call returns as soon as its own requests are
+batch (`vlbatch.operators.engine.EngineLoop`), so a call returns as soon as its own requests are
 done while the engine goes on with the others': small Ray batches (`batch_size` media)
 commit early without draining the engine. What the engine holds is bounded by *visual
 tokens* (`resources.model.batch_visual_tokens` in flight per actor), not rows.
@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from operators.errors import EngineError, VlbatchError
-from pipeline.config import JobConfig
-from pipeline.rows import Generated, Prepared, from_table, to_table
+from vlbatch.operators.errors import EngineError, VlbatchError
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,11 @@ class ModelStage:
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
         self.cfg = cfg
         if cfg.model.backend == "engine":
-            from pipeline.backends import EngineBackend
+            from vlbatch.pipeline.backends import EngineBackend
 
             self.backend = EngineBackend(cfg)
         else:
-            from pipeline.backends import TransformersBackend
+            from vlbatch.pipeline.backends import TransformersBackend
 
             self.backend = TransformersBackend(cfg)
 

@@ -13,9 +13,9 @@ import hashlib
 import json
 from collections.abc import Iterable
 
-from operators.errors import InputError
-from pipeline.config import TaskConfig
-from pipeline.rows import MediaTask
+from vlbatch.operators.errors import InputError
+from vlbatch.pipeline.config import TaskConfig
+from vlbatch.pipeline.rows import MediaTask
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 VIDEO_EXT = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".m4a", ".ts", ".flv"}

@@ -10,7 +10,7 @@
       -> write: one atomic Parquet part file per batch     actor pool (small); stats rows back to the driver
 
 Output layout: `<output.uri>/<run_id>/part-<hash>.parquet` and `_summary.json` beside them.
-Before the graph starts, the run directory's committed ids are read (`operators.writer.resume`):
+Before the graph starts, the run directory's committed ids are read (`vlbatch.operators.writer.resume`):
 committed ok / permanent-error rows are skipped, transient error rows purged and redone.
 After it finishes the index is read again to count the whole run (all attempts).
 """
@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.errors import ConfigError
-from operators.writer import clean_tmp, load_index, open_filesystem, purge_transient, write_json
-from operators.writer.fs import join
-from pipeline.config import JobConfig
-from pipeline.progress import Progress
-from pipeline.requests import expand, pending
-from pipeline.rows import MediaTask, to_table
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.writer import clean_tmp, load_index, open_filesystem, purge_transient, write_json
+from vlbatch.operators.writer.fs import join
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.progress import Progress
+from vlbatch.pipeline.requests import expand, pending
+from vlbatch.pipeline.rows import MediaTask, to_table
 
 log = logging.getLogger("vlbatch.pipeline")
 SUMMARY_NAME = "_summary.json"
@@ -103,7 +103,7 @@ STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
 
 def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None, concurrency: int | None = None):
     """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped)."""
-    from pipeline.manifest import read_manifest, task_pool
+    from vlbatch.pipeline.manifest import read_manifest, task_pool
 
     return read_manifest(cfg, num_cpus=num_cpus, concurrency=concurrency).map_batches(
         _expand_batch, batch_format="pyarrow", num_cpus=num_cpus, compute=task_pool(concurrency),
@@ -190,9 +190,9 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     """The lazy dataset of write stats rows."""
     import ray
 
-    from pipeline.model_stage import ModelStage
-    from pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
-    from pipeline.write_stage import WriteStage
+    from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
+    from vlbatch.pipeline.write_stage import WriteStage
 
     r = cfg.resources
 

@@ -18,9 +18,9 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from operators.errors import InputError
-from pipeline.config import JobConfig
-from pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
+from vlbatch.operators.errors import InputError
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
 
 
 def _error_fields(row: MediaTask) -> dict:
@@ -34,7 +34,7 @@ def _base(row: MediaTask) -> dict:
 
 def _catch(row: MediaTask, fn, err_cls):
     """fn(), or the row as an error row: a typed `VlbatchError` keeps its class name (permanent
-    or transient per `operators.errors`); any other exception (a bug, a library error) is
+    or transient per `vlbatch.operators.errors`); any other exception (a bug, a library error) is
     recorded under its own name and counts as transient on resume. Never a task failure."""
     try:
         return fn()
@@ -50,9 +50,9 @@ class DecodeStage:
     """
 
     def __init__(self, cfg: JobConfig):
-        from operators.media import StorageOptions
-        from operators.media.video import FrameSampling
-        from operators.media.worker import DecodeWorker
+        from vlbatch.operators.media import StorageOptions
+        from vlbatch.operators.media.video import FrameSampling
+        from vlbatch.operators.media.worker import DecodeWorker
 
         self.cfg = cfg
         s = cfg.storage
@@ -75,7 +75,7 @@ class DecodeStage:
         return _catch(row, lambda: self._decode(row), Decoded)
 
     def _decode(self, row: MediaTask) -> Decoded:
-        from operators.media import read_bytes
+        from vlbatch.operators.media import read_bytes
 
         t0 = time.perf_counter()
         data = read_bytes(row.media_uri, self.storage)
@@ -84,7 +84,7 @@ class DecodeStage:
             raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {row.media_type}.max_bytes "
                              f"limit of {limit}")
         if row.media_type == "image":
-            from operators.preprocess import load_image
+            from vlbatch.operators.preprocess import load_image
 
             img = load_image(data)
             return Decoded(**_base(row), frames=img[None], decode_s=time.perf_counter() - t0)
@@ -115,7 +115,7 @@ class PreprocessStage:
     """
 
     def __init__(self, cfg: JobConfig):
-        from operators.preprocess import Processor
+        from vlbatch.operators.preprocess import Processor
 
         self.cfg = cfg
         self.lock = threading.Lock()
@@ -140,7 +140,7 @@ class PreprocessStage:
     def media_kwargs(self, row: Decoded) -> dict:
         if row.media_type == "image":
             return {"images": [row.frames[0]]}
-        from operators.types import VideoClip
+        from vlbatch.operators.types import VideoClip
 
         clip = VideoClip(frames=row.frames, source_fps=float(row.source_fps), total_frames=int(row.total_frames),
                          indices=tuple(row.frame_indices))

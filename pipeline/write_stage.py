@@ -2,7 +2,7 @@
 
 Runs as a small Ray actor pool (`WriteStage`). Each call explodes its media rows into one
 `OutputRow` per request, commits them as one part file (deterministic name from the ids;
-atomic, see `operators.writer.commit`) and returns a small stats table, one row per request, that
+atomic, see `vlbatch.operators.writer.commit`) and returns a small stats table, one row per request, that
 the driver aggregates for progress and the run summary. The rows are committed before
 the stats row exists, so whatever the driver counts is durable.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from operators.writer import OutputRow, Timings, commit_table, open_filesystem, rows_to_table
-from pipeline.config import JobConfig
-from pipeline.rows import Generated, from_table
+from vlbatch.operators.writer import OutputRow, Timings, commit_table, open_filesystem, rows_to_table
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.rows import Generated, from_table
 
 STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from operators.media.samples import main  # noqa: E402
+from vlbatch.devtools.samples import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

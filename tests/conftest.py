@@ -28,7 +28,7 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """`tiny_ckpt(variant, shards=1)` -> Path of a tiny random checkpoint (cached per session)."""
-    from operators.checkpoints import make_tiny_checkpoint
+    from vlbatch.devtools.checkpoints import make_tiny_checkpoint
 
     cache: dict = {}
 

@@ -11,7 +11,7 @@ from benchmarks import bench_engine_gpu as bench
 
 
 def test_nine_b_shape_is_the_seeds(tmp_path):
-    from operators.model import ModelConfig, Qwen35Model
+    from vlbatch.operators.model import ModelConfig, Qwen35Model
 
     cfg = ModelConfig.from_pretrained(bench.write_config(tmp_path, "9b"))
     t, v = cfg.text, cfg.vision
@@ -31,7 +31,7 @@ def test_nine_b_shape_is_the_seeds(tmp_path):
 
 
 def test_config_without_transformers_reads_the_same(tmp_path):
-    from operators.model import ModelConfig
+    from vlbatch.operators.model import ModelConfig
 
     saved = ModelConfig.from_pretrained(bench.write_config(tmp_path / "a", "9b"))
     raw = ModelConfig.from_pretrained(bench.write_config(tmp_path / "b", "9b", use_transformers=False))
@@ -55,8 +55,8 @@ def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
 def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_path):
     """On the CPU only the torch kernels exist: torch against torch must agree everywhere, and
     the model keeps the kernels it had."""
-    from operators.engine.engine import Engine
-    from operators.model.ops.delta_kernels import TORCH_KERNELS
+    from vlbatch.operators.engine.engine import Engine
+    from vlbatch.operators.model.ops.delta_kernels import TORCH_KERNELS
 
     ckpt = bench.write_config(tmp_path, "tiny")
     bench.write_random_weights(ckpt, "cpu", torch.float32)

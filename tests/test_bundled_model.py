@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from operators.scenes.heldout import heldout_items
-from operators.scenes.score import is_well_formed
+from vlbatch.devtools.scenes.heldout import heldout_items
+from vlbatch.devtools.scenes.score import is_well_formed
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "shapes-tiny"
 N_IMAGES, N_VIDEOS = 60, 40  # 12 per image task, 10 per video task
@@ -24,7 +24,7 @@ N_IMAGES, N_VIDEOS = 60, 40  # 12 per image task, 10 per video task
 
 @pytest.fixture(scope="module")
 def reference():
-    from operators.training.evaluate import load_reference
+    from vlbatch.devtools.training.evaluate import load_reference
 
     torch.set_num_threads(2)
     return load_reference(MODEL_DIR)
@@ -33,7 +33,7 @@ def reference():
 @pytest.fixture(scope="module")
 def heldout(reference):
     """(items, generated answers) of the held-out set, generated once for this module."""
-    from operators.training.evaluate import decoded_item, generate
+    from vlbatch.devtools.training.evaluate import decoded_item, generate
 
     model, processor = reference
     items = [decoded_item(it) for it in heldout_items(N_IMAGES, N_VIDEOS)]
@@ -59,7 +59,7 @@ def test_bundled_model_loads_in_fp32(reference):
 
 
 def test_our_loader_gives_the_reference_logits(reference):
-    """operators.model.load_model reads the bundled checkpoint; logits match transformers on images and videos.
+    """vlbatch.operators.model.load_model reads the bundled checkpoint; logits match transformers on images and videos.
 
     The trained model's logits reach about +-26, and in fp32 both implementations land up to
     ~2e-4 from an fp64 run of the reference (measured), so the fp32 comparison allows 5e-4
@@ -68,8 +68,8 @@ def test_our_loader_gives_the_reference_logits(reference):
     """
     import copy
 
-    from operators.model import load_model
-    from operators.training.batches import media_kwargs, prompt_text
+    from vlbatch.devtools.training.batches import media_kwargs, prompt_text
+    from vlbatch.operators.model import load_model
 
     model, processor = reference
     exact = copy.deepcopy(model).double()
@@ -98,8 +98,8 @@ def test_bundled_answers_are_well_formed_and_stop(heldout):
 
 def test_engine_gives_the_reference_greedy_answers(heldout):
     """Our engine (batched, caches on) answers every held-out item with transformers' greedy tokens."""
-    from operators.engine import Engine, Request, SamplingParams
-    from operators.preprocess import Processor
+    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.preprocess import Processor
 
     items, generated = heldout
     proc = Processor.from_pretrained(MODEL_DIR)
@@ -121,9 +121,9 @@ def pipeline_answers(tmp_path_factory):
     """The held-out set through `run_job` (local Ray, local Parquet): (items, {media path: row})."""
     import ray
 
-    from operators.writer import open_filesystem, read_committed
-    from pipeline.config import validate_config
-    from pipeline.runner import run_job
+    from vlbatch.operators.writer import open_filesystem, read_committed
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.runner import run_job
 
     root = tmp_path_factory.mktemp("bundled_pipeline")
     items = heldout_items(N_IMAGES, N_VIDEOS)
@@ -156,7 +156,7 @@ def pipeline_answers(tmp_path_factory):
 
 def test_pipeline_answers_heldout_scenes_correctly(pipeline_answers):
     """Issue 8 acceptance: >= 90% of image attributes, >= 80% of video motion answers, via the pipeline."""
-    from operators.scenes.score import score_answers
+    from vlbatch.devtools.scenes.score import score_answers
 
     items, paths, summary, rows = pipeline_answers
     assert len(rows) == len(items) and all(rows[p]["status"] == "ok" for p in paths)

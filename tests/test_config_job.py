@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from operators.errors import ConfigError
-from pipeline.config import SCHEMA_PATH, job_schema, load_config, validate_config
+from vlbatch.operators.errors import ConfigError
+from vlbatch.pipeline.config import SCHEMA_PATH, job_schema, load_config, validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN = {"model": {"path": "m"}, "input": {"uri": "in.parquet"}, "output": {"uri": "out"}}
@@ -86,10 +86,10 @@ def test_config_is_frozen():
 
 
 def test_exported_schema_is_current():
-    """configs/job.schema.json must equal what `python -m pipeline.config --schema` writes now."""
+    """configs/job.schema.json must equal what `python -m vlbatch.pipeline.config --schema` writes now."""
     on_disk = json.loads(SCHEMA_PATH.read_text())
     assert on_disk == json.loads(json.dumps(job_schema(), sort_keys=True)), \
-        "regenerate with: python -m pipeline.config --schema"
+        "regenerate with: python -m vlbatch.pipeline.config --schema"
     assert "max_error_fraction" in on_disk["properties"]
 
 
@@ -97,7 +97,7 @@ def test_demo_inputs_match_the_demo_config(tmp_path):
     """prepare_demo writes what configs/demo.yaml (with demo_overrides) points at."""
     import json as _json
 
-    from pipeline.demo import demo_overrides, prepare_demo
+    from vlbatch.pipeline.demo import demo_overrides, prepare_demo
 
     manifest = prepare_demo(tmp_path)
     cfg = load_config(ROOT / "configs" / "demo.yaml", demo_overrides(tmp_path))
@@ -105,7 +105,7 @@ def test_demo_inputs_match_the_demo_config(tmp_path):
     lines = [_json.loads(x) for x in manifest.read_text().splitlines()]
     assert {x["media_type"] for x in lines} == {"image", "video"}
     assert all(Path(x["media_uri"]).exists() for x in lines)
-    from pipeline.demo import BUNDLED_MODEL, demo_truth
+    from vlbatch.pipeline.demo import BUNDLED_MODEL, demo_truth
 
     assert Path(cfg.model.path) == BUNDLED_MODEL  # the demo captions with the bundled trained model
     truth = demo_truth(tmp_path)

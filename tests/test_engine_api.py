@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_engine_support import image, processed, reference_model, request, video
 
-from operators.engine import MediaItem, Request, SamplingParams
-from operators.engine.engine import Engine
-from operators.engine.sequence import Sequence
-from operators.errors import InputError
+from vlbatch.operators.engine import MediaItem, Request, SamplingParams
+from vlbatch.operators.engine.engine import Engine
+from vlbatch.operators.engine.sequence import Sequence
+from vlbatch.operators.errors import InputError
 
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
 
@@ -100,9 +100,9 @@ def test_bad_requests_become_error_results_and_others_finish(ckpt):
 
 
 def test_requests_from_our_processor_batch_match_the_reference_route(ckpt, engine):
-    """A padded two-prompt batch from operators.preprocess (numpy) -> the same requests and outputs."""
-    from operators.preprocess.processor import Processor
-    from operators.types import VideoClip
+    """A padded two-prompt batch from vlbatch.operators.preprocess (numpy) -> the same requests and outputs."""
+    from vlbatch.operators.preprocess.processor import Processor
+    from vlbatch.operators.types import VideoClip
 
     proc = Processor.from_pretrained(ckpt)
     vid, img = video(3), image(6, 48, 64)

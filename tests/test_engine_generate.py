@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from test_engine_support import image, reference_greedy, request, video
 
-from operators.engine.engine import Engine
+from vlbatch.operators.engine.engine import Engine
 
 SYSTEM = "You are a careful visual assistant. Answer briefly."
 QUESTIONS = ["Describe the image.", "What colour dominates?", "Count the objects in the scene please."]

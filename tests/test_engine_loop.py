@@ -11,8 +11,8 @@ import threading
 import pytest
 from test_engine_support import image, request, video
 
-from operators.engine import EngineLoop
-from operators.engine.engine import Engine
+from vlbatch.operators.engine import EngineLoop
+from vlbatch.operators.engine.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,9 +12,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from operators.engine.paged_attention import PagedLayout, attention_naive, paged_attention
-from operators.engine.request import SamplingParams
-from operators.engine.sampler import make_generator, repetition_penalty, sample, warp
+from vlbatch.operators.engine.paged_attention import PagedLayout, attention_naive, paged_attention
+from vlbatch.operators.engine.request import SamplingParams
+from vlbatch.operators.engine.sampler import make_generator, repetition_penalty, sample, warp
 
 
 @pytest.mark.parametrize("temp,top_k,top_p,pen", [(0.7, 5, 0.9, 1.3), (1.3, None, 0.5, None), (1.0, 3, None, 0.8),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_engine_support import image, request
 
-from operators.engine.engine import Engine
+from vlbatch.operators.engine.engine import Engine
 
 SYSTEM = "You are a careful visual assistant."
 QUESTIONS = ["Describe it.", "Describe the colours.", "Describe the shapes in detail.", "Describe the mood.",

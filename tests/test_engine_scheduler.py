@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from operators.engine.block_manager import BlockManager
-from operators.engine.branch_points import plan_branch_points
-from operators.engine.prefix_cache import PrefixCache
-from operators.engine.request import Request, SamplingParams
-from operators.engine.scheduler import Scheduler
-from operators.engine.sequence import Sequence, Status
-from operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.block_manager import BlockManager
+from vlbatch.operators.engine.branch_points import plan_branch_points
+from vlbatch.operators.engine.prefix_cache import PrefixCache
+from vlbatch.operators.engine.request import Request, SamplingParams
+from vlbatch.operators.engine.scheduler import Scheduler
+from vlbatch.operators.engine.sequence import Sequence, Status
+from vlbatch.operators.engine.state_pool import StatePool
 
 
 def _req(rid, ids, new=4):

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from operators.engine.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
-from operators.engine.branch_points import plan_branch_points, plan_branch_points_naive
-from operators.engine.prefix_cache import KeyCodec, PrefixCache
-from operators.engine.request import MediaItem
-from operators.engine.state_pool import StatePool
-from operators.engine.vision_cache import VisionCache
-from operators.errors import ConfigError, InputError
+from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
+from vlbatch.operators.engine.branch_points import plan_branch_points, plan_branch_points_naive
+from vlbatch.operators.engine.prefix_cache import KeyCodec, PrefixCache
+from vlbatch.operators.engine.request import MediaItem
+from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.vision_cache import VisionCache
+from vlbatch.operators.errors import ConfigError, InputError
 
 
 # -- block manager ---------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_key_codec_forgetting_never_aliases():
 
 # -- prefix cache ----------------------------------------------------------------------------
 def _snap(value: float):
-    from operators.engine.state_pool import Snapshot
+    from vlbatch.operators.engine.state_pool import Snapshot
 
     return Snapshot(torch.full((2, 3, 4), value), torch.full((2, 1, 2, 2), value))
 

@@ -11,7 +11,7 @@ import functools
 import numpy as np
 import torch
 
-from operators.engine import Request, SamplingParams
+from vlbatch.operators.engine import Request, SamplingParams
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,7 +1,7 @@
 """infra/ manifests agree with each other, with the job config schema and with pyproject pins.
 
 Parsed, not rendered: KubeRay RayCluster / RayJob / RayCronJob, the cluster launcher YAML,
-the Dockerfile, and infra/job.yaml (validated by `pipeline.config.load_config`).
+the Dockerfile, and infra/job.yaml (validated by `vlbatch.pipeline.config.load_config`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 from test_jobs_support import REPO
 
-from pipeline.config import load_config
+from vlbatch.pipeline.config import load_config
 
 INFRA = REPO / "infra"
 
@@ -119,11 +119,11 @@ def test_rayjob_and_cronjob_run_our_cli_on_the_same_cluster(rel, path, cluster, 
     assert spec["rayClusterSpec"] == cluster["spec"], "same cluster shape as raycluster.yaml"
     assert spec["shutdownAfterJobFinishes"] is True and spec["backoffLimit"] >= 1
     argv = shlex.split(spec["entrypoint"])
-    assert argv[:4] == ["python", "-m", "jobs.cli", "run"]
+    assert argv[:4] == ["python", "-m", "vlbatch.jobs.cli", "run"]
     config_in_image = argv[4]
     assert config_in_image.startswith("/app/") and (REPO / config_in_image.removeprefix("/app/")).is_file()
     if "cron" in rel:
-        from jobs.scheduling import parse_cron
+        from vlbatch.jobs.scheduling import parse_cron
 
         schedule = doc["spec"]["schedule"]
         parse_cron(schedule)

@@ -55,7 +55,7 @@ def test_model_pool_scales_gpu_nodes_up_from_zero_and_back(autoscaling_head, tin
     env = dict(os.environ, **TEST_ENV)
     env.pop("RAY_ADDRESS", None)
     run = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "run", str(cfg), "--address", head.gcs_address, "--no-lock",
+        [sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--address", head.gcs_address, "--no-lock",
          "--set", "output.run_id=autoscale"],
         capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
     )

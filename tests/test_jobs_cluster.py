@@ -11,7 +11,7 @@ from pathlib import Path
 
 from test_jobs_support import read_output, vlbatch, write_job
 
-from jobs.errors import EXIT_DUPLICATE, EXIT_NOT_FOUND, EXIT_OVERLAP, EXIT_UNREACHABLE
+from vlbatch.jobs.errors import EXIT_DUPLICATE, EXIT_NOT_FOUND, EXIT_OVERLAP, EXIT_UNREACHABLE
 
 N_IMAGES = 6
 

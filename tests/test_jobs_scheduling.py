@@ -11,9 +11,9 @@ import sys
 import pytest
 from test_jobs_support import REPO, vlbatch, write_job
 
-from jobs.errors import EXIT_OVERLAP, EXIT_USAGE, OverlapError, SubmissionError
-from jobs.scheduling import format_slot, latest_slot, parse_cron, run_lock, submission_id
-from jobs.spec import build_spec
+from vlbatch.jobs.errors import EXIT_OVERLAP, EXIT_USAGE, OverlapError, SubmissionError
+from vlbatch.jobs.scheduling import format_slot, latest_slot, parse_cron, run_lock, submission_id
+from vlbatch.jobs.spec import build_spec
 
 UTC = dt.UTC
 
@@ -56,7 +56,7 @@ def test_bad_cron_is_a_typed_error(bad):
 
 def test_run_lock_refuses_a_second_holder_and_frees_on_exit(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from jobs.scheduling import run_lock\n"
+        [sys.executable, "-c", "import sys; from pathlib import Path; from vlbatch.jobs.scheduling import run_lock\n"
          f"with run_lock('nightly', Path({str(tmp_path)!r})):\n print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )
@@ -89,7 +89,7 @@ def test_spec_entrypoint_runtime_env_and_run_id(tmp_path, tiny_ckpt):
     assert spec.submission_id == "vlb-cap-20261129T0200"
     assert spec.run_id == spec.submission_id  # scheduled: one output per slot
     argv = shlex.split(spec.entrypoint())
-    assert argv[:5] == ["python", "-m", "jobs.cli", "run", "job.yaml"] and "--no-lock" in argv
+    assert argv[:5] == ["python", "-m", "vlbatch.jobs.cli", "run", "job.yaml"] and "--no-lock" in argv
     assert argv[-2:] == ["--set", "output.run_id=vlb-cap-20261129T0200"] and "sampling.max_tokens=3" in argv
     env = spec.runtime_env()
     assert env["working_dir"] == str((tmp_path / "wd").resolve()) and ".git" in env["excludes"]
@@ -97,7 +97,7 @@ def test_spec_entrypoint_runtime_env_and_run_id(tmp_path, tiny_ckpt):
     meta = spec.metadata()
     assert all(isinstance(v, str) for v in meta.values()) and json.loads(meta["overrides"]) == ["sampling.max_tokens=3"]
     adhoc = build_spec(cfg, workdir=tmp_path / "wd", name="cap")  # no slot: the config's own run id
-    from pipeline.config import load_config
+    from vlbatch.pipeline.config import load_config
 
     assert adhoc.run_id == load_config(cfg).resolved_run_id()
     assert adhoc.submission_id.startswith("vlb-cap-2")

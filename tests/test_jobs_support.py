@@ -143,7 +143,7 @@ def vlbatch(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path
     full_env = dict(os.environ, **TEST_ENV, **(env or {}))
     full_env.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "vlbatch.jobs.cli", *args], capture_output=True, text=True, timeout=timeout,
         env=full_env, cwd=cwd or REPO,
     )
 

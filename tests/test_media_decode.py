@@ -1,4 +1,4 @@
-"""Video decoding on real files encoded in the test run (operators.media.samples).
+"""Video decoding on real files encoded in the test run (vlbatch.devtools.samples).
 
 Checks which frame each backend returns (the frames carry their index as a bit
 pattern), decord against PyAV pixel by pixel, sampled indices against
@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from operators.errors import InputError, MediaError, MediaTimeoutError
-from operators.media.decoders import get_decoder
-from operators.media.samples import frame_index, write_sample_videos
-from operators.media.video import FrameSampling, decode_video_inprocess
-from operators.media.worker import DecodeWorker
+from vlbatch.devtools.samples import frame_index, write_sample_videos
+from vlbatch.operators.errors import InputError, MediaError, MediaTimeoutError
+from vlbatch.operators.media.decoders import get_decoder
+from vlbatch.operators.media.video import FrameSampling, decode_video_inprocess
+from vlbatch.operators.media.worker import DecodeWorker
 
 # decord 0.6 ships its own FFmpeg build; both convert YUV 4:2:0 to RGB with swscale.
 # Largest difference seen on these files: 0 (bit-identical); we allow 2 levels per channel
@@ -140,7 +140,7 @@ def test_bad_files_raise_media_error_within_the_limit(videos, worker):
 def test_images_are_not_videos(worker, tmp_path):
     from PIL import Image
 
-    from operators.media.sample_images import gradient
+    from vlbatch.devtools.sample_images import gradient
 
     for fmt in ("PNG", "JPEG", "GIF", "WEBP"):
         path = tmp_path / f"x.{fmt.lower()}"

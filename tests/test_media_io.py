@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from operators.errors import ConfigError, MediaError, StorageError
-from operators.media.io import StorageOptions, classify, read_bytes
-from operators.media.load import load_media
-from operators.media.samples import encode_video, frame_index
-from operators.media.worker import DecodeWorker
-from operators.types import VideoClip
+from vlbatch.devtools.samples import encode_video, frame_index
+from vlbatch.operators.errors import ConfigError, MediaError, StorageError
+from vlbatch.operators.media.io import StorageOptions, classify, read_bytes
+from vlbatch.operators.media.load import load_media
+from vlbatch.operators.media.worker import DecodeWorker
+from vlbatch.operators.types import VideoClip
 
 SLOW_DOWN = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
              b"<Message>Please reduce your request rate.</Message></Error>")
@@ -92,7 +92,7 @@ def bucket(s3_server):
     """A bucket with a JPEG, a video and a video without extension; yields (server, name, bytes by key)."""
     from PIL import Image
 
-    from operators.media.sample_images import gradient
+    from vlbatch.devtools.sample_images import gradient
 
     name = "media-io-test"
     client = s3_server.client()
@@ -136,7 +136,7 @@ def test_transient_failures_are_absorbed_by_retries(bucket, mode, caplog):
     server, name, objects = bucket
     proxy = FlakyProxy(server.endpoint_url, failures=2, mode=mode)
     try:
-        with caplog.at_level(logging.WARNING, logger="operators.media.io"):
+        with caplog.at_level(logging.WARNING, logger="vlbatch.operators.media.io"):
             data = read_bytes(f"s3://{name}/img/a.jpg", options(proxy.url, max_attempts=4))
     finally:
         proxy.close()
@@ -164,7 +164,7 @@ def test_storage_error_after_the_last_attempt(bucket):
 
 def test_missing_object_is_permanent_and_not_retried(bucket, caplog):
     server, name, _ = bucket
-    with caplog.at_level(logging.WARNING, logger="operators.media.io"):
+    with caplog.at_level(logging.WARNING, logger="vlbatch.operators.media.io"):
         with pytest.raises(MediaError, match="cannot read") as e:
             read_bytes(f"s3://{name}/nope.mp4", options(server.endpoint_url, max_attempts=5))
     assert e.value.permanent

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from operators.errors import MediaError
-from operators.media.load import load_media, media_type_of
-from operators.media.samples import frame_index, index_pattern, write_all
+from vlbatch.devtools.samples import frame_index, index_pattern, write_all
+from vlbatch.operators.errors import MediaError
+from vlbatch.operators.media.load import load_media, media_type_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,11 +15,11 @@ import threading
 import numpy as np
 import pytest
 
-from operators.errors import ConfigError, MediaError, MediaTimeoutError
-from operators.media.decoders.base import VideoDecoder
-from operators.media.samples import encode_video, frame_index
-from operators.media.video import FrameSampling, decode_video_inprocess
-from operators.media.worker import DecodeWorker, decode_video
+from vlbatch.devtools.samples import encode_video, frame_index
+from vlbatch.operators.errors import ConfigError, MediaError, MediaTimeoutError
+from vlbatch.operators.media.decoders.base import VideoDecoder
+from vlbatch.operators.media.video import FrameSampling, decode_video_inprocess
+from vlbatch.operators.media.worker import DecodeWorker, decode_video
 
 
 class HangingDecoder(VideoDecoder):
@@ -119,7 +119,7 @@ def test_the_child_exits_when_its_parent_dies(video, tmp_path):
     src.write_bytes(video)
     script = (
         "import os, sys\n"
-        "from operators.media.worker import DecodeWorker\n"
+        "from vlbatch.operators.media.worker import DecodeWorker\n"
         "w = DecodeWorker(timeout_s=30)\n"
         f"w.decode(open({str(src)!r}, 'rb').read())\n"
         "print(w.pid, flush=True)\n"

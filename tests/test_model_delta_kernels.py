@@ -7,7 +7,7 @@ by a stand-in with fla's documented call signature (`[B, T, H, *]` inputs, `cu_s
 cutting one packed row into sequences, `scale` applied to q, `initial_state [N, H, K, V]`,
 returning `(o, final_state)`) computed by the seed's naive loop. What is tested is our side:
 the adapter's packing, scaling, dtypes and state handling, and the selection rules. The real
-kernels are compared with the torch ones on a GPU by `python -m operators.model.ops.delta_kernels`
+kernels are compared with the torch ones on a GPU by `python -m vlbatch.operators.model.ops.delta_kernels`
 (`compare_with_torch`, itself tested here on the stand-in).
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from operators.errors import ConfigError
-from operators.model.ops import delta_kernels as dk
-from operators.model.ops.delta_rule import delta_rule_naive
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model.ops import delta_kernels as dk
+from vlbatch.operators.model.ops.delta_rule import delta_rule_naive
 
 
 def _naive_rows(q, k, v, g, beta, scale, state):
@@ -96,7 +96,7 @@ def test_fla_decode_adapter_updates_the_state_in_place_like_the_torch_kernel():
 
 def test_deltanet_layer_with_fla_kernels_equals_torch_on_a_mixed_step(tiny_ckpt):
     """Decodes and chunks of different lengths in one step, through the layer's own paths."""
-    from operators.model import ContiguousCache, load_model
+    from vlbatch.operators.model import ContiguousCache, load_model
 
     model = load_model(tiny_ckpt("dense"))
     cfg = model.config.text
@@ -138,7 +138,7 @@ def test_selection_rules(monkeypatch, tiny_ckpt):
         dk.select_kernels("cuda", "fla")
     with pytest.raises(ConfigError, match="allowed: auto, torch, fla"):
         dk.select_kernels("cpu", "triton")
-    from operators.model import load_model
+    from vlbatch.operators.model import load_model
 
     with pytest.raises(ConfigError, match="delta_kernels='fla' needs a CUDA device"):
         load_model(tiny_ckpt("dense"), delta_kernels="fla")

@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from operators.errors import ConfigError
-from operators.model import CheckpointError, load_model
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model import CheckpointError, load_model
 
 
 def _tensors(path) -> dict[str, torch.Tensor]:
@@ -134,7 +134,7 @@ def test_missing_files_are_clear_errors(tiny_ckpt, tmp_path):
 
 def test_model_runs_without_importing_transformers(tiny_ckpt):
     code = (
-        "import sys, torch; from operators.model import load_model; "
+        "import sys, torch; from vlbatch.operators.model import load_model; "
         f"m = load_model({str(tiny_ckpt('moe'))!r}); m(torch.tensor([[1, 2, 3]])); "
         "assert 'transformers' not in sys.modules, 'transformers was imported'"
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from operators.errors import ConfigError
-from operators.model import ModelConfig, Qwen35Model
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model import ModelConfig, Qwen35Model
 
 # Qwen3.5-9B as listed in seed 000 section 1.2 (config.json spelling).
 CONFIG_9B = {

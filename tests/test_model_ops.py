@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from operators.model.ops.conv import causal_conv1d_naive, causal_conv1d_prefill, causal_conv1d_step
-from operators.model.ops.delta_rule import (
+from vlbatch.operators.model.ops.conv import causal_conv1d_naive, causal_conv1d_prefill, causal_conv1d_step
+from vlbatch.operators.model.ops.delta_rule import (
     chunk_gated_delta_rule,
     delta_rule_naive,
     recurrent_gated_delta_rule,
@@ -141,7 +141,7 @@ def test_conv_prefill_right_padded_takes_each_state_at_its_length(lengths):
 def test_deltanet_ragged_step_equals_each_sequence_alone(tiny_ckpt):
     """Decodes, short chunks of different lengths (batched, right-padded) and long chunks
     (equal lengths batched) in one step give what each sequence gives alone."""
-    from operators.model import ContiguousCache, load_model
+    from vlbatch.operators.model import ContiguousCache, load_model
 
     model = load_model(tiny_ckpt("dense"))
     cfg = model.config.text
@@ -171,7 +171,7 @@ def test_deltanet_ragged_step_equals_each_sequence_alone(tiny_ckpt):
 @pytest.mark.parametrize("lens", [(1, 9, 4, 2), (5,), (3, 1, 1, 12, 7)])
 @pytest.mark.parametrize("kernel", [2, 4])
 def test_conv_packed_equals_naive_per_sequence(lens, kernel):
-    from operators.model.ops.conv import causal_conv1d_packed
+    from vlbatch.operators.model.ops.conv import causal_conv1d_packed
 
     g = torch.Generator().manual_seed(sum(lens) * kernel)
     x = torch.randn(sum(lens), 6, generator=g)
@@ -188,7 +188,7 @@ def test_conv_packed_equals_naive_per_sequence(lens, kernel):
 @pytest.mark.parametrize("lens", [(5, 130, 64, 65, 1, 200, 3), (2, 2), (33,)])
 @pytest.mark.parametrize("chunk", [16, 32, 64])
 def test_packed_chunked_equals_naive_per_sequence(lens, chunk):
-    from operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
+    from vlbatch.operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
 
     q, k, v, g, beta, _ = _inputs(1, sum(lens), 3, 16, 8, seed=len(lens) + chunk)
     q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))  # packed [T, H, *]
@@ -207,7 +207,7 @@ def test_packed_chunked_equals_naive_per_sequence(lens, chunk):
 
 def test_packed_chunked_strong_decay_stays_exact():
     """Decay factors far below exp(EXP_FLOOR) (clamped there) still give the naive result."""
-    from operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
+    from vlbatch.operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
 
     q, k, v, g, beta, s0 = _inputs(1, 70, 2, 8, 8, seed=9)
     g = g * 60  # log decays down to -30 per token: products of many fall below 1e-35
@@ -218,7 +218,7 @@ def test_packed_chunked_strong_decay_stays_exact():
 
 @pytest.mark.parametrize("shape", [(5, 3, 7, 5), (64, 8, 16, 4)])
 def test_recurrent_in_place_equals_naive(shape):
-    from operators.model.ops.delta_rule import recurrent_gated_delta_rule_
+    from vlbatch.operators.model.ops.delta_rule import recurrent_gated_delta_rule_
 
     b, h, dk, dv = shape
     q, k, v, g, beta, s0 = _inputs(b, 1, h, dk, dv, seed=b + h)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from operators.model import ContiguousCache, load_model, mrope_positions
+from vlbatch.operators.model import ContiguousCache, load_model, mrope_positions
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])

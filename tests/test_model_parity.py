@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from operators.model import ContiguousCache, load_model
-from operators.model.greedy import greedy_generate
+from vlbatch.operators.model import ContiguousCache, load_model
+from vlbatch.operators.model.greedy import greedy_generate
 
 TOL = 1e-4
 MAX_DIFFS: dict[str, float] = {}
@@ -155,7 +155,7 @@ def test_token_types_derived_from_placeholders(models):
 
 
 def test_bad_media_inputs_are_input_errors(models):
-    from operators.errors import InputError
+    from vlbatch.operators.errors import InputError
 
     ours, _, processor = models("dense")
     inputs = _ours_kwargs(make_inputs(processor, "several"))

@@ -2,7 +2,7 @@
 on loopback through s3fs, real encoded sample media (images, videos, bad files).
 
 One Ray session and one moto server serve the module. The reference for every answer
-is the engine alone (operators.media + operators.preprocess + operators.engine called
+is the engine alone (vlbatch.operators.media + vlbatch.operators.preprocess + vlbatch.operators.engine called
 directly, no Ray), computed in the same run.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def env(tmp_path_factory, tiny_ckpt):
     from moto.server import ThreadedMotoServer
     from PIL import Image
 
-    from operators.media.samples import write_all
+    from vlbatch.devtools.samples import write_all
 
     os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1", "TOKENIZERS_PARALLELISM": "false"})
@@ -126,7 +126,7 @@ def job(env, name: str, media: list[str], *, questions: dict | None = None, **ov
 
 
 def output(env, run: str):
-    from operators.writer import open_filesystem, read_committed
+    from vlbatch.operators.writer import open_filesystem, read_committed
 
     fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
     return read_committed(fs, f"{root}/{run}").to_pylist()
@@ -136,16 +136,16 @@ def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, 
     """Answers of the engine alone for (id, media path, prompt), no Ray, no pipeline code."""
     from dataclasses import replace
 
-    from operators.engine import Engine, Request, SamplingParams
-    from operators.media.video import FrameSampling
-    from operators.media.worker import decode_video
-    from operators.preprocess import Processor, load_image
+    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.media.video import FrameSampling
+    from vlbatch.operators.media.worker import decode_video
+    from vlbatch.operators.preprocess import Processor, load_image
 
     ck, v = cfg_dict["model"]["path"], cfg_dict["video"]
     proc = Processor.from_pretrained(ck)
     proc.image_config = replace(proc.image_config, max_pixels=cfg_dict["image"]["max_pixels"])
     proc.video_config = replace(proc.video_config, max_pixels=v["max_pixels"])
-    from pipeline.config import EngineBudgets
+    from vlbatch.pipeline.config import EngineBudgets
 
     engine = Engine.from_pretrained(ck, device="cpu", **EngineBudgets(**cfg_dict["model"]["engine"]).engine_kwargs())
     requests = []
@@ -194,8 +194,8 @@ def _kill_model_actor() -> int:
 
 
 def _parts(env, run: str) -> list[str]:
-    from operators.writer import open_filesystem
-    from operators.writer.resume import list_parts
+    from vlbatch.operators.writer import open_filesystem
+    from vlbatch.operators.writer.resume import list_parts
 
     fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
     return list_parts(fs, f"{root}/{run}")
@@ -204,8 +204,8 @@ def _parts(env, run: str) -> list[str]:
 @pytest.fixture(scope="module")
 def captions(env):
     """The caption job over good + bad media; its model actor is SIGKILLed mid-run."""
-    from pipeline.config import validate_config
-    from pipeline.runner import run_job
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.runner import run_job
 
     media = env["good"] + list(env["bad"].values()) + [str(env["root"] / MISSING)]
     cfg = job(env, "captions", media, resources__model__batch_size=1, resources__write__batch_size=1)
@@ -226,7 +226,7 @@ def captions(env):
 
 
 def test_captions_mixed_media_with_bad_files(env, captions):
-    from pipeline.requests import request_id
+    from vlbatch.pipeline.requests import request_id
 
     cfg, media, summary, rows, _ = captions
     assert len(rows) == len(media) == len({r["id"] for r in rows})  # every input exactly once
@@ -249,7 +249,7 @@ def test_captions_mixed_media_with_bad_files(env, captions):
     assert summary.committed_by_status == {"ok": len(env["good"]), "error": len(media) - len(env["good"])}
     assert summary.exit_code == 0  # max_error_fraction 1.0
     assert summary.error_types["MediaError"] >= 8
-    from operators.writer import open_filesystem
+    from vlbatch.operators.writer import open_filesystem
 
     fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
     on_disk = json.loads(fs.cat_file(f"{root}/captions/_summary.json"))  # the summary beside the output
@@ -264,16 +264,16 @@ def test_model_actor_killed_mid_run_loses_and_duplicates_nothing(captions):
 
 
 def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
-    from operators.writer import open_filesystem
-    from pipeline.config import validate_config
-    from pipeline.runner import run_job
+    from vlbatch.operators.writer import open_filesystem
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.runner import run_job
 
     _, media, _, ref_rows, _ = captions
     cfg = job(env, "sigkill", media, resources__model__batch_size=1, resources__write__batch_size=1)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-            "from pipeline.config import load_config; from pipeline.runner import run_job; "
+            "from vlbatch.pipeline.config import load_config; from vlbatch.pipeline.runner import run_job; "
             "run_job(load_config(sys.argv[2]))")
     proc = subprocess.Popen([sys.executable, "-c", code, env["gcs"], str(path)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -313,9 +313,9 @@ def _wait_job_workers_gone():
 def test_questions_from_s3_with_s3_outage_during_writing(env):
     """Several questions per media read from S3; the S3 server stops after the first commit
     and comes back: retries absorb it, or the job fails clearly and a rerun completes it."""
-    from pipeline.config import validate_config
-    from pipeline.requests import request_id
-    from pipeline.runner import run_job
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.requests import request_id
+    from vlbatch.pipeline.runner import run_job
 
     uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
     qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
@@ -366,10 +366,10 @@ def test_rerun_retries_transient_error_rows_and_keeps_the_rest(env, captions):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from operators.writer import commit_table, open_filesystem
-    from operators.writer.resume import _read_cols
-    from pipeline.config import validate_config
-    from pipeline.runner import run_job
+    from vlbatch.operators.writer import commit_table, open_filesystem
+    from vlbatch.operators.writer.resume import _read_cols
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.runner import run_job
 
     cfg, media, _, ref_rows, _ = captions
     fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")

@@ -10,19 +10,19 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import validate_config
-from pipeline.rows import MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.config import validate_config
+from vlbatch.pipeline.rows import MediaTask, Prepared, from_table, to_table
 
 
 @pytest.fixture(scope="module")
 def proc(tiny_ckpt):
-    from operators.preprocess import Processor
+    from vlbatch.operators.preprocess import Processor
 
     return Processor.from_pretrained(tiny_ckpt("dense"))
 
 
 def _chat(proc, kind: str, prompt: str, system: str | None = None) -> str:
-    from pipeline.stages import chat_messages
+    from vlbatch.pipeline.stages import chat_messages
 
     return proc.apply_chat_template(chat_messages(prompt, kind, system), add_generation_prompt=True)
 
@@ -35,8 +35,8 @@ def _same(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
-    from operators.types import VideoClip
-    from pipeline.stages import process_prompts, process_prompts_naive
+    from vlbatch.operators.types import VideoClip
+    from vlbatch.pipeline.stages import process_prompts, process_prompts_naive
 
     rng = np.random.default_rng(1)
     if kind == "image":
@@ -54,8 +54,8 @@ def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
 
 
 def test_process_prompts_raises_what_the_processor_raises(proc):
-    from operators.errors import InputError
-    from pipeline.stages import process_prompts
+    from vlbatch.operators.errors import InputError
+    from vlbatch.pipeline.stages import process_prompts
 
     with pytest.raises(InputError):  # 1:300 aspect ratio
         process_prompts(proc, [_chat(proc, "image", "q")], images=[np.zeros((300, 1, 3), np.uint8)])
@@ -71,7 +71,7 @@ def _job(tmp_path, ckpt, **resources) -> dict:
 def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
     from PIL import Image
 
-    from pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
+    from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
 
     rng = np.random.default_rng(0)
     good = tmp_path / "a.png"
@@ -100,10 +100,10 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
 
 
 def test_write_actor_commits_what_write_batch_commits(tmp_path):
-    from operators.writer import read_committed
-    from operators.writer.fs import open_filesystem
-    from pipeline.rows import Generated
-    from pipeline.write_stage import WriteStage, write_batch
+    from vlbatch.operators.writer import read_committed
+    from vlbatch.operators.writer.fs import open_filesystem
+    from vlbatch.pipeline.rows import Generated
+    from vlbatch.pipeline.write_stage import WriteStage, write_batch
 
     g = Generated("u1", "image", ("a", "b"), (0, 1), ("p0", "p1"), answers=("x", "y"), thinking=(None, None),
                   statuses=("ok", "ok"), req_error_types=(None, None), req_error_messages=(None, None),
@@ -119,7 +119,7 @@ def test_write_actor_commits_what_write_batch_commits(tmp_path):
 
 
 def test_progress_steady_rate_excludes_start_up():
-    from pipeline.progress import Progress
+    from vlbatch.pipeline.progress import Progress
 
     t = [0.0]
     p = Progress(total=10, stream=io.StringIO(), tty=False, clock=lambda: t[0])
@@ -142,7 +142,7 @@ def test_progress_steady_rate_excludes_start_up():
 
 
 def test_cpu_fit_warning(tmp_path, caplog):
-    from pipeline.runner import warn_if_cpus_do_not_fit
+    from vlbatch.pipeline.runner import warn_if_cpus_do_not_fit
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     res = {"preprocess": {"num_cpus": 0.5}, "decode": {"num_cpus": 0.5}, "model": {"num_cpus": 1}}
@@ -164,9 +164,9 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
 
     from PIL import Image
 
-    from pipeline.model_stage import ModelStage
-    from pipeline.rows import Generated
-    from pipeline.stages import PrepareStage
+    from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.rows import Generated
+    from vlbatch.pipeline.stages import PrepareStage
 
     rng = np.random.default_rng(1)
     tasks = []

@@ -6,10 +6,10 @@ import io
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import TaskConfig
-from pipeline.progress import Progress
-from pipeline.requests import expand, pending, request_id
-from pipeline.rows import Decoded, Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.config import TaskConfig
+from vlbatch.pipeline.progress import Progress
+from vlbatch.pipeline.requests import expand, pending, request_id
+from vlbatch.pipeline.rows import Decoded, Generated, MediaTask, Prepared, from_table, to_table
 
 
 def test_request_ids_hash_run_independent_inputs():
@@ -102,10 +102,10 @@ def test_progress_logs_periodically_when_not_a_terminal():
 
 
 def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
-    from operators.writer import OUTPUT_SCHEMA, read_committed
-    from operators.writer.fs import open_filesystem
-    from pipeline.config import validate_config
-    from pipeline.write_stage import write_batch
+    from vlbatch.operators.writer import OUTPUT_SCHEMA, read_committed
+    from vlbatch.operators.writer.fs import open_filesystem
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.write_stage import write_batch
 
     ok = Generated("u1", "image", ("a", "b"), (0, 1), ("p0", "p1"), answers=("x", None), thinking=(None, None),
                    statuses=("ok", "error"), req_error_types=(None, "EngineError"), req_error_messages=(None, "oom"),

@@ -1,7 +1,7 @@
 """`vlbatch demo --preprocess-only`: preprocessing over generated sample media, printed per item."""
 from __future__ import annotations
 
-from jobs.demo import run_preprocess_demo as run_demo
+from vlbatch.jobs.demo import run_preprocess_demo as run_demo
 
 
 def test_demo_runs_and_reports_each_item(tmp_path, capsys):

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image, ImageOps
 from transformers.image_transforms import convert_to_rgb
 
-from operators.errors import InputError, MediaError
-from operators.preprocess import load_image
+from vlbatch.operators.errors import InputError, MediaError
+from vlbatch.operators.preprocess import load_image
 
 
 def _encode(img: Image.Image, fmt: str, **kw) -> bytes:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from operators.preprocess.patchify import Normalization, patchify_into, patchify_naive
+from vlbatch.operators.preprocess.patchify import Normalization, patchify_into, patchify_naive
 
 NORMS = {
     "qwen": Normalization(),

@@ -21,9 +21,9 @@ from test_preprocess_image import mode_samples
 from test_preprocess_rope import reference_rope
 from transformers import AutoProcessor
 
-from operators.errors import InputError
-from operators.preprocess import Processor, load_image, sample_frame_indices
-from operators.types import VideoClip
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.preprocess import Processor, load_image, sample_frame_indices
+from vlbatch.operators.types import VideoClip
 
 MAX_DIFF: dict[str, float] = {}
 

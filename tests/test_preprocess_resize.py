@@ -9,8 +9,8 @@ from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as ref_image_resize
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as ref_video_resize
 
-from operators.errors import InputError
-from operators.preprocess.resize import (
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.preprocess.resize import (
     resize_frames,
     smart_resize_image,
     smart_resize_video,

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
 
-from operators.errors import InputError
-from operators.preprocess.rope import mrope_position_ids
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.preprocess.rope import mrope_position_ids
 
 
 def reference_rope(types, image_grid, video_grid, mask, merge=2):

@@ -7,8 +7,8 @@ from transformers import Qwen3VLVideoProcessor
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.video_utils import VideoMetadata
 
-from operators.errors import InputError
-from operators.preprocess import group_timestamps, sample_frame_indices
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.preprocess import group_timestamps, sample_frame_indices
 
 
 def _reference_indices(total, src_fps, *, fps=None, num_frames=None, min_frames=4, max_frames=768):

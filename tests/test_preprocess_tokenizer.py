@@ -1,11 +1,11 @@
 """Our transformers-free `Tokenizer` against transformers' AutoTokenizer on a tiny checkpoint
-(the tokenizer files are written in the real Qwen layout by operators.checkpoints)."""
+(the tokenizer files are written in the real Qwen layout by vlbatch.devtools.checkpoints)."""
 from __future__ import annotations
 
 import pytest
 from transformers import AutoTokenizer
 
-from operators.preprocess.tokenizer import Tokenizer
+from vlbatch.operators.preprocess.tokenizer import Tokenizer
 
 TEXTS = [
     "Describe this image.", "  leading and trailing  ", "Ünïcödé café naïve — 東京タワー 🚀", "tabs\tand\nnewlines\r\n",
@@ -104,8 +104,8 @@ def test_qwen2_class_pipeline_comes_from_code_as_in_transformers(tiny_ckpt, tmp_
 
 
 def test_other_tokenizer_classes_fall_back_to_transformers(tiny_ckpt, tmp_path):
-    from operators.errors import ConfigError
-    from operators.preprocess.tokenizer import load_tokenizer
+    from vlbatch.operators.errors import ConfigError
+    from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
     path = _variant(tiny_ckpt("dense"), tmp_path / "ckpt", lambda tj: None,
                     lambda cfg: cfg.update(tokenizer_class="GPT2Tokenizer"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from operators.scenes import decode_mp4, encode_mp4, make_image_scene, make_video_scene
-from operators.scenes.heldout import HELDOUT_SEED_BASE, clip_of, heldout_items
-from operators.scenes.vocab import COLOURS, DIRECTION_VECTORS, POSITIONS, STILL
+from vlbatch.devtools.scenes import decode_mp4, encode_mp4, make_image_scene, make_video_scene
+from vlbatch.devtools.scenes.heldout import HELDOUT_SEED_BASE, clip_of, heldout_items
+from vlbatch.devtools.scenes.vocab import COLOURS, DIRECTION_VECTORS, POSITIONS, STILL
 
 PALETTE = np.array(list(COLOURS.values()), dtype=np.float64)
 

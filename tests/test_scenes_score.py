@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from operators.scenes.heldout import heldout_items
-from operators.scenes.score import read_motion, read_position, score_answers
+from vlbatch.devtools.scenes.heldout import heldout_items
+from vlbatch.devtools.scenes.score import read_motion, read_position, score_answers
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_video_caption_checks_the_active_shape(items):
 
 
 def test_answer_grammar_accepts_truth_and_rejects_noise(items):
-    from operators.scenes.score import is_well_formed
+    from vlbatch.devtools.scenes.score import is_well_formed
 
     assert all(is_well_formed(it.qa.task, it.qa.answer) for it in items)
     assert not is_well_formed("caption", "Two shapes: a large red blob at the top.")

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from operators.training.batches import END, IGNORE, collate, prompt_text, sample_items
-from operators.training.fast_patch import linear_patch_embed_forward, use_linear_patch_embed
-from operators.training.shapes import IMAGE_SIZE, VIDEO_SIZE, main, write_processor_files
+from vlbatch.devtools.training.batches import END, IGNORE, collate, prompt_text, sample_items
+from vlbatch.devtools.training.fast_patch import linear_patch_embed_forward, use_linear_patch_embed
+from vlbatch.devtools.training.shapes import IMAGE_SIZE, VIDEO_SIZE, main, write_processor_files
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +85,9 @@ def test_short_training_run_saves_a_loadable_checkpoint(tmp_path, capsys):
 
 
 def test_colour_classes_read_shape_pixels_only():
-    from operators.scenes.images import make_image_scene
-    from operators.scenes.vocab import COLOURS
-    from operators.training.token_labels import colour_classes
+    from vlbatch.devtools.scenes.images import make_image_scene
+    from vlbatch.devtools.scenes.vocab import COLOURS
+    from vlbatch.devtools.training.token_labels import colour_classes
 
     for seed in range(6):
         scene = make_image_scene(seed)
@@ -101,9 +101,9 @@ def test_colour_classes_read_shape_pixels_only():
 
 
 def test_image_targets_label_the_token_under_each_shape(processor):
-    from operators.scenes.heldout import image_item
-    from operators.scenes.vocab import COLOURS, KINDS, SIZES
-    from operators.training.token_labels import image_targets, token_grid
+    from vlbatch.devtools.scenes.heldout import image_item
+    from vlbatch.devtools.scenes.vocab import COLOURS, KINDS, SIZES
+    from vlbatch.devtools.training.token_labels import image_targets, token_grid
 
     rng = np.random.default_rng(0)
     for seed in range(5):
@@ -124,10 +124,10 @@ def test_image_targets_label_the_token_under_each_shape(processor):
 
 def test_vision_targets_follow_the_merger_order(processor):
     """One target row per merger output row, images first then videos; the aux loss trains the tower."""
-    from operators.checkpoints import tiny
-    from operators.training.batches import vision_targets
-    from operators.training.shapes import TEXT, VISION
-    from operators.training.vision_aux import VisionAux
+    from vlbatch.devtools.checkpoints import tiny
+    from vlbatch.devtools.training.batches import vision_targets
+    from vlbatch.devtools.training.shapes import TEXT, VISION
+    from vlbatch.devtools.training.vision_aux import VisionAux
 
     items = sample_items(np.random.default_rng(5), 6, 0.5, 1000)
     batch = collate(processor, items)
@@ -153,9 +153,9 @@ def test_vision_targets_follow_the_merger_order(processor):
 
 
 def test_video_targets_carry_the_motion_of_the_moving_shape(processor):
-    from operators.scenes.heldout import video_item
-    from operators.scenes.vocab import COLOURS, DIRECTIONS
-    from operators.training.token_labels import IGNORE, video_targets
+    from vlbatch.devtools.scenes.heldout import video_item
+    from vlbatch.devtools.scenes.vocab import COLOURS, DIRECTIONS
+    from vlbatch.devtools.training.token_labels import IGNORE, video_targets
 
     rng = np.random.default_rng(1)
     seen = set()

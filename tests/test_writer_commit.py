@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from operators.errors import StorageError
-from operators.writer import (
+from vlbatch.operators.errors import StorageError
+from vlbatch.operators.writer import (
     OUTPUT_SCHEMA,
     OutputRow,
     Timings,
@@ -24,8 +24,8 @@ from operators.writer import (
     rows_to_table,
     table_to_rows,
 )
-from operators.writer.commit import with_retries
-from operators.writer.resume import is_transient, list_parts
+from vlbatch.operators.writer.commit import with_retries
+from vlbatch.operators.writer.resume import is_transient, list_parts
 
 
 def _row(i: int, status="ok", error_type=None) -> OutputRow:

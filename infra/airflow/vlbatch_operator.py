@@ -3,7 +3,7 @@
 Why this design (the Astronomer Ray provider was archived in July 2026):
 - It rests on two maintained pieces only: Airflow's own `BaseOperator` and Ray's
   `JobSubmissionClient` (part of Ray itself, the same API `ray job submit` uses), reached
-  through `jobs.submission.Submitter`, the code path the `vlbatch` CLI uses.
+  through `vlbatch.jobs.submission.Submitter`, the code path the `vlbatch` CLI uses.
 - An operator (not a bare `@task`) so that `on_kill` can stop the Ray job when Airflow
   kills or times out the task; a plain PythonOperator would leave it running.
 - Not a BashOperator around `vlbatch submit --follow`: killing the shell would orphan the
@@ -19,7 +19,7 @@ the task (and Airflow's retries resume it).
 
 Needs in the Airflow environment: `ray[default]` (Jobs client), pydantic and pyyaml, and
 the vlbatch source importable (`pip install --no-deps vlbatch` or PYTHONPATH) for the
-`jobs` and `pipeline.config` modules; torch is not needed there.
+`jobs` and `vlbatch.pipeline.config` modules; torch is not needed there.
 """
 from __future__ import annotations
 
@@ -63,14 +63,14 @@ class VlbatchJobOperator(BaseOperator):
         self._submission_id: str | None = None
 
     def _slot(self, context: Any) -> str:
-        from jobs.scheduling import format_slot
+        from vlbatch.jobs.scheduling import format_slot
 
         when = context.get("logical_date") or context["dag_run"].run_after
         return format_slot(when)
 
     def execute(self, context: Any) -> dict:
-        from jobs.spec import build_spec
-        from jobs.submission import Submitter
+        from vlbatch.jobs.spec import build_spec
+        from vlbatch.jobs.submission import Submitter
 
         spec = build_spec(
             self.config, workdir=self.workdir, name=self.job_name, slot=self._slot(context),
@@ -88,7 +88,7 @@ class VlbatchJobOperator(BaseOperator):
 
     def on_kill(self) -> None:
         if self._submission_id:
-            from jobs.submission import Submitter
+            from vlbatch.jobs.submission import Submitter
 
             Submitter(self.address).stop(self._submission_id)
             log.info("vlbatch: stopped %s", self._submission_id)

@@ -14,18 +14,18 @@ Submodules import lazily: importing the package loads no model code.
 """
 from __future__ import annotations
 
-from operators.engine.request import MediaItem, Request, Result, SamplingParams, Timings
+from vlbatch.operators.engine.request import MediaItem, Request, Result, SamplingParams, Timings
 
 __all__ = ["Engine", "EngineConfig", "EngineLoop", "MediaItem", "Request", "Result", "SamplingParams", "Timings"]
 
 
 def __getattr__(name: str):
     if name in ("Engine", "EngineConfig"):
-        from operators.engine import engine
+        from vlbatch.operators.engine import engine
 
         return getattr(engine, name)
     if name == "EngineLoop":
-        from operators.engine.loop import EngineLoop
+        from vlbatch.operators.engine.loop import EngineLoop
 
         return EngineLoop
     raise AttributeError(name)

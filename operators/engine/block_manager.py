@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError
 
 
 def kv_bytes_per_block(block_size: int, num_attn_layers: int, num_kv_heads: int, head_dim: int,

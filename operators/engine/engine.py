@@ -23,16 +23,16 @@ from pathlib import Path
 
 import torch
 
-from operators.engine.block_manager import BlockManager, blocks_for_budget
-from operators.engine.branch_points import plan_branch_points
-from operators.engine.model_runner import ModelRunner
-from operators.engine.prefix_cache import KeyCodec, PrefixCache
-from operators.engine.request import Request, Result, Timings
-from operators.engine.sampler import make_generator, sample
-from operators.engine.scheduler import Scheduler
-from operators.engine.sequence import Sequence
-from operators.engine.vision_cache import VisionCache
-from operators.errors import ConfigError, EngineError, InputError
+from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget
+from vlbatch.operators.engine.branch_points import plan_branch_points
+from vlbatch.operators.engine.model_runner import ModelRunner
+from vlbatch.operators.engine.prefix_cache import KeyCodec, PrefixCache
+from vlbatch.operators.engine.request import Request, Result, Timings
+from vlbatch.operators.engine.sampler import make_generator, sample
+from vlbatch.operators.engine.scheduler import Scheduler
+from vlbatch.operators.engine.sequence import Sequence
+from vlbatch.operators.engine.vision_cache import VisionCache
+from vlbatch.operators.errors import ConfigError, EngineError, InputError
 
 THINK_END = "</think>"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,7 +61,7 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, model, tokenizer, eos_ids: tuple[int, ...], config: EngineConfig):
-        from operators.engine.block_manager import kv_bytes_per_block
+        from vlbatch.operators.engine.block_manager import kv_bytes_per_block
 
         text = model.config.text
         self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
@@ -85,10 +85,10 @@ class Engine:
                         delta_kernels: str = "auto", **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
-        "float16"); `delta_kernels` auto / torch / fla (`operators.model.ops.delta_kernels`:
+        "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.model.ops.delta_kernels`:
         auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields."""
-        from operators.model import load_model
-        from operators.preprocess.tokenizer import load_tokenizer
+        from vlbatch.operators.model import load_model
+        from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
         if isinstance(dtype, str):
             if dtype not in _DTYPES:

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from operators.engine.request import Request, Result, Timings
+from vlbatch.operators.engine.request import Request, Result, Timings
 
 
 @dataclass

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import torch
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 
 def _runs(types: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -28,7 +28,7 @@ def _runs(types: torch.Tensor) -> list[tuple[int, int, int]]:
 
 def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: int):
     """MediaItems of prompt `index` (positions after removing padding)."""
-    from operators.engine.request import MediaItem, _t
+    from vlbatch.operators.engine.request import MediaItem, _t
 
     grids = {1: _t(out["image_grid_thw"]) if out.get("image_grid_thw") is not None else None,
              2: _t(out["video_grid_thw"]) if out.get("video_grid_thw") is not None else None}

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from operators.engine.paged_attention import PagedLayout, Workspace, paged_attention
-from operators.engine.scheduler import StepPlan
-from operators.engine.state_pool import StatePool
-from operators.engine.vision_cache import VisionCache
-from operators.errors import InputError
+from vlbatch.operators.engine.paged_attention import PagedLayout, Workspace, paged_attention
+from vlbatch.operators.engine.scheduler import StepPlan
+from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.vision_cache import VisionCache
+from vlbatch.operators.errors import InputError
 
 
 class PagedStepCache:

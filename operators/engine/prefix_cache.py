@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.engine.block_manager import BlockManager
-from operators.engine.state_pool import Snapshot
+from vlbatch.operators.engine.block_manager import BlockManager
+from vlbatch.operators.engine.state_pool import Snapshot
 
 _OFFSET_BITS = 24
 

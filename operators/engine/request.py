@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 MEDIA_KINDS = ("image", "video")
 FINISH_REASONS = ("stop", "length", "error")
@@ -150,7 +150,7 @@ class Request:
         image_grid_thw, pixel_values_videos / video_grid_thw, position_ids [3, B, L] and
         rope_deltas [B] or [B, 1]. Padding (attention_mask == 0) is removed.
         """
-        from operators.engine.media_spans import split_media
+        from vlbatch.operators.engine.media_spans import split_media
 
         ids = _t(out["input_ids"])
         keep = _t(out["attention_mask"])[index].bool() if "attention_mask" in out else torch.ones_like(ids[index]).bool()
@@ -185,7 +185,7 @@ class Result:
     thinking:   the reasoning text before `</think>` (None when thinking is off).
     token_ids:  every generated token, the final stop token included.
     finish_reason: "stop" (stop token or stop string), "length" (max_new_tokens) or
-                "error" (`error` says why, `error_type` names the operators.errors class;
+                "error" (`error` says why, `error_type` names the vlbatch.operators.errors class;
                 the request could not run, nothing crashed).
     cached_tokens: prompt tokens served by the prefix cache.
     """
@@ -201,7 +201,7 @@ class Result:
     cached_tokens: int
     timings: Timings
     error: str | None = None
-    error_type: str | None = None  # operators.errors class name for error rows ("InputError": will fail again)
+    error_type: str | None = None  # vlbatch.operators.errors class name for error rows ("InputError": will fail again)
 
     @classmethod
     def failed(cls, req: Request, message: str, error_type: str, timings: Timings) -> Result:

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from operators.engine.request import SamplingParams
+from vlbatch.operators.engine.request import SamplingParams
 
 
 def make_generator(params: SamplingParams, device) -> torch.Generator | None:

@@ -21,11 +21,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from operators.engine.block_manager import BlockManager
-from operators.engine.branch_points import prefix_digest
-from operators.engine.prefix_cache import Match, PrefixCache
-from operators.engine.sequence import Sequence, Status
-from operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.block_manager import BlockManager
+from vlbatch.operators.engine.branch_points import prefix_digest
+from vlbatch.operators.engine.prefix_cache import Match, PrefixCache
+from vlbatch.operators.engine.sequence import Sequence, Status
+from vlbatch.operators.engine.state_pool import StatePool
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from operators.engine.request import Request
+from vlbatch.operators.engine.request import Request
 
 
 class Status(enum.Enum):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError
 
 
 @dataclass(frozen=True)

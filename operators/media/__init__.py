@@ -13,19 +13,19 @@ __all__ = ["StorageOptions", "read_bytes", "FrameSampling", "DecodeWorker", "dec
 
 def __getattr__(name: str):
     if name in ("StorageOptions", "read_bytes"):
-        from operators.media import io
+        from vlbatch.operators.media import io
 
         return getattr(io, name)
     if name == "FrameSampling":
-        from operators.media.video import FrameSampling
+        from vlbatch.operators.media.video import FrameSampling
 
         return FrameSampling
     if name in ("DecodeWorker", "decode_video"):
-        from operators.media import worker
+        from vlbatch.operators.media import worker
 
         return getattr(worker, name)
     if name == "load_media":
-        from operators.media.load import load_media
+        from vlbatch.operators.media.load import load_media
 
         return load_media
     raise AttributeError(name)

@@ -25,7 +25,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from operators.errors import ConfigError, MediaError, StorageError
+from vlbatch.operators.errors import ConfigError, MediaError, StorageError
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """`load_media`: one entry point from a URI to pixels, for images and videos alike.
 
 Owns the choice between image and video and the glue between storage
-(`operators.media.io.read_bytes`), the image loader of preprocessing
-(`operators.preprocess.image.load_image`) and the killable video decoder
-(`operators.media.worker`). Errors are the same typed ones everywhere:
+(`vlbatch.operators.media.io.read_bytes`), the image loader of preprocessing
+(`vlbatch.operators.preprocess.image.load_image`) and the killable video decoder
+(`vlbatch.operators.media.worker`). Errors are the same typed ones everywhere:
 `MediaError` (bad bytes, missing object), `MediaTimeoutError`, `StorageError`,
 `InputError`.
 
@@ -17,11 +17,11 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from operators.errors import ConfigError
-from operators.media.io import DEFAULT_STORAGE, StorageOptions, read_bytes
-from operators.media.video import DEFAULT_SAMPLING, FrameSampling
-from operators.media.worker import DecodeWorker, decode_video
-from operators.types import VideoClip
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.media.io import DEFAULT_STORAGE, StorageOptions, read_bytes
+from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
+from vlbatch.operators.media.worker import DecodeWorker, decode_video
+from vlbatch.operators.types import VideoClip
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".jfif"}
 VIDEO_EXTENSIONS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mpg", ".mpeg", ".flv", ".3gp"}
@@ -60,7 +60,7 @@ def load_media(
     data = read_bytes(uri, storage)
     kind = media_type or media_type_of(uri, data[:16])
     if kind == "image":
-        from operators.preprocess.image import load_image
+        from vlbatch.operators.preprocess.image import load_image
 
         return load_image(data)
     return decode_video(data, sampling, backend=backend, timeout_s=timeout_s, worker=worker)

@@ -3,7 +3,7 @@
 Owns the decode plan shared by the in-process path and the worker process:
 1. open the container with the chosen backend; `info.frames` is the number of
    frames present in the data (not the header's claim);
-2. sample indices with `operators.preprocess.sample_frame_indices` over those
+2. sample indices with `vlbatch.operators.preprocess.sample_frame_indices` over those
    frames (so indices never exceed what exists: the clamp against decord #373);
 3. stream the sampled frames; if the backend finds the stream shorter than the
    probe promised (or cannot read the file at all), PyAV decodes the file once to
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.errors import InputError
-from operators.media.decoders import ShortVideo, VideoInfo, get_decoder
-from operators.types import VideoClip
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.media.decoders import ShortVideo, VideoInfo, get_decoder
+from vlbatch.operators.types import VideoClip
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class FrameSampling:
 
     def indices(self, info: VideoInfo) -> np.ndarray:
         """[F] int64 indices in the source's index space, within [0, info.frames)."""
-        from operators.preprocess.sampling import sample_frame_indices
+        from vlbatch.operators.preprocess.sampling import sample_frame_indices
 
         idx = sample_frame_indices(info.frames, info.fps, fps=self.fps, num_frames=self.num_frames,
                                    min_frames=self.min_frames, max_frames=self.max_frames)
@@ -102,7 +102,7 @@ def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "decord",
 
 def _recount_and_decode(data: bytes, sampling: FrameSampling, threads: int):
     """Slow path for files cut short: PyAV counts frames that decode, then decodes the re-sampled set."""
-    from operators.media.decoders.pyav_backend import PyAVDecoder
+    from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
 
     with PyAVDecoder(threads).open(data) as video:
         info = video.recount()

@@ -2,7 +2,7 @@
 
 Owns process isolation for decoding. decord's native loop cannot be interrupted
 from Python (dmlc/decord #373) and a native crash would take the caller with it,
-so decoding runs in a child process (`python -m operators.media.worker`, started
+so decoding runs in a child process (`python -m vlbatch.operators.media.worker`, started
 with `subprocess`, not `multiprocessing`: no re-import of the caller's `__main__`,
 which matters inside Ray workers). The parent talks to it over two pipes with
 `multiprocessing.connection.Connection` framing:
@@ -29,10 +29,10 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from operators import errors
-from operators.errors import MediaError, MediaTimeoutError
-from operators.media.video import DEFAULT_SAMPLING, FrameSampling, Plan, decode_stream
-from operators.types import VideoClip
+from vlbatch.operators import errors
+from vlbatch.operators.errors import MediaError, MediaTimeoutError
+from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling, Plan, decode_stream
+from vlbatch.operators.types import VideoClip
 
 STARTUP_TIMEOUT_S = 120.0  # generous: a loaded node can take seconds to import av + decord
 
@@ -70,7 +70,7 @@ class DecodeWorker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         env.setdefault("OMP_NUM_THREADS", "1")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "operators.media.worker", str(req_r), str(res_w)],
+            [sys.executable, "-m", "vlbatch.operators.media.worker", str(req_r), str(res_w)],
             pass_fds=(req_r, res_w), env=env, stdin=subprocess.DEVNULL,
         )
         os.close(req_r)
@@ -219,9 +219,9 @@ def main(argv: list[str]) -> None:
     import av
     import decord  # noqa: F401 - imported before "ready" so the first decode's time limit is all decoding
 
-    import operators.media.decoders.decord_backend  # noqa: F401
-    import operators.media.decoders.pyav_backend  # noqa: F401
-    import operators.preprocess.sampling  # noqa: F401
+    import vlbatch.operators.media.decoders.decord_backend  # noqa: F401
+    import vlbatch.operators.media.decoders.pyav_backend  # noqa: F401
+    import vlbatch.operators.preprocess.sampling  # noqa: F401
 
     av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
     res = Connection(int(argv[2]), readable=False)

@@ -34,12 +34,12 @@ Modules: config (config.json), layers (norms, SwiGLU), moe, rope, attention,
 deltanet (+ ops/delta_rule, ops/delta_packed, ops/delta_kernels, ops/conv), decoder, vision, positions, model,
 contiguous_cache, loader, greedy (reference greedy decoding loop).
 """
-from operators.model.cache import StepCache
-from operators.model.config import ModelConfig, TextConfig, VisionConfig
-from operators.model.contiguous_cache import ContiguousCache
-from operators.model.loader import CheckpointError, load_model
-from operators.model.model import Qwen35Model
-from operators.model.positions import mrope_positions
+from vlbatch.operators.model.cache import StepCache
+from vlbatch.operators.model.config import ModelConfig, TextConfig, VisionConfig
+from vlbatch.operators.model.contiguous_cache import ContiguousCache
+from vlbatch.operators.model.loader import CheckpointError, load_model
+from vlbatch.operators.model.model import Qwen35Model
+from vlbatch.operators.model.positions import mrope_positions
 
 __all__ = [
     "CheckpointError",

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from operators.model.cache import StepCache
-from operators.model.config import TextConfig
-from operators.model.layers import RMSNorm, fuse_linears, fused_buffers
-from operators.model.rope import apply_partial_rope
+from vlbatch.operators.model.cache import StepCache
+from vlbatch.operators.model.config import TextConfig
+from vlbatch.operators.model.layers import RMSNorm, fuse_linears, fused_buffers
+from vlbatch.operators.model.rope import apply_partial_rope
 
 
 class FullAttention(nn.Module):

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError
 
 _MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
 _LAYER_TYPES = ("linear_attention", "full_attention")

@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from operators.errors import InputError
-from operators.model.config import TextConfig
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.model.config import TextConfig
 
 
 class ContiguousCache:
-    """Contiguous hybrid cache for B sequences; implements `operators.model.cache.StepCache`."""
+    """Contiguous hybrid cache for B sequences; implements `vlbatch.operators.model.cache.StepCache`."""
 
     def __init__(
         self,

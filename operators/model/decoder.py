@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from operators.model.attention import FullAttention
-from operators.model.cache import StepCache
-from operators.model.config import TextConfig
-from operators.model.deltanet import GatedDeltaNet
-from operators.model.layers import RMSNorm, SwiGLU, embedding
-from operators.model.moe import SparseMoE
-from operators.model.rope import text_rope
+from vlbatch.operators.model.attention import FullAttention
+from vlbatch.operators.model.cache import StepCache
+from vlbatch.operators.model.config import TextConfig
+from vlbatch.operators.model.deltanet import GatedDeltaNet
+from vlbatch.operators.model.layers import RMSNorm, SwiGLU, embedding
+from vlbatch.operators.model.moe import SparseMoE
+from vlbatch.operators.model.rope import text_rope
 
 # A long prefill step runs the FFN in blocks of this many rows: its [rows, inner]
 # temporaries then stay a few MB, which the allocator reuses, instead of fresh pages

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from operators.model.cache import StepCache
-from operators.model.config import TextConfig
-from operators.model.layers import GatedRMSNorm, fuse_linears, fused_buffers
-from operators.model.ops.conv import causal_conv1d_packed, causal_conv1d_step
-from operators.model.ops.delta_kernels import TORCH_KERNELS, DeltaRuleKernels
+from vlbatch.operators.model.cache import StepCache
+from vlbatch.operators.model.config import TextConfig
+from vlbatch.operators.model.layers import GatedRMSNorm, fuse_linears, fused_buffers
+from vlbatch.operators.model.ops.conv import causal_conv1d_packed, causal_conv1d_step
+from vlbatch.operators.model.ops.delta_kernels import TORCH_KERNELS, DeltaRuleKernels
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from operators.model.contiguous_cache import ContiguousCache
-from operators.model.model import Qwen35Model
+from vlbatch.operators.model.contiguous_cache import ContiguousCache
+from vlbatch.operators.model.model import Qwen35Model
 
 
 @torch.inference_mode()

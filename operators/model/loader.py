@@ -30,9 +30,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from operators.errors import ConfigError
-from operators.model.config import ModelConfig
-from operators.model.model import Qwen35Model
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model.config import ModelConfig
+from vlbatch.operators.model.model import Qwen35Model
 
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
@@ -70,7 +70,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
                delta_kernels: str = "auto") -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
     `delta_kernels`: auto / torch / fla (`ops.delta_kernels.select_kernels`)."""
-    from operators.model.ops.delta_kernels import select_kernels
+    from vlbatch.operators.model.ops.delta_kernels import select_kernels
 
     kernels = select_kernels(device, delta_kernels)  # a bad choice fails before the weights load
     config = ModelConfig.from_pretrained(model_dir)

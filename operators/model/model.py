@@ -20,14 +20,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from operators.errors import InputError
-from operators.model.cache import StepCache
-from operators.model.config import ModelConfig
-from operators.model.contiguous_cache import ContiguousCache
-from operators.model.decoder import TextDecoder
-from operators.model.deltanet import GatedDeltaNet
-from operators.model.positions import mm_token_types, mrope_positions
-from operators.model.vision import VisionTower
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.model.cache import StepCache
+from vlbatch.operators.model.config import ModelConfig
+from vlbatch.operators.model.contiguous_cache import ContiguousCache
+from vlbatch.operators.model.decoder import TextDecoder
+from vlbatch.operators.model.deltanet import GatedDeltaNet
+from vlbatch.operators.model.positions import mm_token_types, mrope_positions
+from vlbatch.operators.model.vision import VisionTower
 
 
 class Qwen35Model(nn.Module):

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from operators.model.config import TextConfig
-from operators.model.layers import SwiGLU, activation
+from vlbatch.operators.model.config import TextConfig
+from vlbatch.operators.model.layers import SwiGLU, activation
 
 
 class Experts(nn.Module):

@@ -14,7 +14,7 @@ import itertools
 
 import torch
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 
 def mm_token_types(input_ids: torch.Tensor, image_token_id: int, video_token_id: int) -> torch.Tensor:

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from operators.model.config import VisionConfig
-from operators.model.layers import activation, embedding
-from operators.model.rope import apply_full_rope, vision_rope
+from vlbatch.operators.model.config import VisionConfig
+from vlbatch.operators.model.layers import activation, embedding
+from vlbatch.operators.model.rope import apply_full_rope, vision_rope
 
 
 class PatchEmbed(nn.Module):

@@ -11,18 +11,18 @@ Pillow, transformers) loads on first attribute access.
 """
 from __future__ import annotations
 
-from operators.preprocess.sampling import group_timestamps, sample_frame_indices
+from vlbatch.operators.preprocess.sampling import group_timestamps, sample_frame_indices
 
 __all__ = ["sample_frame_indices", "group_timestamps", "load_image", "Processor"]
 
 
 def __getattr__(name: str):
     if name == "load_image":
-        from operators.preprocess.image import load_image
+        from vlbatch.operators.preprocess.image import load_image
 
         return load_image
     if name == "Processor":
-        from operators.preprocess.processor import Processor
+        from vlbatch.operators.preprocess.processor import Processor
 
         return Processor
-    raise AttributeError(f"module 'operators.preprocess' has no attribute {name!r}")
+    raise AttributeError(f"module 'vlbatch.operators.preprocess' has no attribute {name!r}")

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from operators.errors import ConfigError
-from operators.preprocess.patchify import Normalization
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.preprocess.patchify import Normalization
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # Qwen2VLImageProcessor's defaults
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

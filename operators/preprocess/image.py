@@ -27,8 +27,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from operators.errors import InputError, MediaError
-from operators.preprocess.resize import MAX_ASPECT_RATIO
+from vlbatch.operators.errors import InputError, MediaError
+from vlbatch.operators.preprocess.resize import MAX_ASPECT_RATIO
 
 # Pillow raises DecompressionBombError above twice this; we use the same figure
 # as our own, explicit default limit (about 179 megapixels).

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from operators.errors import ConfigError, InputError
-from operators.preprocess.config import ImageConfig, VideoConfig, load_image_config, load_video_config
-from operators.preprocess.prompt import PromptEncoder, pad_batch
-from operators.preprocess.rope import mrope_position_ids
-from operators.preprocess.visual import process_images, process_videos
-from operators.types import VideoClip
+from vlbatch.operators.errors import ConfigError, InputError
+from vlbatch.operators.preprocess.config import ImageConfig, VideoConfig, load_image_config, load_video_config
+from vlbatch.operators.preprocess.prompt import PromptEncoder, pad_batch
+from vlbatch.operators.preprocess.rope import mrope_position_ids
+from vlbatch.operators.preprocess.visual import process_images, process_videos
+from vlbatch.operators.types import VideoClip
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Processor:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Processor:
         """Read tokenizer, chat_template.jinja and the two processor configs from a checkpoint folder."""
-        from operators.preprocess.tokenizer import load_tokenizer
+        from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
         path = Path(model_dir)
         if not path.is_dir():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 
 @dataclass(frozen=True)

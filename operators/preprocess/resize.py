@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 MAX_ASPECT_RATIO = 200
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 
 def _runs(types: np.ndarray) -> list[tuple[int, int, int]]:

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from operators.errors import InputError
+from vlbatch.operators.errors import InputError
 
 DEFAULT_FPS = 2.0
 FALLBACK_SOURCE_FPS = 24.0  # what the reference assumes when the container has no frame rate

@@ -29,7 +29,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError
 
 # transformers 5.23 models/qwen2/tokenization_qwen2.py: the pre-tokeniser split of Qwen2Tokenizer
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""

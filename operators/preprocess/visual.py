@@ -16,17 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from operators.errors import InputError
-from operators.preprocess.config import ImageConfig, VideoConfig
-from operators.preprocess.patchify import patchify_into
-from operators.preprocess.resize import (
+from vlbatch.operators.errors import InputError
+from vlbatch.operators.preprocess.config import ImageConfig, VideoConfig
+from vlbatch.operators.preprocess.patchify import patchify_into
+from vlbatch.operators.preprocess.resize import (
     resize_frames,
     smart_resize_image,
     smart_resize_video,
     video_max_pixels,
 )
-from operators.preprocess.sampling import group_timestamps
-from operators.types import VideoClip
+from vlbatch.operators.preprocess.sampling import group_timestamps
+from vlbatch.operators.types import VideoClip
 
 
 @dataclass(frozen=True)

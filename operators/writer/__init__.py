@@ -6,9 +6,9 @@
 - `fs`: `open_filesystem` for local paths and s3:// (s3fs).
 Ray-free.
 """
-from operators.writer.commit import commit_table, part_name, write_json
-from operators.writer.fs import open_filesystem
-from operators.writer.resume import (
+from vlbatch.operators.writer.commit import commit_table, part_name, write_json
+from vlbatch.operators.writer.fs import open_filesystem
+from vlbatch.operators.writer.resume import (
     CommittedIndex,
     clean_tmp,
     is_transient,
@@ -16,7 +16,7 @@ from operators.writer.resume import (
     purge_transient,
     read_committed,
 )
-from operators.writer.schema import OUTPUT_SCHEMA, OutputRow, Timings, rows_to_table, table_to_rows
+from vlbatch.operators.writer.schema import OUTPUT_SCHEMA, OutputRow, Timings, rows_to_table, table_to_rows
 
 __all__ = [
     "OUTPUT_SCHEMA", "CommittedIndex", "OutputRow", "Timings", "clean_tmp", "commit_table", "is_transient",

@@ -29,9 +29,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators.errors import StorageError
-from operators.writer.fs import join
-from operators.writer.schema import OUTPUT_SCHEMA
+from vlbatch.operators.errors import StorageError
+from vlbatch.operators.writer.fs import join
+from vlbatch.operators.writer.schema import OUTPUT_SCHEMA
 
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"

@@ -24,7 +24,7 @@ Resume rules:
   file is committed first, then the old one deleted; a crash in between leaves two
   files whose shared rows are resolved the same way on the next start), and their ids
   run again;
-- error types are judged by `operators.errors`: a `VlbatchError` subclass's
+- error types are judged by `vlbatch.operators.errors`: a `VlbatchError` subclass's
   `permanent` flag; any other exception name (a bug, an OOM) counts as transient.
 """
 from __future__ import annotations
@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import operators.errors as errors_mod
-from operators.writer.commit import PART_PREFIX, PART_SUFFIX, TMP_DIR, commit_table, with_retries
-from operators.writer.fs import join
-from operators.writer.schema import STATUS_OK
+import vlbatch.operators.errors as errors_mod
+from vlbatch.operators.writer.commit import PART_PREFIX, PART_SUFFIX, TMP_DIR, commit_table, with_retries
+from vlbatch.operators.writer.fs import join
+from vlbatch.operators.writer.schema import STATUS_OK
 
 INDEX_COLUMNS = ["id", "status", "error_type"]
 
@@ -140,7 +140,7 @@ def clean_tmp(fs: fsspec.AbstractFileSystem, run_dir: str) -> None:
 
 def read_committed(fs: fsspec.AbstractFileSystem, run_dir: str, *, retries: int = 5) -> pa.Table:
     """All committed rows of a run as one table (OUTPUT_SCHEMA), sorted by id."""
-    from operators.writer.schema import OUTPUT_SCHEMA
+    from vlbatch.operators.writer.schema import OUTPUT_SCHEMA
 
     tables = [_read_cols(fs, p, None, retries) for p in list_parts(fs, run_dir)]
     if not tables:

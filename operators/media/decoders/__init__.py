@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from operators.errors import ConfigError
-from operators.media.decoders.base import OpenVideo, ShortVideo, VideoDecoder, VideoInfo
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.media.decoders.base import OpenVideo, ShortVideo, VideoDecoder, VideoInfo
 
 BACKENDS = ("decord", "pyav")
 
@@ -17,11 +17,11 @@ BACKENDS = ("decord", "pyav")
 def get_decoder(name: str = "decord", threads: int = 1) -> VideoDecoder:
     """A decoder instance by name; raises `ConfigError` for an unknown name."""
     if name == "decord":
-        from operators.media.decoders.decord_backend import DecordDecoder
+        from vlbatch.operators.media.decoders.decord_backend import DecordDecoder
 
         return DecordDecoder(threads=threads)
     if name == "pyav":
-        from operators.media.decoders.pyav_backend import PyAVDecoder
+        from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
 
         return PyAVDecoder(threads=threads)
     if ":" in name:

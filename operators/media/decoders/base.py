@@ -15,9 +15,9 @@ Contract of a `VideoDecoder` backend (decord, PyAV, or a test double):
   number of decoded frames besides the one it yields (no whole-file arrays).
 - If the stream ends or breaks before an index is reached (the header promised
   more than the data holds), it raises `ShortVideo`; the caller re-samples over
-  the frames that really decode (`operators.media.video`).
+  the frames that really decode (`vlbatch.operators.media.video`).
 - A backend never hangs by design, but one may (decord's native loop): callers run
-  backends in a killable process (`operators.media.worker`), never trusting them.
+  backends in a killable process (`vlbatch.operators.media.worker`), never trusting them.
 
 `probe_container` is the shared metadata reader (PyAV, demux only, no decoding
 except the first frame): fps, header frame count, the frames actually present,
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.errors import MediaError
+from vlbatch.operators.errors import MediaError
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class VideoInfo:
 
 class ShortVideo(Exception):
     """The stream ended or broke before a requested index, or the backend cannot read a file that the
-    container probe accepted. Internal: `operators.media.video` recounts with PyAV and never lets it escape."""
+    container probe accepted. Internal: `vlbatch.operators.media.video` recounts with PyAV and never lets it escape."""
 
 
 class OpenVideo(ABC):

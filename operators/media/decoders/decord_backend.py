@@ -9,7 +9,7 @@ forever in native code when that count exceeds the frames the data holds
   (`probe_container`); indices beyond it are never handed to decord;
 - frames are fetched in chunks of `chunk` indices (memory: `chunk` decoded frames,
   not the whole batch; decord #208 / #197), and every call runs in a killable
-  worker process (`operators.media.worker`) in case decord hangs anyway;
+  worker process (`vlbatch.operators.media.worker`) in case decord hangs anyway;
 - a decord error mid-stream raises `ShortVideo`, and the caller recounts with PyAV.
 decord 0.6 applies the display rotation itself (verified against PyAV in the
 tests); frames it returns in coded orientation are rotated here.
@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from operators.errors import MediaError
-from operators.media.decoders.base import (
+from vlbatch.operators.errors import MediaError
+from vlbatch.operators.media.decoders.base import (
     OpenVideo,
     ShortVideo,
     VideoDecoder,

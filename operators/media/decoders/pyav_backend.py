@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from operators.errors import MediaError
-from operators.media.decoders.base import (
+from vlbatch.operators.errors import MediaError
+from vlbatch.operators.media.decoders.base import (
     OpenVideo,
     PacketIndex,
     ShortVideo,

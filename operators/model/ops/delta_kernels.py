@@ -16,7 +16,7 @@ package (flash-linear-attention / fla-core); "auto" (the default of `load_model`
 fla on CUDA when it is installed, else torch. fla's kernels run only on a GPU: on this
 project's CPU CI they are tested through the adapter below against a stand-in with fla's
 documented call signature (tests/test_model_delta_kernels.py says why). On a GPU machine,
-`python -m operators.model.ops.delta_kernels` compares fla's real kernels with the torch
+`python -m vlbatch.operators.model.ops.delta_kernels` compares fla's real kernels with the torch
 ones on odd shapes (`compare_with_torch`) and prints the largest differences.
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ from itertools import accumulate
 
 import torch
 
-from operators.errors import ConfigError
-from operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
-from operators.model.ops.delta_rule import recurrent_gated_delta_rule_
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model.ops.delta_packed import chunk_gated_delta_rule_packed
+from vlbatch.operators.model.ops.delta_rule import recurrent_gated_delta_rule_
 
 CHOICES = ("auto", "torch", "fla")
 # Tokens per chunk of the torch chunked rule (prefill). Shorter chunks are faster on CPU

@@ -1,6 +1,6 @@
 """Answer scene items with transformers' `generate` (greedy) and score them: the reference runner.
 
-`python -m operators.training.evaluate models/shapes-tiny` prints the held-out
+`python -m vlbatch.devtools.training.evaluate models/shapes-tiny` prints the held-out
 scores of a checkpoint. Videos go through real files: each clip is encoded to
 H.264 MP4, decoded with PyAV and sampled at 2 fps with the reference's rule, as a
 pipeline reading video files would see it. One item per `generate` call, so no
@@ -12,9 +12,9 @@ import argparse
 import time
 from dataclasses import dataclass
 
-from operators.scenes.heldout import SceneItem, clip_of, heldout_items
-from operators.scenes.score import score_answers
-from operators.scenes.videos import decode_mp4
+from vlbatch.devtools.scenes.heldout import SceneItem, clip_of, heldout_items
+from vlbatch.devtools.scenes.score import score_answers
+from vlbatch.devtools.scenes.videos import decode_mp4
 
 
 def load_reference(model_dir):
@@ -47,7 +47,7 @@ def generate(model, processor, items, max_new_tokens: int = 48) -> list[Generate
     """Greedy generation for `items`, one `generate` call each (no padding)."""
     import torch
 
-    from operators.training.batches import END, media_kwargs, prompt_text
+    from vlbatch.devtools.training.batches import END, media_kwargs, prompt_text
 
     end_id = processor.tokenizer.convert_tokens_to_ids(END)
     results = []

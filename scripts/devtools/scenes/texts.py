@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from operators.scenes.vocab import NUMBER_WORDS, POSITION_PHRASES
+from vlbatch.devtools.scenes.vocab import NUMBER_WORDS, POSITION_PHRASES
 
 IMAGE_TASKS = ("caption", "count", "colour", "shape", "position")
 VIDEO_TASKS = ("video_caption", "motion", "colour_start", "colour_end")
@@ -47,7 +47,7 @@ def image_caption(shapes) -> str:
 
 def image_qas(shapes, caption: str) -> list:
     """Every question this image can answer unambiguously (kinds asked by name only when unique)."""
-    from operators.scenes.images import QA
+    from vlbatch.devtools.scenes.images import QA
 
     qas = [QA("caption", p, caption, str(len(shapes))) for p in IMAGE_CAPTION_PROMPTS]
     n = len(shapes)
@@ -82,7 +82,7 @@ def video_caption(shapes) -> str:
 
 def video_qas(shapes, caption: str) -> list:
     """Caption, motion direction and start / end colour questions (kinds are unique in videos)."""
-    from operators.scenes.images import QA
+    from vlbatch.devtools.scenes.images import QA
 
     qas = [QA("video_caption", p, caption, shapes[0].motion) for p in VIDEO_CAPTION_PROMPTS]
     for s in shapes:

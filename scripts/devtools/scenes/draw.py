@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from operators.scenes.vocab import COLOURS
+from vlbatch.devtools.scenes.vocab import COLOURS
 
 BACKGROUNDS = ("solid", "gradient", "noise")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from operators.preprocess.sampling import sample_frame_indices
-from operators.scenes.images import QA, ImageScene, make_image_scene
-from operators.scenes.texts import IMAGE_TASKS, VIDEO_TASKS
-from operators.scenes.videos import VideoScene, encode_mp4, make_video_scene
-from operators.types import VideoClip
+from vlbatch.devtools.scenes.images import QA, ImageScene, make_image_scene
+from vlbatch.devtools.scenes.texts import IMAGE_TASKS, VIDEO_TASKS
+from vlbatch.devtools.scenes.videos import VideoScene, encode_mp4, make_video_scene
+from vlbatch.operators.preprocess.sampling import sample_frame_indices
+from vlbatch.operators.types import VideoClip
 
 HELDOUT_SEED_BASE = 1_000_000_000
 VIDEO_SAMPLE_FPS = 2.0  # the reference video processor's default sampling rate

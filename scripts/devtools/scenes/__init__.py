@@ -5,8 +5,8 @@ evaluated with: `make_image_scene(seed)` / `make_video_scene(seed)` (pure
 functions of the seed), the held-out set builder (`heldout.py`, seeds disjoint
 from training) and the scorer (`score.py`).
 """
-from operators.scenes.images import QA, ImageScene, Shape, make_image_scene
-from operators.scenes.videos import VideoScene, VideoShape, decode_mp4, encode_mp4, make_video_scene
+from vlbatch.devtools.scenes.images import QA, ImageScene, Shape, make_image_scene
+from vlbatch.devtools.scenes.videos import VideoScene, VideoShape, decode_mp4, encode_mp4, make_video_scene
 
 __all__ = [
     "QA",

@@ -5,7 +5,7 @@ Owns: real encoded videos written with PyAV (libx264 with B-frames in mp4, VP9 a
 rotation) and deliberately bad files (truncated, zero bytes, audio only, a header
 that claims more frames than the file holds, not media at all), plus a manifest of
 what was written with the facts tests check against (`SampleVideo`). Images live
-in `operators.media.sample_images`.
+in `vlbatch.devtools.sample_images`.
 
 Frame content identifies the frame: the top half of frame `i` carries the bits of
 `i` as 16 black/white bars (two rows of 8, least significant bit first), so
@@ -248,7 +248,7 @@ def _write_bad_files(out: Path, s: list[SampleVideo]) -> None:
 
 def write_all(out_dir: str | Path) -> dict:
     """Write videos and images into `out_dir`; returns `{"videos": [...], "images": [...]}` (also manifest.json)."""
-    from operators.media.sample_images import write_sample_images
+    from vlbatch.devtools.sample_images import write_sample_images
 
     out = Path(out_dir)
     videos = write_sample_videos(out / "videos")

@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from operators.checkpoints import tokenizer as tok
+from vlbatch.devtools.checkpoints import tokenizer as tok
 
 TINY_VARIANTS = ("dense", "dense_tied", "moe")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from operators.scenes.vocab import COLOURS, DIRECTIONS, KINDS, NUMBER_WORDS, POSITIONS, SIZES, STILL
+from vlbatch.devtools.scenes.vocab import COLOURS, DIRECTIONS, KINDS, NUMBER_WORDS, POSITIONS, SIZES, STILL
 
 _WORD = re.compile(r"[a-z]+")
 _POSITIONS_LONGEST_FIRST = sorted(POSITIONS, key=len, reverse=True)
@@ -168,7 +168,7 @@ def _alt(words) -> str:
 
 def _grammar() -> dict[str, re.Pattern]:
     """Per task, the regular language of its ground-truth answers (case-insensitive)."""
-    from operators.scenes.vocab import POSITION_PHRASES, SPEEDS
+    from vlbatch.devtools.scenes.vocab import POSITION_PHRASES, SPEEDS
 
     colour, kind, size = _alt(COLOURS), _alt(KINDS), _alt(SIZES)
     place = _alt(POSITION_PHRASES.values())

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.scenes.vocab import COLOURS, DIRECTIONS, KINDS, SIZES, STILL
+from vlbatch.devtools.scenes.vocab import COLOURS, DIRECTIONS, KINDS, SIZES, STILL
 
 IGNORE = -100
 COLOUR_TOLERANCE = 45  # max per-channel distance of a shape pixel from its vocabulary colour (jitter is 12)

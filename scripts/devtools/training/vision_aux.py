@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from operators.training.token_labels import IGNORE, N_COLOUR, N_KIND, N_MOTION, N_SIZE, POSITION_BINS
+from vlbatch.devtools.training.token_labels import IGNORE, N_COLOUR, N_KIND, N_MOTION, N_SIZE, POSITION_BINS
 
 _SPLITS = (N_COLOUR, N_KIND, N_SIZE, POSITION_BINS, POSITION_BINS, N_MOTION)
 NAMES = ("colour", "kind", "size", "row", "col", "motion")

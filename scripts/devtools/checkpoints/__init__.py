@@ -6,6 +6,6 @@ tokenizer (tokenizer.json, tokenizer_config.json, chat_template.jinja) and the
 processor configs (preprocessor_config.json, video_preprocessor_config.json) so the
 result loads through exactly the code path a real Qwen3.5 checkpoint goes through.
 """
-from operators.checkpoints.tiny import TINY_VARIANTS, make_tiny_checkpoint
+from vlbatch.devtools.checkpoints.tiny import TINY_VARIANTS, make_tiny_checkpoint
 
 __all__ = ["TINY_VARIANTS", "make_tiny_checkpoint"]

@@ -12,9 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.scenes import texts
-from operators.scenes.draw import Background, draw_shape, random_background, render_background, shape_rgb
-from operators.scenes.vocab import COLOURS, KINDS, MAX_SHAPES, POSITIONS, SIZES
+from vlbatch.devtools.scenes import texts
+from vlbatch.devtools.scenes.draw import (
+    Background,
+    draw_shape,
+    random_background,
+    render_background,
+    shape_rgb,
+)
+from vlbatch.devtools.scenes.vocab import COLOURS, KINDS, MAX_SHAPES, POSITIONS, SIZES
 
 # radius as a fraction of min(H, W)
 SIZE_RADIUS = {"small": (0.07, 0.085), "large": (0.12, 0.14)}

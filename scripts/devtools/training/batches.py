@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.scenes.heldout import SceneItem, image_item, video_item
-from operators.scenes.texts import IMAGE_TASKS, VIDEO_TASKS
+from vlbatch.devtools.scenes.heldout import SceneItem, image_item, video_item
+from vlbatch.devtools.scenes.texts import IMAGE_TASKS, VIDEO_TASKS
 
 END = "<|im_end|>"
 IGNORE = -100
@@ -91,7 +91,7 @@ def vision_targets(batch: dict, items: list[SceneItem]):
     """
     import torch
 
-    from operators.training.token_labels import image_targets, video_targets
+    from vlbatch.devtools.training.token_labels import image_targets, video_targets
 
     images = [it for it in items if it.media_type == "image"]
     videos = [it for it in items if it.media_type == "video"]

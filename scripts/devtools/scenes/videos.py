@@ -15,9 +15,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.scenes import texts
-from operators.scenes.draw import Background, draw_shape, random_background, render_background, shape_rgb
-from operators.scenes.vocab import COLOURS, DIRECTION_VECTORS, DIRECTIONS, KINDS, SPEED_TRAVEL, SPEEDS, STILL
+from vlbatch.devtools.scenes import texts
+from vlbatch.devtools.scenes.draw import (
+    Background,
+    draw_shape,
+    random_background,
+    render_background,
+    shape_rgb,
+)
+from vlbatch.devtools.scenes.vocab import (
+    COLOURS,
+    DIRECTION_VECTORS,
+    DIRECTIONS,
+    KINDS,
+    SPEED_TRAVEL,
+    SPEEDS,
+    STILL,
+)
 
 FPS_CHOICES = (4, 5, 6, 8)
 DURATIONS_S = (2, 3)

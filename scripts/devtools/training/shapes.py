@@ -1,9 +1,9 @@
 """Train the bundled demo model: a tiny Qwen3.5 that captions and answers about synthetic shapes.
 
-    python -m operators.training.shapes --out DIR [--vision-steps N] [--steps M] [--init DIR] ...
+    python -m vlbatch.devtools.training.shapes --out DIR [--vision-steps N] [--steps M] [--init DIR] ...
 
 Reference implementation throughout: transformers' `Qwen3_5ForConditionalGeneration`
-(built by `operators.checkpoints.tiny.build_reference_model` with the sizes below, norms
+(built by `vlbatch.devtools.checkpoints.tiny.build_reference_model` with the sizes below, norms
 reset to their trained-from-scratch init) and transformers' processor for inputs. Every
 step draws fresh scenes (seeds below the held-out range), so there is no epoch.
 Two stages, AdamW with linear warm-up and cosine decay in each:
@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from operators.checkpoints import tiny
-from operators.checkpoints import tokenizer as tok
-from operators.scenes.heldout import HELDOUT_SEED_BASE
+from vlbatch.devtools.checkpoints import tiny
+from vlbatch.devtools.checkpoints import tokenizer as tok
+from vlbatch.devtools.scenes.heldout import HELDOUT_SEED_BASE
 
 VISION = {"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "depth": 2}
 # [linear, full] x2 (full_attention_interval 2, not the 9B's 4): two Gated DeltaNet and two gated
@@ -88,7 +88,7 @@ class SceneBatches(torch.utils.data.IterableDataset):
     def __iter__(self):
         from transformers import AutoProcessor
 
-        from operators.training.batches import collate, sample_items, vision_targets
+        from vlbatch.devtools.training.batches import collate, sample_items, vision_targets
 
         torch.set_num_threads(1)
         processor = AutoProcessor.from_pretrained(self.processor_dir)
@@ -109,8 +109,8 @@ def _batches(out: Path, seed: int, batch: int, video_share: float, image_weights
 
 def train(args) -> Path:
     """Two stages: the vision tower alone on the auxiliary loss, then everything on answers + auxiliary loss."""
-    from operators.training.fast_patch import use_linear_patch_embed
-    from operators.training.vision_aux import VisionAux
+    from vlbatch.devtools.training.fast_patch import use_linear_patch_embed
+    from vlbatch.devtools.training.vision_aux import VisionAux
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -192,7 +192,7 @@ def _weights(spec: str | None) -> dict[str, float] | None:
     """"caption=0.2,count=0.05,..." -> {task: weight} (every image task must be named)."""
     if not spec:
         return None
-    from operators.scenes.texts import IMAGE_TASKS
+    from vlbatch.devtools.scenes.texts import IMAGE_TASKS
 
     weights = {k: float(v) for k, v in (part.split("=") for part in spec.split(","))}
     if set(weights) != set(IMAGE_TASKS):
