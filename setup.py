@@ -34,6 +34,7 @@ setup(
     package_dir=PACKAGE_DIR,
     package_data={
         "": ["*.json", "*.jinja", "*.safetensors", "*.txt"],
+        "vlbatch.devtools.checkpoints": ["assets/*"],  # the tokenizer and chat template of tiny checkpoints
         # the bundled demo checkpoint (models/shapes-tiny: HF layout, a few MB)
         "vlbatch.models": ["shapes-tiny/*"],
     },
