@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from vlbatch.devtools.samples import encode_video, frame_index
-from vlbatch.operators.errors import ConfigError, MediaError, MediaTimeoutError
+from vlbatch.operators.errors import ConfigError, InputError, MediaError, MediaTimeoutError, VlbatchError
 from vlbatch.operators.media.decoders.base import VideoDecoder
 from vlbatch.operators.media.video import FrameSampling, decode_video_inprocess
 from vlbatch.operators.media.worker import DecodeWorker, decode_video
@@ -139,3 +139,93 @@ def test_the_child_exits_when_its_parent_dies(video, tmp_path):
     while not gone() and time.monotonic() < deadline:
         time.sleep(0.05)  # polling an external process with a deadline, not standing in for a sync
     assert gone()
+
+
+# A compromised child: `tests/hostile_decoder.py` speaks (or breaks) the protocol on the real pipes.
+HOSTILE = os.path.join(os.path.dirname(__file__), "hostile_decoder.py")
+
+
+class Evil:
+    """The hostile child's payload: unpickling it creates `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def hostile(mode: str, marker, timeout_s: float = 10) -> DecodeWorker:
+    import sys
+
+    return DecodeWorker(timeout_s=timeout_s, child_argv=[sys.executable, HOSTILE, mode, str(marker)])
+
+
+@pytest.mark.parametrize("mode", ["pickle-ready", "pickle-reply", "pickle-header"])
+def test_a_child_sending_a_pickle_never_gets_it_executed(mode, tmp_path):
+    import pickle
+
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps(Evil(str(probe))))
+    assert probe.exists()  # the payload is live: unpickling it does create the file
+    marker = tmp_path / "pwned"
+    with hostile(mode, marker) as w, pytest.raises(MediaError, match="failed to start" if mode == "pickle-ready"
+                                                   else "malformed|refused"):
+        w.decode(b"video")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("mode", ["huge-length", "huge-plan", "huge-frame"])
+def test_a_header_claiming_a_terabyte_is_refused_without_allocating(mode, tmp_path):
+    import time
+    import tracemalloc
+
+    with hostile(mode, tmp_path / "unused", timeout_s=30) as w:
+        tracemalloc.start()
+        t0 = time.monotonic()
+        with pytest.raises(MediaError, match="refused|expected uint8") as e:
+            w.decode(b"video")
+        elapsed = time.monotonic() - t0
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert not isinstance(e.value, MediaTimeoutError) and elapsed < 10
+    assert peak < 16 << 20  # numpy and bytearray buffers are traced: nothing near the claimed size was allocated
+
+
+def test_the_stand_in_child_speaks_the_protocol(tmp_path):
+    """The baseline for the hostile modes: well-formed messages give a clip, and the child is kept."""
+    with hostile("ok", tmp_path / "unused") as w:
+        for _ in range(2):
+            clip = w.decode(b"video")
+            assert clip.frames.shape == (1, 2, 2, 3) and not clip.frames.any()
+            assert (clip.source_fps, clip.total_frames, clip.indices) == (10.0, 4, (0,))
+        assert w.starts == 1
+
+
+@pytest.mark.parametrize("mode, match", [
+    ("bad-json", "malformed header"),
+    ("not-an-object", "not an object"),
+    ("done-early", "'done' out of order"),  # never hands back uninitialised rows
+    ("float-dtype", "expected uint8"),
+])
+def test_malformed_messages_are_media_errors_and_the_child_is_replaced(mode, match, tmp_path):
+    with hostile(mode, tmp_path / "unused") as w:
+        for starts in (1, 2):
+            with pytest.raises(MediaError, match=match) as e:
+                w.decode(b"video")
+            assert not isinstance(e.value, MediaTimeoutError)
+            assert w.starts == starts and w.pid is None  # killed: the pipe is out of step
+
+
+@pytest.mark.parametrize("mode, cls", [
+    ("error-InputError", InputError), ("error-EngineError", MediaError), ("error-dunder", MediaError),
+])
+def test_child_errors_map_only_to_allowed_classes(mode, cls, tmp_path):
+    with hostile(mode, tmp_path / "unused") as w:
+        with pytest.raises(VlbatchError) as e:
+            w.decode(b"video")
+        assert type(e.value) is cls
+        pid = w.pid
+        with pytest.raises(cls):
+            w.decode(b"video")
+        assert w.pid == pid and w.starts == 1  # a reported error keeps the child

@@ -4,52 +4,59 @@ Owns process isolation for decoding. decord's native loop cannot be interrupted
 from Python (dmlc/decord #373) and a native crash would take the caller with it,
 so decoding runs in a child process (`python -m vlbatch.operators.media.worker`, started
 with `subprocess`, not `multiprocessing`: no re-import of the caller's `__main__`,
-which matters inside Ray workers). The parent talks to it over two pipes with
-`multiprocessing.connection.Connection` framing:
-
-    parent -> child: (backend, threads, sampling) then the video bytes
-    child -> parent: ("plan", Plan) | ("frame", slot, nbytes) + nbytes raw bytes | ("done",) | ("error", type, msg)
+which matters inside Ray workers). The parent talks to it over two pipes in the
+format of `vlbatch.operators.media.wire`: JSON headers and raw bytes, never pickle,
+because the child parses untrusted media and may be compromised by it; every
+header is checked before the parent allocates for it.
 
 Frames stream one at a time straight into the parent's preallocated output
 (`os.readv` into the destination rows: one copy), so the child never holds more
-than its backend's working set. Every read waits at
+than its backend's working set. Every read and write waits at
 most until the call's deadline; past it the child is SIGKILLed and the call raises
-`MediaTimeoutError`. A child that dies (native crash) gives `MediaError`. The
-next call starts a fresh child. Start-up (imports, about 1 s) is waited for
+`MediaTimeoutError`. A child that dies (native crash) or breaks the protocol gives
+`MediaError`. The next call starts a fresh child. Start-up (imports, about 1 s) is waited for
 separately and never counts against a video's limit. A child is reused across
 calls and recycled after `max_calls` to cap slow native leaks.
 """
 from __future__ import annotations
 
+import math
 import os
+import select
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Connection
+from collections.abc import Sequence
 
 import numpy as np
 
 from vlbatch.operators import errors
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
+from vlbatch.operators.media import wire
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling, Plan, decode_stream
 from vlbatch.operators.types import VideoClip
 
 STARTUP_TIMEOUT_S = 120.0  # generous: a loaded node can take seconds to import av + decord
+CHILD_MODULE = "vlbatch.operators.media.worker"
 
 
 class DecodeWorker:
     """One decoder child process, reused across calls. Not thread-safe: one call at a time.
 
     timeout_s: wall-clock limit per video (probe + decode + transfer);
-    max_calls: recycle the child after this many videos.
+    max_calls: recycle the child after this many videos;
+    child_argv: the command before the two pipe fd numbers (default: this module under the
+    current interpreter); e.g. a sandbox wrapper, or a stand-in child in tests.
     """
 
-    def __init__(self, timeout_s: float = 60.0, max_calls: int = 500, threads: int = 1):
+    def __init__(self, timeout_s: float = 60.0, max_calls: int = 500, threads: int = 1,
+                 child_argv: Sequence[str] | None = None):
         if not timeout_s > 0:
             raise errors.ConfigError(f"decode timeout_s must be positive, got {timeout_s!r}")
         self.timeout_s = timeout_s
         self.max_calls = max_calls
         self.threads = threads
+        self.child_argv = tuple(child_argv) if child_argv is not None else (sys.executable, "-m", CHILD_MODULE)
         self._proc: subprocess.Popen | None = None
         self._calls = 0
         self.starts = 0  # how many children were started (observable by tests and benchmarks)
@@ -70,32 +77,38 @@ class DecodeWorker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         env.setdefault("OMP_NUM_THREADS", "1")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "vlbatch.operators.media.worker", str(req_r), str(res_w)],
+            [*self.child_argv, str(req_r), str(res_w)],
             pass_fds=(req_r, res_w), env=env, stdin=subprocess.DEVNULL,
         )
         os.close(req_r)
         os.close(res_w)
-        self._send = Connection(req_w, readable=False)
-        self._recv = Connection(res_r, writable=False)
+        os.set_blocking(req_w, False)  # writes wait in poll, under the deadline, never in write()
+        self._req, self._res = req_w, res_r
+        self._poll_in, self._poll_out = select.poll(), select.poll()
+        self._poll_in.register(res_r, select.POLLIN)
+        self._poll_out.register(req_w, select.POLLOUT)
         self._calls = 0
         self.starts += 1
         # The child imports av, decord and numpy before it says ready, so start-up (about 1 s on a busy
         # node) never eats into a video's time limit.
         try:
-            if self._recv.poll(STARTUP_TIMEOUT_S) and self._recv.recv() == ("ready",):
+            if self._read_header(time.monotonic() + STARTUP_TIMEOUT_S) == {"kind": "ready"}:
                 return
-        except (EOFError, OSError):
+        except (EOFError, OSError, MediaError):  # no answer, a dead child, or not our protocol
             pass
         code = self._proc.poll()
         self._kill()
         raise MediaError(f"the decoder process failed to start (exit code {code})")
 
+    def _close_pipes(self) -> None:
+        os.close(self._req)
+        os.close(self._res)
+
     def close(self) -> None:
         """Stop the child (closing its request pipe lets it exit; kill if it does not)."""
         if self._proc is None:
             return
-        self._send.close()
-        self._recv.close()
+        self._close_pipes()
         try:
             self._proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -107,25 +120,26 @@ class DecodeWorker:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
-            self._send.close()
-            self._recv.close()
+            self._close_pipes()
             self._proc = None
 
     def decode(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord") -> VideoClip:
         """Decode the sampled frames of `data` in the child within `timeout_s`.
 
-        Raises `MediaError` (not a video, crash), `MediaTimeoutError` (over the limit;
-        the child was killed), `InputError` (bad sampling), `ConfigError` (unknown backend).
+        Raises `MediaError` (not a video, crash, a child breaking the protocol), `MediaTimeoutError`
+        (over the limit; the child was killed), `InputError` (bad sampling), `ConfigError` (unknown backend).
         """
+        request = wire.encode_request(backend, self.threads, sampling)
         if self._proc is None or self._calls >= self.max_calls:
             self.close()
             self._start()
         self._calls += 1
         deadline = time.monotonic() + self.timeout_s
         try:
-            self._send.send((backend, self.threads, sampling))
-            self._send.send_bytes(data)
-            clip, error = self._receive(deadline)
+            self._write(memoryview(request), deadline)
+            self._write(memoryview(wire.LENGTH.pack(len(data))), deadline)
+            self._write(memoryview(data).cast("B"), deadline)
+            clip, error = self._receive(sampling, deadline)
         except (EOFError, OSError) as e:
             code = self._proc.poll() if self._proc is not None else None
             self._kill()
@@ -137,44 +151,60 @@ class DecodeWorker:
             raise error  # the child reported it and waits for the next request: keep it
         return clip
 
-    def _wait(self, deadline: float) -> None:
+    def _wait(self, poller: select.poll, deadline: float) -> None:
         left = deadline - time.monotonic()
-        if left <= 0 or not self._recv.poll(left):
+        if left <= 0 or not poller.poll(math.ceil(left * 1000)):
             raise MediaTimeoutError(f"decoding took longer than the {self.timeout_s:g} s limit; the decoder was killed")
+
+    def _write(self, data: memoryview, deadline: float) -> None:
+        """Write all of `data` to the child's request pipe, waiting at most until `deadline`."""
+        while data:
+            self._wait(self._poll_out, deadline)
+            try:
+                data = data[os.write(self._req, data):]
+            except BlockingIOError:
+                continue  # the pipe filled between poll and write
 
     def _read_into(self, out: memoryview, deadline: float) -> None:
         """Read exactly `out.nbytes` raw bytes from the child straight into `out` (one copy, no framing)."""
-        fd, got = self._recv.fileno(), 0
+        got = 0
         while got < out.nbytes:
-            self._wait(deadline)
-            n = os.readv(fd, [out[got:]])
+            self._wait(self._poll_in, deadline)
+            n = os.readv(self._res, [out[got:]])
             if n == 0:
-                raise EOFError("the decoder process closed its pipe mid-frame")
+                raise EOFError("the decoder process closed its pipe mid-message")
             got += n
 
-    def _receive(self, deadline: float) -> tuple[VideoClip | None, errors.VlbatchError | None]:
+    def _read_header(self, deadline: float) -> dict:
+        """One JSON header from the child, its length checked before the buffer is allocated."""
+        prefix = bytearray(wire.LENGTH.size)
+        self._read_into(memoryview(prefix), deadline)
+        raw = bytearray(wire.header_length(bytes(prefix)))
+        self._read_into(memoryview(raw), deadline)
+        return wire.parse_header(raw)
+
+    def _receive(self, sampling: FrameSampling,
+                 deadline: float) -> tuple[VideoClip | None, errors.VlbatchError | None]:
         """Read one reply: (clip, None), or (None, the typed error the child reported)."""
-        plan: Plan | None = None
-        frames = None
+        plan: wire.ClipHeader | None = None
+        frames, filled = None, 0
         while True:
-            self._wait(deadline)
-            msg = self._recv.recv()
-            if msg[0] == "plan":
-                plan = msg[1]
-                frames = np.empty(plan.shape, np.uint8)  # restarts on a second plan
-            elif msg[0] == "frame":
-                _, slot, nbytes = msg
-                out = memoryview(frames[slot].reshape(-1))
-                if nbytes != out.nbytes:
-                    raise MediaError(f"decoder sent a frame of {nbytes} bytes, expected {out.nbytes}")
-                self._read_into(out, deadline)
-            elif msg[0] == "done":
-                return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames,
+            header = self._read_header(deadline)
+            kind = header["kind"]
+            if kind == "plan":  # a second plan restarts the slots (the PyAV recount)
+                plan = wire.parse_plan(header, sampling.max_output_bytes)
+                frames, filled = np.empty(plan.shape, np.uint8), 0
+            elif kind == "frame" and plan is not None and filled < plan.shape[0]:
+                wire.check_frame(header, filled, plan.shape[1:])
+                self._read_into(memoryview(frames[filled].reshape(-1)), deadline)
+                filled += 1
+            elif kind == "done" and plan is not None and filled == plan.shape[0]:
+                return VideoClip(frames=frames, source_fps=plan.source_fps, total_frames=plan.total_frames,
                                  indices=plan.indices), None
+            elif kind == "error":
+                return None, wire.child_error(header)
             else:
-                _, kind, text = msg
-                cls = getattr(errors, kind, MediaError)
-                return None, (cls if isinstance(cls, type) and issubclass(cls, errors.VlbatchError) else MediaError)(text)
+                raise MediaError(f"the decoder sent {kind[:50]!r} out of order ({filled} frames in)")
 
 
 def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord",
@@ -186,31 +216,53 @@ def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backen
         return one_shot.decode(data, sampling, backend)
 
 
-def _serve(req: Connection, res: Connection) -> None:
+def _read_message(fd: int) -> bytes | None:
+    """Child side: one length-prefixed message from the parent; None at end of input."""
+    prefix = _read_exact(fd, wire.LENGTH.size)
+    if prefix is None:
+        return None
+    return _read_exact(fd, wire.LENGTH.unpack(prefix)[0])
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            return None  # the parent closed the pipe (or died)
+        got += k
+    return bytes(buf)
+
+
+def _serve(req: int, res: int) -> None:
     """Child loop: one request at a time until the parent closes the request pipe."""
     while True:
-        try:
-            backend, threads, sampling = req.recv()
-            data = req.recv_bytes()
-        except EOFError:
+        raw = _read_message(req)
+        data = _read_message(req) if raw is not None else None
+        if data is None:
             return
+        backend, threads, sampling = wire.decode_request(raw)
         try:
             for item in decode_stream(data, sampling, backend, threads):
                 if isinstance(item, Plan):
-                    res.send(("plan", item))
+                    _write_all(res, wire.encode(wire.plan_header(item)))
                 else:
                     slot, frame = item
-                    raw = memoryview(np.ascontiguousarray(frame)).cast("B")
-                    res.send(("frame", slot, raw.nbytes))
-                    _write_all(res.fileno(), raw)  # raw bytes after the header: the parent reads them in place
-            res.send(("done",))
+                    frame = np.ascontiguousarray(frame)
+                    _write_all(res, wire.encode({"kind": "frame", "slot": slot, "dtype": str(frame.dtype),
+                                                 "shape": list(frame.shape)}))
+                    _write_all(res, memoryview(frame).cast("B"))  # raw: the parent reads them in place
+            _write_all(res, wire.encode({"kind": "done"}))
         except errors.VlbatchError as e:
-            res.send(("error", e.error_type, str(e)))
+            _write_all(res, wire.encode(wire.error_header(e)))
         except Exception as e:  # a backend bug or native error text: still a typed, per-file error
-            res.send(("error", "MediaError", f"decoder failed: {type(e).__name__}: {str(e)[:300]}"))
+            _write_all(res, wire.encode(wire.error_header(MediaError(f"decoder failed: {type(e).__name__}: "
+                                                                     f"{str(e)[:300]}"))))
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    data = memoryview(data)
     while data:
         data = data[os.write(fd, data):]
 
@@ -224,9 +276,9 @@ def main(argv: list[str]) -> None:
     import vlbatch.operators.preprocess.sampling  # noqa: F401
 
     av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
-    res = Connection(int(argv[2]), readable=False)
-    res.send(("ready",))
-    _serve(Connection(int(argv[1]), writable=False), res)
+    req, res = int(argv[1]), int(argv[2])
+    _write_all(res, wire.encode({"kind": "ready"}))
+    _serve(req, res)
 
 
 if __name__ == "__main__":

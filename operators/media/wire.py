@@ -1,0 +1,145 @@
+"""The decoder child's wire format: JSON headers and raw bytes, never pickle.
+
+The child (`vlbatch.operators.media.worker`) parses untrusted media, so the parent
+treats everything it sends as hostile input: nothing is unpickled, every header is
+checked (types, shape, dtype, size against the caller's limits) before the parent
+allocates anything, and anything unexpected is a `MediaError`.
+
+Both pipes carry messages: an 8-byte big-endian length, then that many bytes.
+
+    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}} (JSON), then the video bytes
+    child -> parent, one JSON object per message (at most MAX_HEADER_BYTES):
+      {"kind": "ready"}
+      {"kind": "plan", "dtype": "uint8", "shape": [F, H, W, 3], "source_fps", "total_frames", "indices": [F]}
+      {"kind": "frame", "slot": i, "dtype": "uint8", "shape": [H, W, 3]}  then H * W * 3 raw bytes (no length)
+      {"kind": "done"}
+      {"kind": "error", "type": one of CHILD_ERRORS' names, "message": str}
+
+Frames of one plan arrive in slot order 0..F-1; a second plan restarts them (the
+PyAV recount); "done" is accepted only after all F frames.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlbatch.operators.errors import ConfigError, InputError, MediaError, VlbatchError
+from vlbatch.operators.media.video import FrameSampling, Plan
+
+LENGTH = struct.Struct("!Q")  # the length prefix of every message
+MAX_HEADER_BYTES = 16 << 20  # a plan of 768 indices is ~6 KB; anything near this is hostile
+CHILD_ERRORS = (MediaError, InputError, ConfigError)  # what an honest child reports; anything else -> MediaError
+
+
+def _plain(value):
+    if isinstance(value, np.generic):  # numpy scalars in a FrameSampling: their Python value
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def message(payload: bytes) -> bytes:
+    """One message: length prefix + payload."""
+    return LENGTH.pack(len(payload)) + payload
+
+
+def encode(header: dict) -> bytes:
+    """A JSON header as one message."""
+    return message(json.dumps(header, separators=(",", ":"), default=_plain).encode())
+
+
+def header_length(prefix: bytes) -> int:
+    """The length a child's message claims; refused (`MediaError`) above MAX_HEADER_BYTES, before any allocation."""
+    (n,) = LENGTH.unpack(prefix)
+    if n > MAX_HEADER_BYTES:
+        raise MediaError(f"the decoder sent a {n}-byte header (limit {MAX_HEADER_BYTES}); refused")
+    return n
+
+
+def parse_header(raw: bytes) -> dict:
+    """A child's header: a JSON object with a string "kind"; `MediaError` otherwise."""
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, nesting bombs
+        raise MediaError(f"the decoder sent a malformed header: {str(e)[:200]}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("kind"), str):
+        raise MediaError("the decoder sent a header that is not an object with a kind")
+    return header
+
+
+def _ints(value, name: str, length: int | None = None) -> tuple[int, ...]:
+    """Validate a JSON list of non-negative ints (bools are not ints here)."""
+    if not isinstance(value, list) or (length is not None and len(value) != length) or \
+            not all(type(v) is int and v >= 0 for v in value):
+        raise MediaError(f"the decoder sent a bad {name}: {str(value)[:200]}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ClipHeader:
+    """A validated "plan" header: the output's shape `(F, H, W, 3)` and the `VideoClip` metadata."""
+
+    shape: tuple[int, int, int, int]
+    source_fps: float
+    total_frames: int
+    indices: tuple[int, ...]
+
+
+def parse_plan(header: dict, max_bytes: int) -> ClipHeader:
+    """Check a "plan" header; `MediaError` if malformed or if its frames would exceed `max_bytes`."""
+    shape = _ints(header.get("shape"), "frame shape", 4)
+    if header.get("dtype") != "uint8" or shape[3] != 3:
+        raise MediaError(f"the decoder sent frames of {header.get('dtype')!r} {shape}, not uint8 RGB")
+    nbytes = math.prod(shape)  # Python ints: no overflow
+    if nbytes > max_bytes:
+        raise MediaError(f"the decoder claimed {nbytes} bytes of frames, over the {max_bytes}-byte limit; refused")
+    fps, total = header.get("source_fps"), header.get("total_frames")
+    if type(fps) not in (int, float) or type(total) is not int or total < 0:
+        raise MediaError(f"the decoder sent bad metadata: fps {fps!r}, frames {total!r}")
+    return ClipHeader(shape, fps, total, _ints(header.get("indices"), "index list", shape[0]))
+
+
+def check_frame(header: dict, slot: int, row_shape: tuple[int, ...]) -> None:
+    """Check a "frame" header: the expected `slot`, uint8 and exactly `row_shape` `(H, W, 3)`."""
+    if header.get("slot") != slot or type(header.get("slot")) is not int:
+        raise MediaError(f"the decoder sent frame {str(header.get('slot'))[:50]}, expected frame {slot}")
+    if header.get("dtype") != "uint8" or _ints(header.get("shape"), "frame shape", 3) != row_shape:
+        raise MediaError(f"the decoder sent a frame of {header.get('dtype')!r} {header.get('shape')}, "
+                         f"expected uint8 {list(row_shape)}")
+
+
+def child_error(header: dict) -> VlbatchError:
+    """The typed error an "error" header names; names outside CHILD_ERRORS become `MediaError`."""
+    kind, message = header.get("type"), header.get("message")
+    if not isinstance(message, str):
+        raise MediaError("the decoder sent an error without a message")
+    cls = next((c for c in CHILD_ERRORS if c.__name__ == kind), MediaError)
+    return cls(message)
+
+
+def plan_header(plan: Plan) -> dict:
+    """Child side: the "plan" header of a `Plan`."""
+    return {"kind": "plan", "dtype": "uint8", "shape": list(plan.shape), "source_fps": plan.info.fps,
+            "total_frames": plan.info.frames, "indices": list(plan.indices)}
+
+
+def error_header(error: VlbatchError) -> dict:
+    return {"kind": "error", "type": error.error_type, "message": str(error)}
+
+
+def encode_request(backend: str, threads: int, sampling: FrameSampling) -> bytes:
+    """Parent side: the request header as one message; `InputError` for a sampling JSON cannot carry."""
+    try:
+        return encode({"backend": backend, "threads": threads, "sampling": dataclasses.asdict(sampling)})
+    except (TypeError, ValueError) as e:
+        raise InputError(f"the frame sampling cannot be sent to the decoder: {e}") from None
+
+
+def decode_request(raw: bytes) -> tuple[str, int, FrameSampling]:
+    """Child side: (backend, threads, sampling) from the request header (from the trusted parent)."""
+    request = json.loads(raw)
+    return request["backend"], request["threads"], FrameSampling(**request["sampling"])

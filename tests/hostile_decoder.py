@@ -1,0 +1,76 @@
+"""A stand-in for a compromised decoder child (tests only), started the way `DecodeWorker` starts the real one.
+
+    python tests/hostile_decoder.py MODE MARKER REQ_FD RES_FD
+
+It says ready (except in "pickle-ready", which sends a pickle instead), then answers every request with the reply of MODE, until the
+parent closes the request pipe. Pickle payloads reduce to `open(MARKER, "w")`: if the parent ever
+unpickled one, MARKER would exist.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from multiprocessing.connection import Connection
+
+from vlbatch.operators.media import wire
+from vlbatch.operators.media.worker import _read_message, _write_all
+
+
+class Evil:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def plan(shape, indices) -> bytes:
+    return wire.encode({"kind": "plan", "dtype": "uint8", "shape": shape, "source_fps": 10.0,
+                        "total_frames": 4, "indices": indices})
+
+
+def reply(mode: str, marker: str) -> bytes:
+    frame = wire.encode({"kind": "frame", "slot": 0, "dtype": "uint8", "shape": [2, 2, 3]}) + bytes(12)
+    return {
+        "pickle-header": wire.message(pickle.dumps(Evil(marker))),  # a pickle where the JSON header goes
+        "huge-length": wire.LENGTH.pack(10**12),  # a header claiming 10^12 bytes
+        "huge-plan": plan([4, 250_000, 333_334, 3], [0, 1, 2, 3]),  # frames claiming 1.0e12 bytes
+        "huge-frame": plan([1, 2, 2, 3], [0]) + wire.encode(
+            {"kind": "frame", "slot": 0, "dtype": "uint8", "shape": [250_000, 1_333_334, 3]}),
+        "bad-json": wire.message(b'{"kind": "plan", "shape": [1, 2'),
+        "not-an-object": wire.message(b"[1, 2, 3]"),
+        "done-early": plan([2, 2, 2, 3], [0, 1]) + frame + wire.encode({"kind": "done"}),
+        "float-dtype": plan([1, 2, 2, 3], [0]) + wire.encode(
+            {"kind": "frame", "slot": 0, "dtype": "float64", "shape": [2, 2, 3]}) + bytes(96),
+        "ok": plan([1, 2, 2, 3], [0]) + frame + wire.encode({"kind": "done"}),
+        "error-InputError": wire.encode({"kind": "error", "type": "InputError", "message": "sampled too much"}),
+        "error-EngineError": wire.encode({"kind": "error", "type": "EngineError", "message": "not mine"}),
+        "error-dunder": wire.encode({"kind": "error", "type": "__class__", "message": "not a class"}),
+    }[mode]
+
+
+def send_pickle(res: int, obj) -> None:
+    """What the old protocol's parent unpickled: `Connection.send` framing (on a dup: Connection closes its fd)."""
+    Connection(os.dup(res), readable=False).send(obj)
+
+
+def main(mode: str, marker: str, req: int, res: int) -> None:
+    if mode == "pickle-ready":
+        send_pickle(res, Evil(marker))  # instead of the ready header
+    else:
+        _write_all(res, wire.encode({"kind": "ready"}))
+    while True:
+        request, data = _read_message(req), _read_message(req)
+        if request is None or data is None:
+            return
+        json.loads(request)  # a real request
+        if mode in ("pickle-ready", "pickle-reply"):
+            send_pickle(res, ("plan", Evil(marker)))
+        else:
+            _write_all(res, reply(mode, marker))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
