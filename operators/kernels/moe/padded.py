@@ -1,7 +1,8 @@
 """Experts as two padded batched matmuls (`torch.bmm`), for where `torch._grouped_mm` does
 not apply: the slots sorted by expert are scattered into [A, C, D] (A experts that have
 tokens, C the largest count, zero rows as padding), one bmm per projection over the A
-experts' weights, and the real rows gathered back. One host sync (A and C)."""
+experts' weights (copied out when A < E), and the real rows gathered back. One host
+sync (A and C)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ class PaddedExperts(ExpertsKernel):
         tokens = order // k
         buf = x.new_zeros(active.numel(), int(counts.max()), x.shape[1])  # [A, C, D]
         buf[group, rank] = x[tokens]
-        gate, up = torch.bmm(buf, gate_up[active].transpose(1, 2)).chunk(2, dim=-1)  # [A, C, I]
-        y = torch.bmm(act(gate) * up, down[active].transpose(1, 2))  # [A, C, D]
+        if active.numel() < gate_up.shape[0]:  # copy the weights of the experts in use only
+            gate_up, down = gate_up[active], down[active]
+        gate, up = torch.bmm(buf, gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [A, C, I]
+        y = torch.bmm(act(gate) * up, down.transpose(1, 2))  # [A, C, D]
         return torch.zeros_like(x).index_add_(0, tokens, y[group, rank] * weight.reshape(-1)[order, None])
