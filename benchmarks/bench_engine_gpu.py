@@ -152,12 +152,12 @@ def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch"
     loaded model (one load; engines without prefix / vision caches, so the second run
     recomputes everything)."""
     from vlbatch.operators.engine.engine import Engine, EngineConfig
-    from vlbatch.operators.model.ops.delta_kernels import select_kernels
+    from vlbatch.operators.kernels.delta_rule import select_delta_rule
 
     cfg = EngineConfig(**{**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})
     runs = {}
     for k, name in enumerate(names):
-        engine.model.use_delta_kernels(select_kernels(device, name))
+        engine.model.use_delta_kernels(select_delta_rule(device, name))
         runs[k] = {r.id: r.token_ids for r in Engine(engine.model, engine.tokenizer, engine.eos_ids, cfg).generate(reqs)}
     pairs = [(a, b) for rid in runs[0] for a, b in zip(runs[0][rid], runs[1][rid], strict=True)]
     first = [next((i for i, (a, b) in enumerate(zip(runs[0][r], runs[1][r], strict=True)) if a != b), None)

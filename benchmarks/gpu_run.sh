@@ -15,5 +15,5 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
-python3 -m vlbatch.operators.model.ops.delta_kernels 2>&1 | tee "$OUT/kernels.txt"
+python3 -m vlbatch.operators.kernels.delta_rule 2>&1 | tee "$OUT/kernels.txt"
 python3 -m benchmarks.bench_engine_gpu --check-kernels --peak-gbs 4800 --dir /tmp/ckpt9b 2>&1 | tee "$OUT/bench_9b.txt"

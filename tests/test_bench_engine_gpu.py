@@ -56,7 +56,7 @@ def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_pa
     """On the CPU only the torch kernels exist: torch against torch must agree everywhere, and
     the model keeps the kernels it had."""
     from vlbatch.operators.engine.engine import Engine
-    from vlbatch.operators.model.ops.delta_kernels import TORCH_KERNELS
+    from vlbatch.operators.kernels.delta_rule import TorchDeltaRule
 
     ckpt = bench.write_config(tmp_path, "tiny")
     bench.write_random_weights(ckpt, "cpu", torch.float32)
@@ -65,4 +65,4 @@ def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_pa
     engine = Engine.from_pretrained(ckpt, **budgets)
     line = bench.check_kernels(engine, reqs, "cpu", budgets, names=("torch", "torch"))
     assert line.startswith("8 of 8 greedy tokens identical") and "[None, None]" in line
-    assert all(m.kernels is TORCH_KERNELS for m in engine.model.modules() if hasattr(m, "kernels"))
+    assert all(m.kernels == TorchDeltaRule() for m in engine.model.modules() if hasattr(m, "kernels"))

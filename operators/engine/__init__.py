@@ -9,7 +9,7 @@ Request path (one file each): `request` (types) -> `engine` (loop) -> `scheduler
 (continuous batching, chunked prefill, preemption, sibling gating) with `block_manager`
 (paged KV ids), `state_pool` (DeltaNet slots + snapshots), `prefix_cache` (radix tree
 with hybrid snapshots), `branch_points` (offline planning) -> `model_runner` (inputs,
-`vision_cache`, `paged_attention`, the model's `forward_packed`) -> `sampler`.
+`vision_cache`, `operators/kernels/attention`, the model's `forward_packed`) -> `sampler`.
 Submodules import lazily: importing the package loads no model code.
 """
 from __future__ import annotations

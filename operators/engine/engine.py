@@ -85,7 +85,7 @@ class Engine:
                         delta_kernels: str = "auto", **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
-        "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.model.ops.delta_kernels`:
+        "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
         auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields."""
         from vlbatch.operators.model import load_model
         from vlbatch.operators.preprocess.tokenizer import load_tokenizer

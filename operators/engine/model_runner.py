@@ -9,7 +9,8 @@ Owns the KV tensors `[n_attn, 2, num_blocks, bs, H_kv, D]` (model dtype) and the
    the sequence (already fetched for an earlier chunk), the vision cache, or the vision
    tower — one item per call, so an item's features never depend on what else ran. A
    prefix hit that covers an item never reaches this point for it: no tower call;
-4. `model.forward_packed` -> logits for the chunks that end at their last token.
+4. `model.forward_packed` -> logits for the chunks that end at their last token; its
+   attention layers call `self.attention` (`operators/kernels/attention`, chosen once).
 """
 from __future__ import annotations
 
@@ -17,19 +18,19 @@ from dataclasses import dataclass
 
 import torch
 
-from vlbatch.operators.engine.paged_attention import PagedLayout, Workspace, paged_attention
 from vlbatch.operators.engine.scheduler import StepPlan
 from vlbatch.operators.engine.state_pool import StatePool
 from vlbatch.operators.engine.vision_cache import VisionCache
 from vlbatch.operators.errors import InputError
+from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout, select_attention
 
 
 class PagedStepCache:
     """`StepCache` over paged K/V blocks and pooled DeltaNet slots for one step."""
 
     def __init__(self, kv: torch.Tensor, pool: StatePool, layout: PagedLayout, query_lens: tuple[int, ...],
-                 slots: torch.Tensor, workspace: Workspace | None = None):
-        self.kv, self.pool, self.layout, self.workspace = kv, pool, layout, workspace
+                 slots: torch.Tensor, attention: PagedAttention):
+        self.kv, self.pool, self.layout, self.attend = kv, pool, layout, attention
         self._query_lens = query_lens
         self.slots = slots  # [B] pool slot of each sequence, packing order
         self.run = StatePool.contiguous_run(slots)  # consecutive slots: views, no gather copies
@@ -39,8 +40,7 @@ class PagedStepCache:
         return self._query_lens
 
     def attention(self, attn_idx: int, q, k, v, rows=None):
-        return paged_attention(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v, rows,
-                               self.workspace)
+        return self.attend(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v, rows)
 
     def linear_states(self, linear_idx: int):
         return self.pool.gather(linear_idx, self.slots, self.run)
@@ -59,7 +59,8 @@ class RunnerStats:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache | None):
+    def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache | None,
+                 attention: PagedAttention | None = None):
         text = model.config.text
         self.model, self.block_size = model, block_size
         self.device, self.dtype = model.device, model.dtype
@@ -70,7 +71,8 @@ class ModelRunner:
                               text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim,
                               dtype=self.dtype, device=self.device)
         self.vision_cache = vision_cache
-        self.workspace = Workspace()  # decode attention gathers, reused across layers and steps
+        # chosen once; its decode gathers' buffers are reused across layers and steps
+        self.attention = attention if attention is not None else select_attention()
         self.stats = RunnerStats()
 
     @property
@@ -98,7 +100,7 @@ class ModelRunner:
         layout = PagedLayout.build([c.seq.block_table for c in chunks], [c.start for c in chunks],
                                    [c.end for c in chunks], self.block_size, self.device)
         slots = torch.tensor([c.seq.slot for c in chunks], dtype=torch.long, device=self.device)
-        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots, self.workspace)
+        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots, self.attention)
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         logits_idx = ends[[i for i, c in enumerate(chunks) if c.sample]].to(self.device)
         logits = self.model.forward_packed(embeds, positions, cache, logits_idx)

@@ -5,7 +5,7 @@ Public API
 ----------
 `load_model(model_dir, device="cpu", dtype=torch.float32, delta_kernels="auto") -> Qwen35Model`
 (eval mode, no grads; `delta_kernels`: the gated delta rule's torch kernels, or fla's Triton
-kernels on CUDA, see `ops/delta_kernels.py`).
+kernels on CUDA, see `operators/kernels/delta_rule`).
 
 `model.forward(input_ids [B, L], pixel_values=None, image_grid_thw=None,
 pixel_values_videos=None, video_grid_thw=None, mm_token_type_ids=None, position_ids=None,
@@ -31,7 +31,7 @@ Building blocks: `model.embed(ids) -> [..., D]`, `model.visual(pixel_values, gri
 head), `mrope_positions(mm_token_type_ids, image_grid_thw, video_grid_thw, merge)`.
 
 Modules: config (config.json), layers (norms, SwiGLU), moe, rope, attention,
-deltanet (+ ops/delta_rule, ops/delta_packed, ops/delta_kernels, ops/conv), decoder, vision, positions, model,
+deltanet (+ ops/conv; the rule is `operators/kernels/delta_rule`), decoder, vision, positions, model,
 contiguous_cache, loader, greedy (reference greedy decoding loop).
 """
 from vlbatch.operators.model.cache import StepCache

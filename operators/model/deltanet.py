@@ -13,8 +13,9 @@ new token (decode) run together through the single-step conv and the recurrent r
 which updates the recurrent states in place (the engine's pool rows, when the step's
 slots are consecutive); all longer chunks, whatever their lengths, run together through
 the packed conv and the packed chunked rule. The rule itself is `self.kernels`
-(`ops.delta_kernels`: the torch kernels, or fla's on CUDA; `Qwen35Model.use_delta_kernels`
-sets them). States in and out go through `cache.linear_states` / `cache.set_linear_states`.
+(`operators/kernels/delta_rule`: the torch kernels, or fla's on CUDA; `load_model` picks
+them once through `Qwen35Model.use_delta_kernels`). States in and out go through
+`cache.linear_states` / `cache.set_linear_states`.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
+from vlbatch.operators.kernels.delta_rule.torch_rule import TorchDeltaRule
 from vlbatch.operators.model.cache import StepCache
 from vlbatch.operators.model.config import TextConfig
 from vlbatch.operators.model.layers import GatedRMSNorm, fuse_linears, fused_buffers
 from vlbatch.operators.model.ops.conv import causal_conv1d_packed, causal_conv1d_step
-from vlbatch.operators.model.ops.delta_kernels import TORCH_KERNELS, DeltaRuleKernels
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -52,7 +54,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.n_v, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.n_v, bias=False)
-        self.kernels: DeltaRuleKernels = TORCH_KERNELS
+        self.kernels: DeltaRuleKernels = TorchDeltaRule()
         fused_buffers(self)
 
     def fuse_(self) -> None:

@@ -69,10 +69,12 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                delta_kernels: str = "auto") -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
-    `delta_kernels`: auto / torch / fla (`ops.delta_kernels.select_kernels`)."""
-    from vlbatch.operators.model.ops.delta_kernels import select_kernels
+    `delta_kernels`: auto / torch / fla (`operators/kernels/delta_rule.select_delta_rule`); MoE experts:
+    `operators/kernels/moe.select_experts`."""
+    from vlbatch.operators.kernels.delta_rule import select_delta_rule
+    from vlbatch.operators.kernels.moe import select_experts
 
-    kernels = select_kernels(device, delta_kernels)  # a bad choice fails before the weights load
+    kernels = select_delta_rule(device, delta_kernels)  # a bad choice fails before the weights load
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = Qwen35Model(config)
@@ -83,7 +85,11 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
     for name in mtp:
         with safe_open(str(files[name]), framework="pt") as f:
             model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    return model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
+    model = model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
+    text = config.text
+    if text.is_moe:
+        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size))
+    return model
 
 
 def _target(name: str, config: ModelConfig) -> _Target | None:

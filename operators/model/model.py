@@ -26,6 +26,7 @@ from vlbatch.operators.model.config import ModelConfig
 from vlbatch.operators.model.contiguous_cache import ContiguousCache
 from vlbatch.operators.model.decoder import TextDecoder
 from vlbatch.operators.model.deltanet import GatedDeltaNet
+from vlbatch.operators.model.moe import Experts
 from vlbatch.operators.model.positions import mm_token_types, mrope_positions
 from vlbatch.operators.model.vision import VisionTower
 
@@ -76,10 +77,18 @@ class Qwen35Model(nn.Module):
 
     def use_delta_kernels(self, kernels) -> Qwen35Model:
         """Transform: every Gated DeltaNet layer runs its rule through `kernels`
-        (`ops.delta_kernels.DeltaRuleKernels`: torch, or fla's on CUDA)."""
+        (`operators/kernels/delta_rule`: torch, or fla's on CUDA)."""
         for module in self.language_model.modules():
             if isinstance(module, GatedDeltaNet):
                 module.kernels = kernels
+        return self
+
+    def use_experts(self, kernel) -> Qwen35Model:
+        """Transform: every MoE layer computes its routed experts through `kernel`
+        (`operators/kernels/moe.ExpertsKernel`); a dense model is left as it is."""
+        for module in self.language_model.modules():
+            if isinstance(module, Experts):
+                module.kernel = kernel
         return self
 
     # -- engine step -----------------------------------------------------------------

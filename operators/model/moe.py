@@ -13,15 +13,17 @@ checkpoints write.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vlbatch.operators.kernels.moe.base import ExpertsKernel
+from vlbatch.operators.kernels.moe.padded import PaddedExperts
 from vlbatch.operators.model.config import TextConfig
 from vlbatch.operators.model.layers import SwiGLU, activation
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts in stacked tensors; tokens grouped per expert (sorted dispatch)."""
+    """E SwiGLU experts in stacked tensors, computed by `self.kernel` (`operators/kernels/moe`:
+    grouped matmuls by default; `load_model` picks it once through `Qwen35Model.use_experts`)."""
 
     def __init__(self, num_experts: int, dim: int, inner: int, act: str):
         super().__init__()
@@ -29,25 +31,11 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, dim))
         self.down_proj = nn.Parameter(torch.empty(num_experts, dim, inner))
         self.act = activation(act)
+        self.kernel: ExpertsKernel = PaddedExperts()
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [T, D], index / weight: [T, k] -> [T, D] (weighted sum over the k chosen experts)."""
-        k = index.shape[1]
-        flat = index.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # slots grouped by expert, ascending
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            slots = order[start : start + count]
-            start += count
-            tokens = slots // k
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.down_proj[expert])
-            out.index_add_(0, tokens, y * weight.reshape(-1)[slots, None])
-        return out
+        return self.kernel(x, index, weight, self.gate_up_proj, self.down_proj, self.act)
 
 
 class SparseMoE(nn.Module):

@@ -1,6 +1,6 @@
-"""The gated delta rule: chunked prefill, batched recurrent decode, naive per-token reference.
+"""The gated delta rule in torch, per sequence: chunked prefill, batched recurrent decode.
 
-Recurrence per head (seed 000 sections 9.6 and 9.11), with S [K, V]:
+Recurrence per head (seed 000 sections 9.6 and 9.11; `base.py`), with S [K, V]:
 
     S_t = exp(g_t) * S_{t-1}                   decay
     d_t = beta_t * (v_t - S_t^T k_t)           correction along the key
@@ -12,8 +12,8 @@ prepared by the layer: q / k L2-normalised, expanded to the value heads, and q s
 by 1/sqrt(K). Layout `[B, T, H, *]`; states `[B, H, K, V]`. All arithmetic is float32;
 outputs are returned in the dtype of `v`, states in float32.
 
-`delta_rule_naive` is the seed's teaching loop (section 9.10) in its own layout
-`[B, H, L, *]` with the retention factor alpha = exp(g); it is the test reference.
+`recurrent_gated_delta_rule_` is the torch kernels' decode (`torch_rule.py`); the packed
+prefill is `packed.py`. The naive reference loop is `naive.delta_rule_naive`.
 """
 from __future__ import annotations
 
@@ -136,30 +136,3 @@ def recurrent_gated_delta_rule_(
     state.mul_(decay.unsqueeze(-1)).addcmul_(k.unsqueeze(-1), delta.unsqueeze(-2))
     out = read[:, :, 0] * decay + (q * k).sum(-1, keepdim=True) * delta
     return out.to(out_dtype)
-
-
-def delta_rule_naive(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    alpha: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference loop (seed 000 section 9.10): q, k [B, H, L, K], v [B, H, L, V],
-    alpha (retention = exp(g)), beta [B, H, L], state [B, H, K, V]. Returns (o [B, H, L, V], state).
-    """
-    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
-    if alpha.shape != k.shape[:3] or beta.shape != k.shape[:3]:
-        raise ValueError("alpha and beta must be [B, H, L]")
-    b, h, length, dk = k.shape
-    s = k.new_zeros(b, h, dk, v.shape[-1]) if state is None else state.clone()
-    outputs = []
-    for t in range(length):
-        s = alpha[:, :, t, None, None] * s
-        read = torch.einsum("bhk,bhkv->bhv", k[:, :, t], s)
-        correction = beta[:, :, t, None] * (v[:, :, t] - read)
-        s = s + torch.einsum("bhk,bhv->bhkv", k[:, :, t], correction)
-        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], s))
-    return torch.stack(outputs, dim=2), s

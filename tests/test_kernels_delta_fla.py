@@ -1,4 +1,4 @@
-"""The gated delta rule's kernel choice (operators/model/ops/delta_kernels.py).
+"""fla's kernels of the gated delta rule (operators/kernels/delta_rule/fla_rule.py) and the choice.
 
 fla's Triton kernels need a GPU, which CI does not have, and the Triton interpreter does not
 run them on the CPU (seen on 2026-11-30 with fla-core 0.6.0 / triton 3.8: the chunked kernel
@@ -7,8 +7,8 @@ by a stand-in with fla's documented call signature (`[B, T, H, *]` inputs, `cu_s
 cutting one packed row into sequences, `scale` applied to q, `initial_state [N, H, K, V]`,
 returning `(o, final_state)`) computed by the seed's naive loop. What is tested is our side:
 the adapter's packing, scaling, dtypes and state handling, and the selection rules. The real
-kernels are compared with the torch ones on a GPU by `python -m vlbatch.operators.model.ops.delta_kernels`
-(`compare_with_torch`, itself tested here on the stand-in).
+kernels are compared with the torch ones on a GPU by `python -m vlbatch.operators.kernels.delta_rule`
+(`check.compare_with_torch`, itself tested here on the stand-in).
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.model.ops import delta_kernels as dk
-from vlbatch.operators.model.ops.delta_rule import delta_rule_naive
+from vlbatch.operators.kernels import delta_rule as dk
+from vlbatch.operators.kernels.delta_rule.check import compare_with_torch
+from vlbatch.operators.kernels.delta_rule.naive import delta_rule_naive
 
 
 def _naive_rows(q, k, v, g, beta, scale, state):
@@ -71,7 +72,7 @@ def test_fla_prefill_adapter_equals_the_torch_kernels(lens):
     q, k, v, g, beta = _inputs(sum(lens))
     state = torch.randn(len(lens), 4, 16, 8, generator=torch.Generator().manual_seed(1)) * 0.1
     before = state.clone()
-    o_ref, s_ref = dk.TORCH_KERNELS.prefill(q, k, v, g, beta, state, lens)
+    o_ref, s_ref = dk.TorchDeltaRule().prefill(q, k, v, g, beta, state, lens)
     o, s = dk.fla_kernels(fake.chunk, fake.recurrent).prefill(q, k, v, g, beta, state, lens)
     assert torch.equal(state, before)
     assert o.shape == o_ref.shape and s.shape == s_ref.shape and s.dtype == torch.float32
@@ -87,7 +88,7 @@ def test_fla_decode_adapter_updates_the_state_in_place_like_the_torch_kernel():
     q, k, v, g, beta = _inputs(3, seed=2)
     state = torch.randn(3, 4, 16, 8, generator=torch.Generator().manual_seed(3))
     ours, theirs = state.clone(), state.clone()
-    o_ref = dk.TORCH_KERNELS.decode_(q, k, v, g, beta, ours)
+    o_ref = dk.TorchDeltaRule().decode_(q, k, v, g, beta, ours)
     o = dk.fla_kernels(fake.chunk, fake.recurrent).decode_(q, k, v, g, beta, theirs)
     assert (o - o_ref).abs().max() < 1e-5 and (theirs - ours).abs().max() < 1e-5
     assert not torch.equal(theirs, state)  # written in place
@@ -114,7 +115,7 @@ def test_deltanet_layer_with_fla_kernels_equals_torch_on_a_mixed_step(tiny_ckpt)
         cache.begin_step(lens)
         return layer(x, cache, 0), cache.recurrent[0].clone()
 
-    assert layer.kernels is dk.TORCH_KERNELS  # what load_model picks on the CPU
+    assert layer.kernels == dk.TorchDeltaRule()  # what load_model picks on the CPU
     out_ref, rec_ref = run()
     fake = FlaStandIn()
     model.use_delta_kernels(dk.fla_kernels(fake.chunk, fake.recurrent))
@@ -124,32 +125,40 @@ def test_deltanet_layer_with_fla_kernels_equals_torch_on_a_mixed_step(tiny_ckpt)
 
 
 def test_selection_rules(monkeypatch, tiny_ckpt):
-    sentinel = dk.DeltaRuleKernels("fla", None, None)
+    sentinel = dk.FlaDeltaRule(None, None)
     monkeypatch.setattr(dk, "fla_kernels", lambda: sentinel)
     monkeypatch.setattr(dk, "fla_installed", lambda: True)
-    assert dk.select_kernels("cpu") is dk.TORCH_KERNELS  # fla only runs on CUDA
-    assert dk.select_kernels("cuda") is sentinel and dk.select_kernels("cuda:1", "fla") is sentinel
-    assert dk.select_kernels("cuda", "torch") is dk.TORCH_KERNELS
+    assert dk.select_delta_rule("cpu") == dk.TorchDeltaRule()  # fla only runs on CUDA
+    assert dk.select_delta_rule("cuda") is sentinel and dk.select_delta_rule("cuda:1", "fla") is sentinel
+    assert dk.select_delta_rule("cuda", "torch") == dk.TorchDeltaRule()
     with pytest.raises(ConfigError, match="needs a CUDA device"):
-        dk.select_kernels("cpu", "fla")
+        dk.select_delta_rule("cpu", "fla")
     monkeypatch.setattr(dk, "fla_installed", lambda: False)
-    assert dk.select_kernels("cuda") is dk.TORCH_KERNELS  # the fallback
+    assert dk.select_delta_rule("cuda") == dk.TorchDeltaRule()  # the fallback
     with pytest.raises(ConfigError, match="needs flash-linear-attention"):
-        dk.select_kernels("cuda", "fla")
+        dk.select_delta_rule("cuda", "fla")
     with pytest.raises(ConfigError, match="allowed: auto, torch, fla"):
-        dk.select_kernels("cpu", "triton")
+        dk.select_delta_rule("cpu", "triton")
     from vlbatch.operators.model import load_model
 
     with pytest.raises(ConfigError, match="delta_kernels='fla' needs a CUDA device"):
         load_model(tiny_ckpt("dense"), delta_kernels="fla")
 
 
+class _Unscaled(dk.TorchDeltaRule):
+    """A wrong kernel: q doubled (the scale applied twice, say)."""
+
+    def prefill(self, q, *args):
+        return super().prefill(q * 2, *args)
+
+    def decode_(self, q, *args):
+        return super().decode_(q * 2, *args)
+
+
 def test_compare_with_torch_sees_a_wrong_kernel():
     """The GPU check's own function: ~0 for a faithful implementation, large for a wrong one."""
     fake = FlaStandIn()
-    good = dk.compare_with_torch(dk.fla_kernels(fake.chunk, fake.recurrent), dk=16, dv=8)
+    good = compare_with_torch(dk.fla_kernels(fake.chunk, fake.recurrent), dk=16, dv=8)
     assert set(good) == {"prefill_o", "prefill_state", "decode_o", "decode_state"} and max(good.values()) < 1e-5
-    unscaled = dk.DeltaRuleKernels("wrong", lambda q, *a: dk.TORCH_KERNELS.prefill(q * 2, *a),
-                                   lambda q, *a: dk.TORCH_KERNELS.decode_(q * 2, *a))
-    bad = dk.compare_with_torch(unscaled, dk=16, dv=8)
+    bad = compare_with_torch(_Unscaled(), dk=16, dv=8)
     assert bad["prefill_o"] > 1e-2 and bad["decode_o"] > 1e-2 and bad["prefill_state"] < 1e-6

@@ -1,0 +1,28 @@
+"""Causal GQA attention over paged K/V behind one contract (`base.PagedAttention`; the
+step's index tensors are `layout.PagedLayout`).
+
+Implementations: `torch_sdpa.SdpaPagedAttention` (gathers + `scaled_dot_product_attention`,
+every device; the default) and `naive.NaivePagedAttention` (a float64 loop, the test
+reference). A fused paged kernel would be a third module here with the same call.
+`select_attention(choice)` is called once per engine (its `ModelRunner`); the instance
+owns reusable buffers, so each engine gets its own.
+"""
+from __future__ import annotations
+
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.kernels.attention.base import PagedAttention
+from vlbatch.operators.kernels.attention.layout import PagedLayout
+from vlbatch.operators.kernels.attention.naive import NaivePagedAttention, attention_naive
+from vlbatch.operators.kernels.attention.torch_sdpa import SdpaPagedAttention
+
+CHOICES = ("sdpa", "naive")
+
+__all__ = ["CHOICES", "NaivePagedAttention", "PagedAttention", "PagedLayout", "SdpaPagedAttention",
+           "attention_naive", "select_attention"]
+
+
+def select_attention(choice: str = "sdpa") -> PagedAttention:
+    """A new instance of the `choice` implementation (see the module docstring)."""
+    if choice not in CHOICES:
+        raise ConfigError(f"attention {choice!r}; allowed: {', '.join(CHOICES)}")
+    return SdpaPagedAttention() if choice == "sdpa" else NaivePagedAttention()

@@ -1,0 +1,33 @@
+"""The contract of the MoE routed-experts computation (what `moe.Experts` calls).
+
+    out[t] = sum_j weight[t, j] * down_e (act(gate_e x[t]) * up_e x[t]),   e = index[t, j]
+
+with gate_e, up_e the two halves of `gate_up[e]` (gate rows first, as transformers stacks
+them) and down_e = `down[e]`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+
+
+class ExpertsKernel:
+    """`kernel(x, index, weight, gate_up, down, act) -> out`:
+
+    - x [T, D] (model dtype), index [T, k] long (expert of each of the k choices; an expert
+      may have no token, T may be 1), weight [T, k] in x's dtype (the renormalised router
+      weights);
+    - gate_up [E, 2 * I, D], down [E, D, I] in x's dtype (the stacked expert weights);
+    - act: the elementwise activation of the gate half;
+    - out [T, D] in x's dtype, a new tensor; no input is modified.
+
+    `name` is for logs.
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __call__(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor,
+                 down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,38 @@
+"""Experts as two grouped matmuls (`torch._grouped_mm`): the T * k slots sorted by expert
+are one [T * k, D] matrix cut into per-expert row groups by `offs`; no Python loop over
+experts and no host sync. `torch._grouped_mm` needs 16-byte aligned strides (D and I
+times the element size) and, on CUDA, bfloat16 on compute capability 9.0 or newer;
+`select_experts` checks that once at load."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from vlbatch.operators.kernels.moe.base import ExpertsKernel
+
+
+@dataclass(frozen=True)
+class GroupedMMExperts(ExpertsKernel):
+    name: ClassVar[str] = "grouped_mm"
+
+    def __call__(self, x, index, weight, gate_up, down, act):
+        k = index.shape[1]
+        flat = index.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # [T * k] slots grouped by expert, ascending
+        tokens = order // k
+        offs = torch.bincount(flat, minlength=gate_up.shape[0]).cumsum(0).to(torch.int32)  # [E] group ends
+        gate, up = torch._grouped_mm(x[tokens], gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)  # [T * k, I]
+        y = torch._grouped_mm((act(gate) * up).contiguous(), down.transpose(1, 2), offs=offs)  # [T * k, D]
+        return torch.zeros_like(x).index_add_(0, tokens, y * weight.reshape(-1)[order, None])
+
+
+def grouped_mm_supported(device: torch.device, dtype: torch.dtype, dim: int, inner: int) -> bool:
+    """Whether `torch._grouped_mm` takes these experts' matrices (see the module docstring)."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    if not hasattr(torch, "_grouped_mm") or (dim * elem) % 16 or (inner * elem) % 16:
+        return False
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] >= 9
