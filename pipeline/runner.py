@@ -249,7 +249,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
     if pending_n is None or pending_n:
         # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
-        for stats in build_graph(cfg, tasks_ds, run_uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
+        for stats in build_graph(cfg, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
                                                                               prefetch_batches=0):
             if pending_n is None and counter is None:  # the total for the ETA, counted off the start-up path
                 counter = Counter(lambda: count_requests(expanded(cfg, done, **STREAMED_EXPAND)))

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, is_retried
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 from vlbatch.operators.storage import filesystem, join, put_atomic, with_retries
-from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions
+from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, with_protocol
 
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
@@ -64,11 +64,12 @@ def table_bytes(table: pa.Table) -> bytes:
 
 class ParquetSink(Sink):
     """Parquet part files under `uri` (module docstring). `fs` / `root`: the fsspec filesystem
-    and the run directory's path inside it."""
+    and the run directory's path inside it; `uri` is made absolute (local paths)."""
 
     def __init__(self, uri: str, storage: StorageOptions = DEFAULT_STORAGE):
-        super().__init__(uri, storage)
-        self.fs, self.root = filesystem(uri, storage)
+        fs, root = filesystem(uri, storage)
+        super().__init__(with_protocol(uri, root), storage)
+        self.fs, self.root = fs, root
 
     def _retry(self, fn, what: str):
         return with_retries(fn, what=what, storage=self.storage)
