@@ -171,6 +171,13 @@ class StorageConfig(_Section):
     anonymous: bool = False
     retries: int = Field(5, ge=0, le=50)
 
+    def options(self):
+        """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
+        from vlbatch.operators.storage import StorageOptions
+
+        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region, anonymous=self.anonymous,
+                              max_attempts=self.retries + 1)
+
 
 class ResumeConfig(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")

@@ -1,7 +1,8 @@
 """Reading the manifest with Ray Data (Parquet, JSONL, CSV, or a glob of media files).
 
-Local paths and s3:// are read through one fsspec filesystem (s3fs with the job's
-storage options, wrapped for pyarrow). The result is a dataset with exactly three
+Local paths and s3:// are read through the one storage layer (`vlbatch.operators.storage`:
+s3fs with the job's storage options; for Ray Data's readers a pyarrow filesystem whose calls
+follow the one retry policy). The result is a dataset with exactly three
 columns, whatever the source: `media_uri` (string), `media_type` (string or null),
 `questions` (list<string> or null). Relative media paths in a manifest are resolved
 against the manifest's folder.
@@ -12,23 +13,13 @@ import posixpath
 
 import pyarrow as pa
 import ray
-from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from vlbatch.operators.errors import ConfigError, InputError
-from vlbatch.operators.writer.fs import open_filesystem, split_protocol
+from vlbatch.operators.storage import arrow_filesystem, filesystem, with_retries
+from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
 
 COLUMNS = ("media_uri", "media_type", "questions")
-
-
-def _fs(cfg: JobConfig, uri: str):
-    s = cfg.storage
-    return open_filesystem(uri, endpoint_url=s.endpoint_url, region=s.region, anonymous=s.anonymous,
-                           retries=s.retries)
-
-
-def _with_proto(proto: str, path: str) -> str:
-    return path if proto == "file" else f"{proto}://{path}"
 
 
 def _resolve(uri: str, base: str) -> str:
@@ -82,20 +73,24 @@ def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None,
     read task (None: Ray Data's default of 1), at most `concurrency` tasks at once (None: Ray
     Data's choice)."""
     inp = cfg.input
-    proto, _ = split_protocol(inp.uri)
-    fs, path = _fs(cfg, inp.uri)
+    storage = cfg.storage.options()
+    fs, path = filesystem(inp.uri, storage)
+
+    def retried(fn, what: str):
+        return with_retries(fn, what=f"{what} {inp.uri}", storage=storage)
+
     if inp.format == "glob":
-        matches = sorted(fs.glob(path))
+        matches = sorted(retried(lambda: fs.glob(path), "listing"))
         if not matches:
             raise ConfigError(f"input.uri: the glob {inp.uri!r} matches no files")
-        items = [{"media_uri": _with_proto(proto, m), "media_type": None, "questions": None} for m in matches]
+        items = [{"media_uri": with_protocol(inp.uri, m), "media_type": None, "questions": None} for m in matches]
         ds = ray.data.from_arrow(pa.Table.from_pylist(
             items, schema=pa.schema([("media_uri", pa.string()), ("media_type", pa.string()),
                                      ("questions", pa.list_(pa.string()))])))
     else:
-        if not fs.exists(path) and not fs.glob(path):
+        if not retried(lambda: fs.exists(path) or fs.glob(path), "listing"):
             raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
-        pafs = None if proto == "file" else PyFileSystem(FSSpecHandler(fs))
+        pafs = None if protocol_of(inp.uri) == "file" else arrow_filesystem(fs, storage)
         if inp.format == "parquet":
             ds = ray.data.read_parquet(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
         elif inp.format == "jsonl":
@@ -103,8 +98,8 @@ def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None,
                                    concurrency=concurrency)
         else:
             ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
-        base = posixpath.dirname(path) if not fs.isdir(path) else path
-        base = _with_proto(proto, base)
+        base = path if retried(lambda: fs.isdir(path), "listing") else posixpath.dirname(path)
+        base = with_protocol(inp.uri, base)
         ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base},
                             num_cpus=num_cpus, compute=task_pool(concurrency), zero_copy_batch=True)
     if inp.limit is not None:

@@ -1,4 +1,4 @@
-"""`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to committed Parquet.
+"""`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to the committed output.
 
     manifest (read_parquet/json/csv or a glob)             Ray read tasks
       -> expand to requests, drop committed ids (resume)   tasks; streamed into the graph on a fresh run,
@@ -7,10 +7,11 @@
       -> preprocess: frames -> pixel values + tokens       actor pool (CPU); with
                                                            resources.fuse_cpu_stages one pool does both
       -> model: engine generate, batches cut by visual tokens   actor pool (num_gpus, min..max)
-      -> write: one atomic Parquet part file per batch     actor pool (small); stats rows back to the driver
+      -> write: one atomic sink commit per batch           actor pool (small); stats rows back to the driver
 
-Output layout: `<output.uri>/<run_id>/part-<hash>.parquet` and `_summary.json` beside them.
-Before the graph starts, the run directory's committed ids are read (`vlbatch.operators.writer.resume`):
+Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Parquet: part
+files and `_summary.json` beside them). Only the sink contract is used here
+(`vlbatch.operators.sink.base`): before the graph starts its committed index is read:
 committed ok / permanent-error rows are skipped, transient error rows purged and redone.
 After it finishes the index is read again to count the whole run (all attempts).
 """
@@ -27,15 +28,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.writer import clean_tmp, load_index, open_filesystem, purge_transient, write_json
-from vlbatch.operators.writer.fs import join
+from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.progress import Progress
 from vlbatch.pipeline.requests import expand, pending
 from vlbatch.pipeline.rows import MediaTask, to_table
+from vlbatch.pipeline.write_stage import open_sink
 
 log = logging.getLogger("vlbatch.pipeline")
-SUMMARY_NAME = "_summary.json"
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def warn_if_cpus_do_not_fit(cfg: JobConfig, cluster_cpus: float) -> None:
 
 
 def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
-    """The lazy dataset of write stats rows."""
+    """The lazy dataset of write stats rows (`run_dir`: the run's URI, where its sink is)."""
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
@@ -226,18 +226,14 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     stream = stream or sys.stderr
     t0 = time.monotonic()
     run_id = cfg.resolved_run_id()
-    s = cfg.storage
-    fs, root = open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
-                               anonymous=s.anonymous, retries=s.retries)
-    run_dir = join(root, run_id)
     run_uri = join(cfg.output.uri.rstrip("/"), run_id)
-    fs.makedirs(run_dir, exist_ok=True)
-    clean_tmp(fs, run_dir)
-    index = load_index(fs, run_dir, retries=s.retries)
+    sink = open_sink(cfg, run_uri)
+    sink.prepare()
+    index = sink.index()
     if index.files and not cfg.resume.enabled:
         raise ConfigError(f"resume.enabled=false but {run_uri} already holds {len(index.files)} committed files; "
                           "set resume.enabled=true to continue that run or choose a new output.run_id")
-    purged = purge_transient(fs, run_dir, index, retries=s.retries) if cfg.resume.retry_transient else 0
+    purged = sink.purge(index.purgeable_ids) if cfg.resume.retry_transient else 0
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
 
     _init_ray(cfg)
@@ -253,7 +249,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
     if pending_n is None or pending_n:
         # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
-        for stats in build_graph(cfg, tasks_ds, run_dir, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
+        for stats in build_graph(cfg, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
                                                                               prefetch_batches=0):
             if pending_n is None and counter is None:  # the total for the ETA, counted off the start-up path
                 counter = Counter(lambda: count_requests(expanded(cfg, done, **STREAMED_EXPAND)))
@@ -265,7 +261,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     if pending_n is None:  # the graph completed: every pending request gave one stats row
         pending_n = progress.total = progress.done
     progress.tick(final=True)
-    after = load_index(fs, run_dir, retries=s.retries)
+    after = sink.index()
     total = sum(after.status_counts.values())
     errors = after.status_counts.get("error", 0)
     rates = progress.rates()
@@ -281,6 +277,6 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         error_fraction=(errors / total) if total else 0.0,
         max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files),
         stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()})
-    write_json(fs, join(run_dir, SUMMARY_NAME), summary.to_json(), retries=s.retries)
+    sink.write_summary(summary.to_json())
     return summary
 

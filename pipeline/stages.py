@@ -50,14 +50,11 @@ class DecodeStage:
     """
 
     def __init__(self, cfg: JobConfig):
-        from vlbatch.operators.media import StorageOptions
         from vlbatch.operators.media.video import FrameSampling
         from vlbatch.operators.media.worker import DecodeWorker
 
         self.cfg = cfg
-        s = cfg.storage
-        self.storage = StorageOptions(endpoint_url=s.endpoint_url, region=s.region, anonymous=s.anonymous,
-                                      max_attempts=s.retries + 1)
+        self.storage = cfg.storage.options()
         v = cfg.video
         self.sampling = FrameSampling(fps=v.fps, num_frames=v.num_frames, min_frames=v.min_frames,
                                       max_frames=v.max_frames)
@@ -75,7 +72,7 @@ class DecodeStage:
         return _catch(row, lambda: self._decode(row), Decoded)
 
     def _decode(self, row: MediaTask) -> Decoded:
-        from vlbatch.operators.media import read_bytes
+        from vlbatch.operators.storage import read_bytes
 
         t0 = time.perf_counter()
         data = read_bytes(row.media_uri, self.storage)

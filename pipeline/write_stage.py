@@ -1,20 +1,20 @@
-"""The write stage: Generated rows -> one committed Parquet part file per batch.
+"""The write stage: Generated rows -> one sink commit per batch.
 
 Runs as a small Ray actor pool (`WriteStage`). Each call explodes its media rows into one
-`OutputRow` per request, commits them as one part file (deterministic name from the ids;
-atomic, see `vlbatch.operators.writer.commit`) and returns a small stats table, one row per request, that
+`OutputRow` per request, commits them to the run's sink (`open_sink`; the contract, exactly
+once per batch, is `vlbatch.operators.sink.base`) and returns a small stats table, one row per request, that
 the driver aggregates for progress and the run summary. The rows are committed before
 the stats row exists, so whatever the driver counts is durable.
 
 A commit that fails after all storage retries raises `StorageError` and the job stops with
 that error; a rerun commits the rows (resume). A write actor that dies is restarted by Ray
-Data and its batch retried with the same rows, hence the same file name.
+Data and its batch retried with the same rows, which the sink commits once.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-from vlbatch.operators.writer import OutputRow, Timings, commit_table, open_filesystem, rows_to_table
+from vlbatch.operators.sink import OutputRow, ParquetSink, Sink, Timings, rows_to_table
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, from_table
 
@@ -42,31 +42,33 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
     return out
 
 
-def output_filesystem(cfg: JobConfig):
-    s = cfg.storage
-    return open_filesystem(cfg.output.uri, endpoint_url=s.endpoint_url, region=s.region,
-                           anonymous=s.anonymous, retries=s.retries)[0]
+def open_sink(cfg: JobConfig, run_uri: str) -> Sink:
+    """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the one place that names the
+    implementation (Parquet)."""
+    return ParquetSink(run_uri, cfg.storage.options())
 
 
 class WriteStage:
     """Ray actor UDF around `write_batch`. An actor, not tasks, so it starts (process, imports,
-    filesystem) together with the other pools at the start of the job instead of after the
-    first model batch, and the first commit follows the first model batch at once."""
+    sink) together with the other pools at the start of the job instead of after the
+    first model batch, and the first commit follows the first model batch at once.
+    `run_dir`: the run's URI (`<output.uri>/<run_id>`)."""
 
     def __init__(self, cfg: JobConfig, run_dir: str, run_id: str):
-        self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
-        self.fs = output_filesystem(cfg)
+        self.cfg, self.run_id = cfg, run_id
+        self.sink = open_sink(cfg, run_dir)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return write_batch(batch, cfg=self.cfg, run_dir=self.run_dir, run_id=self.run_id, fs=self.fs)
+        return write_batch(batch, cfg=self.cfg, run_dir=self.sink.uri, run_id=self.run_id, sink=self.sink)
 
 
-def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, fs=None) -> pa.Table:
-    """Commit one batch of Generated rows as one part file; the stats table (one row per request)."""
+def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, sink: Sink | None = None) -> pa.Table:
+    """Commit one batch of Generated rows to the run's sink (`run_dir`: its URI); the stats table
+    (one row per request)."""
     gens = from_table(batch, Generated)
     rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
-    fs = fs if fs is not None else output_filesystem(cfg)
-    path = commit_table(fs, run_dir, rows_to_table(rows), retries=cfg.storage.retries)  # durable before any stats row
+    sink = sink if sink is not None else open_sink(cfg, run_dir)
+    path = sink.commit(rows_to_table(rows))  # durable before any stats row
     cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
     # media-level figures go on the media's first request only, so sums over stats rows are exact
     media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,

@@ -121,7 +121,7 @@ def pipeline_answers(tmp_path_factory):
     """The held-out set through `run_job` (local Ray, local Parquet): (items, {media path: row})."""
     import ray
 
-    from vlbatch.operators.writer import open_filesystem, read_committed
+    from vlbatch.operators.sink import ParquetSink
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.runner import run_job
 
@@ -149,8 +149,7 @@ def pipeline_answers(tmp_path_factory):
         summary = run_job(validate_config(cfg))
     finally:
         ray.shutdown()
-    fs, out_root = open_filesystem(str(root / "out"))
-    rows = read_committed(fs, f"{out_root}/heldout").to_pylist()
+    rows = ParquetSink(str(root / "out" / "heldout")).read().to_pylist()
     return items, paths, summary, {r["media_uri"]: r for r in rows}
 
 

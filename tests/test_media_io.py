@@ -18,9 +18,9 @@ import pytest
 
 from vlbatch.devtools.samples import encode_video, frame_index
 from vlbatch.operators.errors import ConfigError, MediaError, StorageError
-from vlbatch.operators.media.io import StorageOptions, classify, read_bytes
 from vlbatch.operators.media.load import load_media
 from vlbatch.operators.media.worker import DecodeWorker
+from vlbatch.operators.storage import StorageOptions, classify, read_bytes
 from vlbatch.operators.types import VideoClip
 
 SLOW_DOWN = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
@@ -136,7 +136,7 @@ def test_transient_failures_are_absorbed_by_retries(bucket, mode, caplog):
     server, name, objects = bucket
     proxy = FlakyProxy(server.endpoint_url, failures=2, mode=mode)
     try:
-        with caplog.at_level(logging.WARNING, logger="vlbatch.operators.media.io"):
+        with caplog.at_level(logging.WARNING, logger="vlbatch.operators.storage.retry"):
             data = read_bytes(f"s3://{name}/img/a.jpg", options(proxy.url, max_attempts=4))
     finally:
         proxy.close()
@@ -164,7 +164,7 @@ def test_storage_error_after_the_last_attempt(bucket):
 
 def test_missing_object_is_permanent_and_not_retried(bucket, caplog):
     server, name, _ = bucket
-    with caplog.at_level(logging.WARNING, logger="vlbatch.operators.media.io"):
+    with caplog.at_level(logging.WARNING, logger="vlbatch.operators.storage.retry"):
         with pytest.raises(MediaError, match="cannot read") as e:
             read_bytes(f"s3://{name}/nope.mp4", options(server.endpoint_url, max_attempts=5))
     assert e.value.permanent
@@ -203,3 +203,45 @@ def test_load_media_bad_bytes_are_media_errors(tmp_path, worker):
         (tmp_path / name).write_bytes(data)
         with pytest.raises(MediaError):
             load_media(str(tmp_path / name), worker=worker)
+
+
+def test_open_input_reads_like_a_file(tmp_path):
+    from vlbatch.operators.storage import filesystem, open_input
+
+    data = bytes(range(256)) * 301  # 77056 bytes
+    (tmp_path / "m.bin").write_bytes(data)
+    fs, path = filesystem(str(tmp_path / "m.bin"))
+    with open_input(fs, path) as f:
+        assert f.read(7) == data[:7] and f.tell() == 7
+        f.seek(-13, 2)
+        assert f.read() == data[-13:] and f.read(5) == b""
+        f.seek(40001)
+        assert f.read(30000) == data[40001:70001]
+        f.seek(0)
+        assert f.read() == data
+
+
+def test_manifest_reads_through_arrow_retry_transient_failures(bucket, caplog):
+    """Ray Data reads manifests through `arrow_filesystem`: its calls follow the same retry policy."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vlbatch.operators.storage import arrow_filesystem, filesystem
+
+    server, name, _ = bucket
+    table = pa.table({"media_uri": [f"m{i}.jpg" for i in range(500)], "n": list(range(500))})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    server.client().put_object(Bucket=name, Key="manifest/m.parquet", Body=buf.getvalue())
+    proxy = FlakyProxy(server.endpoint_url, failures=3)
+    try:
+        opts = options(proxy.url, max_attempts=5)
+        fs, path = filesystem(f"s3://{name}/manifest/m.parquet", opts)
+        with caplog.at_level(logging.WARNING, logger="vlbatch.operators.storage.retry"):
+            got = pq.read_table(path, filesystem=arrow_filesystem(fs, opts))
+    finally:
+        proxy.close()
+    assert got.equals(table)
+    assert len([r for r in caplog.records if "retrying" in r.getMessage()]) == 3

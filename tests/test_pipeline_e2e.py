@@ -125,11 +125,15 @@ def job(env, name: str, media: list[str], *, questions: dict | None = None, **ov
     return cfg
 
 
-def output(env, run: str):
-    from vlbatch.operators.writer import open_filesystem, read_committed
+def _sink(env, run: str):
+    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.storage import StorageOptions
 
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
-    return read_committed(fs, f"{root}/{run}").to_pylist()
+    return ParquetSink(f"s3://out/{run}", StorageOptions(endpoint_url=env["endpoint"], region="us-east-1"))
+
+
+def output(env, run: str):
+    return _sink(env, run).read().to_pylist()
 
 
 def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, str]:
@@ -194,11 +198,7 @@ def _kill_model_actor() -> int:
 
 
 def _parts(env, run: str) -> list[str]:
-    from vlbatch.operators.writer import open_filesystem
-    from vlbatch.operators.writer.resume import list_parts
-
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
-    return list_parts(fs, f"{root}/{run}")
+    return _sink(env, run).parts()
 
 
 @pytest.fixture(scope="module")
@@ -249,10 +249,8 @@ def test_captions_mixed_media_with_bad_files(env, captions):
     assert summary.committed_by_status == {"ok": len(env["good"]), "error": len(media) - len(env["good"])}
     assert summary.exit_code == 0  # max_error_fraction 1.0
     assert summary.error_types["MediaError"] >= 8
-    from vlbatch.operators.writer import open_filesystem
-
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
-    on_disk = json.loads(fs.cat_file(f"{root}/captions/_summary.json"))  # the summary beside the output
+    sink = _sink(env, "captions")
+    on_disk = json.loads(sink.fs.cat_file(f"{sink.root}/_summary.json"))  # the summary beside the output
     assert on_disk == json.loads(summary.to_json()) and on_disk["committed_by_status"]["ok"] == len(env["good"])
 
 
@@ -264,7 +262,6 @@ def test_model_actor_killed_mid_run_loses_and_duplicates_nothing(captions):
 
 
 def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
-    from vlbatch.operators.writer import open_filesystem
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.runner import run_job
 
@@ -284,7 +281,7 @@ def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the driver finished before it could be killed"
     _wait_job_workers_gone()
-    fs, _ = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
+    fs = _sink(env, "sigkill").fs
     before = {p: fs.info(p)["ETag"] for p in _parts(env, "sigkill")}
     n_before = sum(_rows(fs, p) for p in before)
     summary = run_job(validate_config(cfg))
@@ -366,25 +363,22 @@ def test_rerun_retries_transient_error_rows_and_keeps_the_rest(env, captions):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from vlbatch.operators.writer import commit_table, open_filesystem
-    from vlbatch.operators.writer.resume import _read_cols
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.runner import run_job
 
     cfg, media, _, ref_rows, _ = captions
-    fs, root = open_filesystem("s3://out", endpoint_url=env["endpoint"], region="us-east-1")
-    run_dir = f"{root}/captions"
+    sink = _sink(env, "captions")
     victim = next(r for r in ref_rows if r["status"] == "ok")
     for p in _parts(env, "captions"):
-        t = _read_cols(fs, p, None, 1)
+        t = sink.read_part(p)
         if victim["id"] in t.column("id").to_pylist():
             hit = pc.equal(t.column("id"), victim["id"])
             t = t.set_column(t.schema.get_field_index("status"), "status",
                              pc.if_else(hit, pa.scalar("error"), t.column("status")))
             t = t.set_column(t.schema.get_field_index("error_type"), "error_type",
                              pc.if_else(hit, pa.scalar("EngineError"), t.column("error_type")))
-            fs.rm_file(p)
-            commit_table(fs, run_dir, t)
+            sink.fs.rm_file(p)
+            sink.commit(t)
     summary = run_job(validate_config(cfg))
     assert summary.purged_transient == 1 and summary.requests_pending == 1
     assert summary.requests_skipped == len(media) - 1  # permanent error rows are kept, not retried

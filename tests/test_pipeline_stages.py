@@ -100,8 +100,7 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
 
 
 def test_write_actor_commits_what_write_batch_commits(tmp_path):
-    from vlbatch.operators.writer import read_committed
-    from vlbatch.operators.writer.fs import open_filesystem
+    from vlbatch.operators.sink import ParquetSink
     from vlbatch.pipeline.rows import Generated
     from vlbatch.pipeline.write_stage import WriteStage, write_batch
 
@@ -114,8 +113,7 @@ def test_write_actor_commits_what_write_batch_commits(tmp_path):
     s1 = WriteStage(cfg, str(tmp_path / "w1"), "r")(table)
     s2 = write_batch(table, cfg=cfg, run_dir=str(tmp_path / "w2"), run_id="r")
     assert s1.drop_columns(["file"]).equals(s2.drop_columns(["file"]))
-    fs, _ = open_filesystem(str(tmp_path))
-    assert read_committed(fs, str(tmp_path / "w1")).equals(read_committed(fs, str(tmp_path / "w2")))
+    assert ParquetSink(str(tmp_path / "w1")).read().equals(ParquetSink(str(tmp_path / "w2")).read())
 
 
 def test_progress_steady_rate_excludes_start_up():

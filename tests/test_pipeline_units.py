@@ -102,8 +102,7 @@ def test_progress_logs_periodically_when_not_a_terminal():
 
 
 def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
-    from vlbatch.operators.writer import OUTPUT_SCHEMA, read_committed
-    from vlbatch.operators.writer.fs import open_filesystem
+    from vlbatch.operators.sink import OUTPUT_SCHEMA, ParquetSink
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.write_stage import write_batch
 
@@ -120,8 +119,7 @@ def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
     stats = write_batch(to_table([ok, bad], Generated), cfg=cfg, run_dir=str(tmp_path / "r"), run_id="r")
     assert stats.column("id").to_pylist() == ["a", "b", "c"]
     assert stats.column("vision_hits").to_pylist() == [1, 0, 0]  # media figures once, on the first request
-    fs, _ = open_filesystem(str(tmp_path))
-    out = read_committed(fs, str(tmp_path / "r"))
+    out = ParquetSink(str(tmp_path / "r")).read()
     assert out.schema.equals(OUTPUT_SCHEMA)
     rows = {r["id"]: r for r in out.to_pylist()}
     assert rows["a"]["status"] == "ok" and rows["a"]["answer"] == "x" and rows["a"]["timings"]["model_s"] == 1.0

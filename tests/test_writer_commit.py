@@ -1,6 +1,7 @@
 """Writer: one fixed schema, deterministic atomic commits, resume index, local and S3 (moto server)."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -10,22 +11,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from vlbatch.operators.errors import StorageError
-from vlbatch.operators.writer import (
+from vlbatch.operators.sink import (
     OUTPUT_SCHEMA,
     OutputRow,
+    ParquetSink,
     Timings,
-    clean_tmp,
-    commit_table,
-    load_index,
-    open_filesystem,
+    is_transient,
     part_name,
-    purge_transient,
-    read_committed,
     rows_to_table,
     table_to_rows,
 )
-from vlbatch.operators.writer.commit import with_retries
-from vlbatch.operators.writer.resume import is_transient, list_parts
+from vlbatch.operators.storage import StorageOptions, with_retries
+
+FAST = StorageOptions(backoff_s=0.001, backoff_max_s=0.01)
 
 
 def _row(i: int, status="ok", error_type=None) -> OutputRow:
@@ -53,24 +51,24 @@ def test_part_names_are_deterministic_and_order_free():
 
 
 def test_commit_is_idempotent_and_leaves_no_temp(tmp_path):
-    fs, root = open_filesystem(str(tmp_path / "out"))
-    fs.makedirs(root, exist_ok=True)
+    sink = ParquetSink(str(tmp_path / "out"))
+    sink.prepare()
     t = rows_to_table([_row(i) for i in range(5)])
-    p1 = commit_table(fs, root, t)
-    p2 = commit_table(fs, root, t.take([4, 3, 2, 1, 0]))  # a retried write of the same rows
-    assert p1 == p2 and list_parts(fs, root) == [p1]
+    p1 = sink.commit(t)
+    p2 = sink.commit(t.take([4, 3, 2, 1, 0]))  # a retried write of the same rows
+    assert p1 == p2 and sink.parts() == [p1]
     assert not os.listdir(tmp_path / "out" / "_tmp")
     assert pq.read_table(p1).schema.equals(OUTPUT_SCHEMA)
-    assert commit_table(fs, root, t.slice(0, 0)) is None
+    assert sink.commit(t.slice(0, 0)) is None
 
 
 def test_killed_writer_temp_files_are_never_committed(tmp_path):
-    fs, root = open_filesystem(str(tmp_path))
+    sink = ParquetSink(str(tmp_path))
     os.makedirs(tmp_path / "_tmp")
     (tmp_path / "_tmp" / "part-abc.parquet.123").write_bytes(b"PAR1 half a file")
-    commit_table(fs, root, rows_to_table([_row(1)]))
-    assert len(load_index(fs, root).files) == 1
-    clean_tmp(fs, root)
+    sink.commit(rows_to_table([_row(1)]))
+    assert len(sink.index().files) == 1
+    sink.prepare()
     assert not (tmp_path / "_tmp").exists()
 
 
@@ -82,22 +80,35 @@ def test_transient_classification():
 
 
 def test_index_and_purge_keep_permanent_and_redo_transient(tmp_path):
-    fs, root = open_filesystem(str(tmp_path))
+    sink = ParquetSink(str(tmp_path))
     a = [_row(0), _row(1, "error", "MediaError"), _row(2, "error", "StorageError")]
     b = [_row(3), _row(4, "error", "EngineError")]
-    fa = commit_table(fs, root, rows_to_table(a))
-    commit_table(fs, root, rows_to_table(b))
-    idx = load_index(fs, root)
+    fa = sink.commit(rows_to_table(a))
+    sink.commit(rows_to_table(b))
+    idx = sink.index()
     assert idx.done_ids == {"id000", "id001", "id003"} and idx.transient_ids == {"id002", "id004"}
     assert idx.status_counts == {"ok": 2, "error": 3} and idx.duplicate_ids == 0
     # a crash in the middle of a purge: the new file is committed, the old one still there
-    commit_table(fs, root, rows_to_table(a[:2]))
-    crashed = load_index(fs, root)
-    assert crashed.duplicate_ids == 2 and fa in crashed.transient_files
-    assert purge_transient(fs, root, crashed) == 2
-    after = load_index(fs, root)
-    assert after.duplicate_ids == 0 and after.transient_files == () and after.transient_ids == frozenset()
-    assert sorted(read_committed(fs, root).column("id").to_pylist()) == ["id000", "id001", "id003"]
+    sink.commit(rows_to_table(a[:2]))
+    crashed = sink.index()
+    assert crashed.duplicate_ids == 2 and fa in crashed.files and crashed.purgeable_ids == {"id002", "id004"}
+    assert sink.purge(crashed.purgeable_ids) == 2
+    after = sink.index()
+    assert after.duplicate_ids == 0 and after.purgeable_ids == frozenset() and after.transient_ids == frozenset()
+    assert fa not in after.files
+    assert sorted(sink.read().column("id").to_pylist()) == ["id000", "id001", "id003"]
+
+
+def test_purge_drops_a_stray_transient_row_beside_an_ok_row_of_the_same_id(tmp_path):
+    sink = ParquetSink(str(tmp_path))
+    sink.commit(rows_to_table([_row(0), _row(1)]))
+    sink.commit(rows_to_table([_row(1, "error", "EngineError"), _row(2, "error", "MediaError")]))
+    idx = sink.index()
+    assert idx.done_ids == {"id000", "id001", "id002"} and idx.transient_ids == frozenset()
+    assert idx.purgeable_ids == {"id001"} and idx.duplicate_ids == 1
+    assert sink.purge(idx.purgeable_ids) == 1
+    after = sink.index()
+    assert after.duplicate_ids == 0 and after.status_counts == {"ok": 2, "error": 1}
 
 
 def test_retries_then_typed_storage_error():
@@ -109,11 +120,21 @@ def test_retries_then_typed_storage_error():
             raise ConnectionError("reset")
         return "ok"
 
-    assert with_retries(flaky, what="x", retries=3, base_s=0.001) == "ok" and len(calls) == 3
+    assert with_retries(flaky, what="x", storage=StorageOptions(max_attempts=4, backoff_s=0.001)) == "ok"
+    assert len(calls) == 3
     with pytest.raises(StorageError, match="failed after 2 attempts"):
-        with_retries(lambda: (_ for _ in ()).throw(OSError("down")), what="x", retries=1, base_s=0.001)
-    with pytest.raises(ValueError):  # not a storage failure: no retry, no wrapping
-        with_retries(lambda: (_ for _ in ()).throw(ValueError("bug")), what="x", retries=3, base_s=0.001)
+        with_retries(lambda: (_ for _ in ()).throw(OSError(errno.ECONNRESET, "down")), what="x",
+                     storage=StorageOptions(max_attempts=2, backoff_s=0.001))
+    for permanent in (ValueError("bug"), FileNotFoundError("gone")):  # not retried, not wrapped
+        calls.clear()
+
+        def fail(e=permanent):
+            calls.append(1)
+            raise e
+
+        with pytest.raises(type(permanent)):
+            with_retries(fail, what="x", storage=FAST)
+        assert len(calls) == 1
 
 
 def _free_port() -> int:
@@ -144,15 +165,17 @@ def moto():
 
 def test_s3_commit_index_and_outage(moto):
     server, endpoint = moto
-    fs, root = open_filesystem("s3://out-bucket/run1", endpoint_url=endpoint, region="us-east-1", retries=1)
+    sink = ParquetSink("s3://out-bucket/run1", StorageOptions(endpoint_url=endpoint, region="us-east-1",
+                                                              max_attempts=2))
+    fs = sink.fs
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="out-bucket")
     t = rows_to_table([_row(i) for i in range(4)] + [_row(9, "error", "StorageError")])
-    path = commit_table(fs, root, t)
+    path = sink.commit(t)
     assert path == f"out-bucket/run1/{part_name(t.column('id').to_pylist())}"
     assert not fs.exists("out-bucket/run1/_tmp")  # S3: one PUT straight to the final key
-    assert load_index(fs, root).transient_ids == {"id009"}
+    assert sink.index().transient_ids == {"id009"}
     # the server goes away during a commit and comes back: the backoff absorbs it
     server.stop()
     restarted = threading.Event()
@@ -163,8 +186,11 @@ def test_s3_commit_index_and_outage(moto):
         restarted.set()
 
     threading.Thread(target=restart, daemon=True).start()
-    p2 = commit_table(fs, root, rows_to_table([_row(20)]), retries=6)
+    # the outage outlasts a short policy: 8 attempts, backoff 0.5 s doubling (full jitter), capped at 10 s
+    patient = ParquetSink(sink.uri, StorageOptions(endpoint_url=endpoint, region="us-east-1", max_attempts=8,
+                                                   backoff_s=0.5))
+    p2 = patient.commit(rows_to_table([_row(20)]))
     assert restarted.is_set() and fs.exists(p2)
-    got = read_committed(fs, root)
+    got = sink.read()
     assert got.num_rows == 6 and got.schema.equals(OUTPUT_SCHEMA)
     assert isinstance(got.column("timings").type, pa.StructType)

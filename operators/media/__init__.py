@@ -1,21 +1,17 @@
-"""Media I/O: bytes from local paths / s3:// with retries, video decoding in a killable process.
+"""Media I/O: bytes to pixels; video decoding in a killable process.
 
-Owns `io` (StorageOptions, read_bytes), `decoders` (decord default, PyAV second,
-behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the
+Bytes come from `vlbatch.operators.storage` (`read_bytes`: local / s3:// with retries).
+Owns `decoders` (decord default, PyAV second, behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the
 time-limited child process), `load` (`load_media` for images and videos) and the
 deterministic sample media (`samples`, `sample_images`). Submodules are imported
 lazily by callers; importing this package loads nothing heavy.
 """
 from __future__ import annotations
 
-__all__ = ["StorageOptions", "read_bytes", "FrameSampling", "DecodeWorker", "decode_video", "load_media"]
+__all__ = ["FrameSampling", "DecodeWorker", "decode_video", "load_media"]
 
 
 def __getattr__(name: str):
-    if name in ("StorageOptions", "read_bytes"):
-        from vlbatch.operators.media import io
-
-        return getattr(io, name)
     if name == "FrameSampling":
         from vlbatch.operators.media.video import FrameSampling
 

@@ -1,7 +1,7 @@
 """`load_media`: one entry point from a URI to pixels, for images and videos alike.
 
 Owns the choice between image and video and the glue between storage
-(`vlbatch.operators.media.io.read_bytes`), the image loader of preprocessing
+(`vlbatch.operators.storage.read_bytes`), the image loader of preprocessing
 (`vlbatch.operators.preprocess.image.load_image`) and the killable video decoder
 (`vlbatch.operators.media.worker`). Errors are the same typed ones everywhere:
 `MediaError` (bad bytes, missing object), `MediaTimeoutError`, `StorageError`,
@@ -18,9 +18,9 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.media.io import DEFAULT_STORAGE, StorageOptions, read_bytes
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.media.worker import DecodeWorker, decode_video
+from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions, read_bytes
 from vlbatch.operators.types import VideoClip
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".jfif"}

@@ -1,7 +1,7 @@
 """The output row: one fixed Arrow schema for every row, ok or error.
 
 `OutputRow` is the frozen in-memory form; `OUTPUT_SCHEMA` the Arrow/Parquet form.
-Every file the writer commits has exactly this schema (same field order, same types,
+Every batch a sink commits has exactly this schema (same field order, same types,
 nullability), so a reader can concatenate all files of a run without casting, and an
 error row never changes the schema (it fills the answer/token columns with nulls).
 """

@@ -1,0 +1,17 @@
+"""Storage: one fsspec layer and one retry policy for manifests, media and output sinks.
+
+- `options`: `StorageOptions` (where and how to reach storage; no secrets) and
+  `filesystem(uri, storage)` for local paths, `file://` and `s3://` (s3fs).
+- `retry`: the retry policy (`with_retries`) and error classification (`classify`):
+  transient failures are retried with backoff and jitter, then `StorageError`.
+- `io`: `read_bytes` (whole objects, typed errors), `open_input` (a seekable stream whose
+  ranged reads retry), `arrow_filesystem` (the same for pyarrow / Ray Data readers) and
+  `put_atomic` (a file that appears whole or not at all, used by the sinks).
+Ray-free; importing this package loads nothing heavy.
+"""
+from vlbatch.operators.storage.io import arrow_filesystem, open_input, put_atomic, read_bytes
+from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
+from vlbatch.operators.storage.retry import classify, with_retries
+
+__all__ = ["DEFAULT_STORAGE", "StorageOptions", "arrow_filesystem", "classify", "filesystem", "join", "open_input",
+           "put_atomic", "read_bytes", "with_retries"]

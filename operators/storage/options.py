@@ -1,0 +1,105 @@
+"""Where and how to reach storage: `StorageOptions` and one fsspec filesystem per URI.
+
+Local paths (`/a/b.mp4`, relative paths, `file:///a/b.mp4`) and `s3://bucket/key` (`s3a://`
+too) are supported; `memory://` for tests. `s3://` uses s3fs with the options' endpoint URL,
+region, profile and anonymous flag. Credentials are never part of the options: botocore finds
+them in the standard places (AWS_* environment variables, shared credentials / config files
+and profiles, instance metadata), and nothing here logs them.
+
+s3fs's and botocore's own retry loops are set to a single attempt, so the one retry loop is
+`vlbatch.operators.storage.retry.with_retries` (visible and testable). The listings cache is
+off: a sink lists what it just committed, and must see it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlbatch.operators.errors import ConfigError
+
+SUPPORTED_PROTOCOLS = ("file", "local", "s3", "s3a", "memory")
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach object storage. No secrets here: credentials come from the AWS environment/profiles.
+
+    endpoint_url: S3-compatible endpoint (MinIO, moto, a regional endpoint); None = AWS default.
+    region: bucket region; anonymous: unsigned requests for public buckets; profile: a named
+    AWS profile. max_attempts: tries in all for transient errors; backoff_s / backoff_max_s:
+    exponential backoff base and cap; connect_timeout_s / read_timeout_s: per request.
+    """
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    anonymous: bool = False
+    profile: str | None = None
+    max_attempts: int = 5
+    backoff_s: float = 0.2
+    backoff_max_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"storage max_attempts must be at least 1, got {self.max_attempts}")
+        if self.backoff_s < 0 or self.backoff_max_s < 0:
+            raise ConfigError("storage backoff_s and backoff_max_s must not be negative")
+
+    def fsspec_kwargs(self, protocol: str) -> dict:
+        """Keyword arguments for `fsspec.filesystem(protocol, ...)`."""
+        if protocol != "s3":
+            return {}
+        client: dict = {}
+        if self.endpoint_url:
+            client["endpoint_url"] = self.endpoint_url
+        if self.region:
+            client["region_name"] = self.region
+        kwargs: dict = {
+            "anon": self.anonymous,
+            "client_kwargs": client,
+            # our loop is the only retry loop (see module docstring)
+            "config_kwargs": {"retries": {"total_max_attempts": 1, "mode": "standard"},
+                              "connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s},
+            "use_listings_cache": False,
+        }
+        if self.profile:
+            kwargs["profile"] = self.profile
+        return kwargs
+
+
+DEFAULT_STORAGE = StorageOptions()  # AWS defaults, credentials from the environment
+
+
+def protocol_of(uri: str) -> str:
+    """'s3://b/k' -> 's3'; '/a/b' and 'a/b' -> 'file'."""
+    from fsspec.core import split_protocol
+
+    return split_protocol(uri)[0] or "file"
+
+
+def filesystem(uri: str, storage: StorageOptions = DEFAULT_STORAGE):
+    """(fsspec filesystem, path inside it) for `uri`; `ConfigError` for an unsupported scheme.
+
+    The path has no protocol and no trailing slash; local paths are absolute.
+    """
+    import fsspec
+
+    protocol = protocol_of(uri)
+    if protocol not in SUPPORTED_PROTOCOLS:
+        raise ConfigError(f"unsupported storage scheme {protocol!r} in {uri!r}: use a local path or s3://")
+    protocol = "s3" if protocol == "s3a" else protocol
+    fs = fsspec.filesystem(protocol, **storage.fsspec_kwargs(protocol))
+    if protocol == "s3":
+        fs.retries = 1  # s3fs's own loop off: one attempt per call, we retry
+    return fs, fs._strip_protocol(uri)
+
+
+def with_protocol(uri_like: str, path: str) -> str:
+    """`path` (as `filesystem` returns it) back as a URI of the same scheme as `uri_like`."""
+    protocol = protocol_of(uri_like)
+    return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def join(root: str, *parts: str) -> str:
+    """'/'-join for paths and URIs alike ('s3://b/x' + 'y' -> 's3://b/x/y')."""
+    return "/".join([root.rstrip("/"), *parts])
