@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 
 from vlbatch.operators.errors import InputError
 from vlbatch.pipeline.config import TaskConfig
@@ -88,13 +87,3 @@ def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None
     pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
     return MediaTask(row.media_uri, row.media_type, pick(row.ids), pick(row.request_indices), pick(row.prompts),
                      row.status, row.error_type, row.error_message)
-
-
-def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> list[MediaTask]:
-    """[(uri, media_type, questions)] -> pending MediaTasks."""
-    out = []
-    for uri, mtype, qs in records:
-        row = pending(expand(str(uri), mtype, qs, task), done)
-        if row is not None:
-            out.append(row)
-    return out

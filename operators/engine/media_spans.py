@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
@@ -67,8 +66,3 @@ def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: in
     if pending is not None:
         raise InputError(f"{pending[2]} placeholders missing for a grid {pending[1]}")
     return tuple(items)
-
-
-def placeholder_positions(items) -> np.ndarray:
-    """[N] all placeholder positions of a prompt's items, in item order."""
-    return np.concatenate([m.positions() for m in items]) if items else np.zeros(0, np.int64)

@@ -18,7 +18,6 @@ import torch
 from vlbatch.operators.errors import InputError
 
 MEDIA_KINDS = ("image", "video")
-FINISH_REASONS = ("stop", "length", "error")
 
 
 @dataclass(frozen=True)
