@@ -14,7 +14,8 @@ Submodules import lazily: importing the package loads no model code.
 """
 from __future__ import annotations
 
-from vlbatch.operators.engine.request import MediaItem, Request, Result, SamplingParams, Timings
+from vlbatch.operators.engine.media_spans import MediaItem
+from vlbatch.operators.engine.request import Request, Result, SamplingParams, Timings
 
 __all__ = ["Engine", "EngineConfig", "EngineLoop", "MediaItem", "Request", "Result", "SamplingParams", "Timings"]
 

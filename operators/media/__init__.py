@@ -1,9 +1,11 @@
 """Media I/O: bytes from local paths / s3:// with retries, video decoding in a killable process.
 
-Owns `io` (StorageOptions, read_bytes), `decoders` (decord default, PyAV second,
-behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the
-time-limited child process), `load` (`load_media` for images and videos) and the
-deterministic sample media (`samples`, `sample_images`). Submodules are imported
+Owns `io` (StorageOptions, read_bytes), `image` (`load_image`: bytes -> upright RGB),
+`sampling` (`sample_frame_indices`, `group_timestamps`: which frames, and their seconds),
+`decoders` (decord default, PyAV second, behind `VideoDecoder`), `video` (probe ->
+sample -> decode plan), `worker` (the time-limited child process), `load` (`load_media`
+for images and videos). Nothing here imports `vlbatch.operators.preprocess` (data flows
+media -> preprocess). Submodules are imported
 lazily by callers; importing this package loads nothing heavy.
 """
 from __future__ import annotations
