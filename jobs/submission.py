@@ -17,7 +17,6 @@ Contract of `Submitter` (the only class that talks to the cluster):
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,7 +246,3 @@ class Submitter:
 
     def logs(self, sid: str) -> str:
         return self.client.get_job_logs(sid)
-
-
-def state_json(states: list[JobState]) -> str:
-    return json.dumps([s.to_json() for s in states], indent=2)

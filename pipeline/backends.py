@@ -15,6 +15,7 @@ of all calls sum to the actor's totals).
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -23,14 +24,52 @@ import numpy as np
 
 from vlbatch.operators.errors import InputError
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.model_stage import ReqOut, processor_dict, request_seed, resolve_device
 from vlbatch.pipeline.rows import Prepared
 
 
-def _dtype(name: str):
+@dataclass(frozen=True)
+class ReqOut:
+    """What the backend returns for one request (backend-neutral)."""
+
+    answer: str | None
+    thinking: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    generated_tokens: int | None
+    cached_tokens: int | None
+    error_type: str | None = None
+    error_message: str | None = None
+
+
+def request_seed(base: int, rid: str) -> int:
+    return (int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) ^ base) & 0x7FFFFFFF
+
+
+def processor_dict(row: Prepared, i: int) -> dict[str, np.ndarray]:
+    """Prompt i of a Prepared row in the processor's output layout (batch of one)."""
+    ids = np.asarray(row.input_ids[i], np.int64)[None]
+    out = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "mm_token_type_ids": np.asarray(row.mm_token_type_ids[i], np.int64)[None],
+        "position_ids": np.asarray(row.position_ids[i], np.int64).reshape(3, 1, -1),
+        "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
+    }
+    grid = np.asarray(row.grid_thw, np.int64)[None]
+    pixels = np.require(row.pixel_values, requirements=["W"])  # Arrow buffers are read-only; torch wants writable
+    if row.media_type == "image":
+        out["pixel_values"], out["image_grid_thw"] = pixels, grid
+    else:
+        out["pixel_values_videos"], out["video_grid_thw"] = pixels, grid
+    return out
+
+
+def resolve_device(device: str) -> str:
     import torch
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 @dataclass(frozen=True)
@@ -65,7 +104,7 @@ class EngineBackend:
 
         self.cfg = cfg
         self.engine = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
-                                             dtype=_dtype(cfg.model.dtype),
+                                             dtype=cfg.model.dtype,
                                              **cfg.model.engine.engine_kwargs())
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
         self._meter = _UsageMeter()
@@ -114,9 +153,11 @@ class TransformersBackend:
         import torch
         from transformers import AutoModelForImageTextToText, AutoTokenizer
 
+        from vlbatch.operators.model.loader import torch_dtype
+
         self.cfg = cfg
         self.device = resolve_device(cfg.model.device)
-        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model.path, dtype=_dtype(cfg.model.dtype))
+        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model.path, dtype=torch_dtype(cfg.model.dtype))
         self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(cfg.model.path)
         self.torch = torch
@@ -140,6 +181,8 @@ class TransformersBackend:
         return self._meter.take(lambda: Usage(self._busy_s, self._busy_s))  # no vision cache counters
 
     def generate_one(self, inputs: dict[str, np.ndarray], rid: str) -> ReqOut:
+        from vlbatch.operators.engine.request import split_thinking
+
         torch = self.torch
         s = self.cfg.sampling
         keep = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw",
@@ -161,7 +204,6 @@ class TransformersBackend:
         finish = "stop" if new and new[-1] in eos else "length"
         text = self.tok.decode(new, skip_special_tokens=True)
         thinking = None
-        if self.cfg.task.thinking and "</think>" in text:
-            thinking, text = text.split("</think>", 1)
-            thinking, text = thinking.replace("<think>", "").strip(), text.strip()
+        if self.cfg.task.thinking:  # the engine's reading of the same output (`split_thinking`)
+            thinking, text = split_thinking(text)
         return ReqOut(text, thinking, finish, L, len(new), 0)

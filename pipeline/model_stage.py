@@ -16,61 +16,15 @@ resume), as does an exception from the backend for a whole call; rows in error p
 """
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import numpy as np
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, VlbatchError
+from vlbatch.pipeline.backends import EngineBackend, ReqOut, TransformersBackend
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
-
-
-@dataclass(frozen=True)
-class ReqOut:
-    """What the backend returns for one request (backend-neutral)."""
-
-    answer: str | None
-    thinking: str | None
-    finish_reason: str | None
-    prompt_tokens: int | None
-    generated_tokens: int | None
-    cached_tokens: int | None
-    error_type: str | None = None
-    error_message: str | None = None
-
-
-def request_seed(base: int, rid: str) -> int:
-    return (int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) ^ base) & 0x7FFFFFFF
-
-
-def processor_dict(row: Prepared, i: int) -> dict[str, np.ndarray]:
-    """Prompt i of a Prepared row in the processor's output layout (batch of one)."""
-    ids = np.asarray(row.input_ids[i], np.int64)[None]
-    out = {
-        "input_ids": ids,
-        "attention_mask": np.ones_like(ids),
-        "mm_token_type_ids": np.asarray(row.mm_token_type_ids[i], np.int64)[None],
-        "position_ids": np.asarray(row.position_ids[i], np.int64).reshape(3, 1, -1),
-        "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
-    }
-    grid = np.asarray(row.grid_thw, np.int64)[None]
-    pixels = np.require(row.pixel_values, requirements=["W"])  # Arrow buffers are read-only; torch wants writable
-    if row.media_type == "image":
-        out["pixel_values"], out["image_grid_thw"] = pixels, grid
-    else:
-        out["pixel_values_videos"], out["video_grid_thw"] = pixels, grid
-    return out
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 class ModelStage:
@@ -81,14 +35,7 @@ class ModelStage:
 
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
         self.cfg = cfg
-        if cfg.model.backend == "engine":
-            from vlbatch.pipeline.backends import EngineBackend
-
-            self.backend = EngineBackend(cfg)
-        else:
-            from vlbatch.pipeline.backends import TransformersBackend
-
-            self.backend = TransformersBackend(cfg)
+        self.backend = EngineBackend(cfg) if cfg.model.backend == "engine" else TransformersBackend(cfg)
 
     def __call__(self, batch: pa.Table):  # may run on several threads at once (see the module docstring)
         return self._call(from_table(batch, Prepared))

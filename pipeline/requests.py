@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 
 from vlbatch.operators.errors import InputError
+from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
 from vlbatch.pipeline.config import TaskConfig
 from vlbatch.pipeline.rows import MediaTask
 
-IMAGE_EXT = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
-VIDEO_EXT = {".mp4", ".webm", ".avi", ".mov", ".mkv", ".m4v", ".mpg", ".mpeg", ".m4a", ".ts", ".flv"}
 MEDIA_TYPES = ("image", "video")
 
 
@@ -29,18 +27,20 @@ def request_id(media_uri: str, request_index: int, prompt: str) -> str:
 
 
 def infer_media_type(uri: str, given: str | None) -> str:
-    """'image'/'video' from the manifest column, else from the file extension."""
+    """'image'/'video' from the manifest column, else from the file extension (the media
+    loader's table: `vlbatch.operators.media.load.media_type_from_extension`)."""
     if given:
         t = str(given).strip().lower()
         if t not in MEDIA_TYPES:
             raise InputError(f"media_type {given!r} of {uri}: allowed values are 'image', 'video'")
         return t
-    name = uri.rsplit("/", 1)[-1].lower()
-    ext = "." + name.rsplit(".", 1)[-1] if "." in name else ""
-    if ext in IMAGE_EXT:
-        return "image"
-    if ext in VIDEO_EXT:
-        return "video"
+    kind = media_type_from_extension(uri)
+    if kind is not None:
+        return kind
+    ext = extension(uri)
+    if ext in AUDIO_EXTENSIONS:
+        raise InputError(f"{uri} is audio ({ext}), neither an image nor a video; "
+                         "a media_type column can say 'video' if it holds one")
     raise InputError(f"cannot tell whether {uri} is an image or a video (extension {ext or 'none'!r}); "
                      "add a media_type column with 'image' or 'video'")
 
@@ -88,13 +88,3 @@ def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None
     pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
     return MediaTask(row.media_uri, row.media_type, pick(row.ids), pick(row.request_indices), pick(row.prompts),
                      row.status, row.error_type, row.error_message)
-
-
-def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> list[MediaTask]:
-    """[(uri, media_type, questions)] -> pending MediaTasks."""
-    out = []
-    for uri, mtype, qs in records:
-        row = pending(expand(str(uri), mtype, qs, task), done)
-        if row is not None:
-            out.append(row)
-    return out

@@ -5,8 +5,9 @@ every question about a media travels together: decoded and preprocessed once, se
 one model actor in one batch (its vision and prefix caches hit), and split into one
 output row per request only by the writer. Each stage maps one row to one row.
 
-Tensor fields travel as Ray's variable-shaped Arrow tensor columns (`frames`,
-`pixel_values`), never as pickled Python objects. An error row keeps its request
+Tensor fields (`frames`, `pixel_values`) travel as plain Arrow struct columns
+(`TENSOR_TYPE`: shape, numpy dtype string, the C-order bytes), never as pickled Python
+objects; reading one back is zero-copy (a read-only numpy view of the Arrow buffer). An error row keeps its request
 fields, carries `status="error"`, `error_type`, `error_message`, and empty tensors.
 
 Stages:  MediaTask -> Decoded -> Prepared -> Generated  (-> writer OutputRows)
@@ -18,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from ray.data._internal.tensor_extensions.arrow import ArrowVariableShapedTensorArray
 
 TENSOR = "tensor"
+TENSOR_TYPE = pa.struct([("shape", pa.list_(pa.int64())), ("dtype", pa.string()), ("data", pa.large_binary())])
 _LS, _LI = pa.list_(pa.string()), pa.list_(pa.int64())
 
 
@@ -127,7 +128,7 @@ def to_table(rows: list, cls: type) -> pa.Table:
     for name in columns(cls):
         vals = [getattr(r, name) for r in rows]
         if types[name] == TENSOR:
-            cols[name] = ArrowVariableShapedTensorArray.from_numpy([np.ascontiguousarray(v) for v in vals])
+            cols[name] = tensors_to_arrow(vals)
         else:
             cols[name] = pa.array(vals, type=types[name])
     return pa.table(cols)
@@ -173,9 +174,28 @@ def from_table(table: pa.Table, cls: type) -> list:
     return from_batch(batch, cls)
 
 
+def tensors_to_arrow(arrays: list[np.ndarray]) -> pa.StructArray:
+    """[n] numpy arrays of any shapes and dtypes -> one `TENSOR_TYPE` column (one copy of the data)."""
+    arrays = [np.asarray(a) for a in arrays]
+    flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+    offsets = np.zeros(len(flat) + 1, np.int64)
+    np.cumsum([f.size for f in flat], out=offsets[1:])
+    data = np.concatenate(flat) if flat else np.zeros(0, np.uint8)
+    blobs = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(flat),
+                                             [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    shapes = pa.array([list(a.shape) for a in arrays], pa.list_(pa.int64()))
+    dtypes = pa.array([a.dtype.str for a in arrays], pa.string())
+    return pa.StructArray.from_arrays([shapes, dtypes, blobs], fields=list(TENSOR_TYPE))
+
+
 def _tensor_list(col: pa.ChunkedArray) -> list[np.ndarray]:
+    """A `TENSOR_TYPE` column -> its arrays (read-only views of the Arrow buffers)."""
     out: list[np.ndarray] = []
     for chunk in col.chunks:
-        arr = chunk.to_numpy()
-        out.extend(arr if arr.dtype == object else list(arr))
+        shapes, dtypes, blobs = chunk.flatten()  # children with the chunk's slice applied
+        _, off_buf, data_buf = blobs.buffers()
+        offsets = np.frombuffer(off_buf, np.int64)[blobs.offset: blobs.offset + len(blobs) + 1]
+        raw = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        for shape, dt, lo, hi in zip(shapes.to_pylist(), dtypes.to_pylist(), offsets[:-1], offsets[1:], strict=True):
+            out.append(raw[lo:hi].view(np.dtype(dt)).reshape(shape))
     return out

@@ -81,7 +81,7 @@ class DecodeStage:
             raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {row.media_type}.max_bytes "
                              f"limit of {limit}")
         if row.media_type == "image":
-            from vlbatch.operators.preprocess import load_image
+            from vlbatch.operators.media.image import load_image
 
             img = load_image(data)
             return Decoded(**_base(row), frames=img[None], decode_s=time.perf_counter() - t0)

@@ -81,6 +81,20 @@ def test_thinking_is_split_from_the_answer(ckpt, engine):
     res = engine._result(seq, "stop")
     assert (res.thinking, res.text) == ("a plan", "the answer")
     assert res.generated_tokens == len(ids) + 1 and res.prompt_tokens == req.prompt_len
+    cut = Sequence(req, None, (), None)  # the budget ran out while thinking: no </think>
+    cut.token_ids += tok("still planning", add_special_tokens=False)["input_ids"]
+    res = engine._result(cut, "length")
+    assert (res.thinking, res.text) == ("still planning", "")
+
+
+def test_split_thinking_is_one_rule():
+    """The engine and the transformers backend share it; Qwen3.5's template opens <think> in the prompt."""
+    from vlbatch.operators.engine.request import split_thinking
+
+    assert split_thinking(" a plan</think>\n\nthe answer ") == ("a plan", "the answer")
+    assert split_thinking("a</think>b</think>c") == ("a", "b</think>c")  # the first tag closes the block
+    assert split_thinking("cut off mid-thought\n") == ("cut off mid-thought", "")
+    assert split_thinking("</think>only the answer") == ("", "only the answer")
 
 
 def test_bad_requests_become_error_results_and_others_finish(ckpt):

@@ -6,7 +6,7 @@ import torch
 
 from vlbatch.operators.engine.block_manager import BlockManager
 from vlbatch.operators.engine.branch_points import plan_branch_points
-from vlbatch.operators.engine.prefix_cache import PrefixCache
+from vlbatch.operators.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from vlbatch.operators.engine.request import Request, SamplingParams
 from vlbatch.operators.engine.scheduler import Scheduler
 from vlbatch.operators.engine.sequence import Sequence, Status
@@ -21,7 +21,7 @@ def _req(rid, ids, new=4):
 def _setup(reqs, blocks=64, bs=4, seqs=8, tokens=64, chunk=None, cache=True):
     bm = BlockManager(blocks, bs)
     pool = StatePool(seqs, 1, 2, 2, 1, 1, 1)
-    pc = PrefixCache(bm, 100, 10**9) if cache else None
+    pc = RadixPrefixCache(bm, 100, 10**9) if cache else NoPrefixCache()
     sched = Scheduler(bm, pool, pc, max_num_seqs=seqs, max_num_batched_tokens=tokens, chunk_size=chunk)
     keys = [np.asarray(r.prompt_token_ids, dtype=np.int64) for r in reqs]
     plans = plan_branch_points(keys) if cache else [()] * len(reqs)
@@ -78,3 +78,20 @@ def test_preemption_requeues_latest_and_recomputes():
 def test_request_that_never_fits_is_flagged():
     sched, seqs = _setup([_req("big", list(range(1, 40)), new=4)], blocks=4, bs=4, cache=False)
     assert not sched.fits_at_all(seqs[0])
+
+
+def test_no_prefix_cache_is_the_plain_path():
+    """Caching off: no plans, no gating of siblings, no snapshots, no block references kept."""
+    shared = list(range(1, 12))
+    reqs = [_req(n, shared + tail) for n, tail in (("a", [50, 51, 52]), ("b", [60, 61]))]
+    sched, seqs = _setup(reqs, cache=False)
+    cache = sched.cache
+    assert cache.branch_points(reqs, [s.keys for s in seqs]) == [(), ()]
+    assert _step(sched) == [("a", 0, 14), ("b", 0, 13)]  # both admitted at once, uncut
+    assert sched.stats.snapshots_inserted == 0 and sched.stats.prefix_hits == 0
+    table = list(seqs[0].block_table)
+    refs = [sched.bm.refcount(b) for b in table]
+    assert cache.insert(seqs[0].keys, table, None) is None
+    assert [sched.bm.refcount(b) for b in table] == refs  # nothing held by the cache
+    assert cache.match(seqs[0].keys, 13).length == 0 and cache.evict_blocks(1) is False
+    assert cache.stats() == {"prefix_cache_bytes": 0, "prefix_evicted_nodes": 0}

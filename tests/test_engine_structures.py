@@ -9,10 +9,10 @@ import torch
 
 from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
 from vlbatch.operators.engine.branch_points import plan_branch_points, plan_branch_points_naive
-from vlbatch.operators.engine.prefix_cache import KeyCodec, PrefixCache
+from vlbatch.operators.engine.prefix_cache import KeyCodec, RadixPrefixCache
 from vlbatch.operators.engine.request import MediaItem
 from vlbatch.operators.engine.state_pool import StatePool
-from vlbatch.operators.engine.vision_cache import VisionCache
+from vlbatch.operators.engine.vision_cache import LRUVisionCache
 from vlbatch.operators.errors import ConfigError, InputError
 
 
@@ -129,7 +129,7 @@ def _computed(bm, n):
 
 def test_match_at_exact_non_aligned_positions_and_shares_full_blocks():
     bm = BlockManager(32, 4)
-    pc = PrefixCache(bm, block_bytes=100, budget_bytes=10**9)
+    pc = RadixPrefixCache(bm, block_bytes=100, budget_bytes=10**9)
     keys = np.arange(100, 111)  # 11 tokens
     table = _computed(bm, 11)
     pc.insert(keys[:7], table, _snap(7.0))  # branch point at 7 (not a multiple of 4)
@@ -149,7 +149,7 @@ def test_match_at_exact_non_aligned_positions_and_shares_full_blocks():
 
 def test_split_keeps_straddling_block_for_both_halves():
     bm = BlockManager(32, 4)
-    pc = PrefixCache(bm, block_bytes=100, budget_bytes=10**9)
+    pc = RadixPrefixCache(bm, block_bytes=100, budget_bytes=10**9)
     a = np.arange(10)
     ta = _computed(bm, 10)
     pc.insert(a, ta, _snap(1.0))
@@ -167,7 +167,7 @@ def test_split_keeps_straddling_block_for_both_halves():
 def test_eviction_lru_under_budget_never_touches_locked():
     bm = BlockManager(64, 4)
     snap_bytes = _snap(0).nbytes
-    pc = PrefixCache(bm, block_bytes=10, budget_bytes=3 * snap_bytes + 100)
+    pc = RadixPrefixCache(bm, block_bytes=10, budget_bytes=3 * snap_bytes + 100)
     nodes = []
     for i in range(3):
         t = _computed(bm, 4)
@@ -203,7 +203,7 @@ def test_branch_points_match_all_pairs_reference():
 
 # -- vision cache ----------------------------------------------------------------------------
 def test_vision_cache_lru_within_budget():
-    vc = VisionCache(budget_bytes=3 * 40)
+    vc = LRUVisionCache(budget_bytes=3 * 40)
     for k in "abc":
         vc.put(k, torch.zeros(10))  # 40 bytes each
     assert vc.get("a") is not None  # a is now most recent

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BAD_TYPES = {  # name -> error_type the row must carry
     "truncated.jpg": "MediaError", "zero.png": "MediaError", "not_image.png": "MediaError",
     "truncated.mp4": "MediaError", "zero.mp4": "MediaError", "not_media.mp4": "MediaError",
-    "garbage.webm": "MediaError", "audio_only.m4a": "MediaError",
+    "garbage.webm": "MediaError", "audio_only.m4a": "InputError",  # audio, refused by its extension
     "aspect_1x300.png": "InputError", "no_extension_file": "InputError",
 }
 MISSING = "missing_file.jpg"  # an 11th kind: the object does not exist

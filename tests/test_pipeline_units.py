@@ -5,11 +5,13 @@ import io
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.pipeline.config import TaskConfig
 from vlbatch.pipeline.progress import Progress
 from vlbatch.pipeline.requests import expand, pending, request_id
-from vlbatch.pipeline.rows import Decoded, Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.rows import TENSOR_TYPE, Decoded, Generated, MediaTask, Prepared, from_table, to_table
 
 
 def test_request_ids_hash_run_independent_inputs():
@@ -54,7 +56,7 @@ def test_rows_round_trip_through_arrow_with_variable_tensors():
                  source_fps=25.0, total_frames=40, frame_indices=(0, 10, 20, 30)),
          Decoded("u3", "image", ("l",), (0,), ("p",)).failed(ValueError("x"))]
     t = to_table(d, Decoded)
-    assert "tensor" in str(t.schema.field("frames").type).lower()
+    assert t.schema.field("frames").type == TENSOR_TYPE  # a tensor column, not pickled objects
     back = from_table(t, Decoded)
     for a, b in zip(d, back, strict=True):
         assert np.array_equal(a.frames, b.frames) and a.frames.shape == b.frames.shape
@@ -126,3 +128,30 @@ def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
     assert rows["b"]["status"] == "error" and rows["b"]["error_type"] == "EngineError" and rows["b"]["answer"] is None
     assert rows["c"]["error_type"] == "MediaError" and rows["c"]["media_type"] == "video"
     assert {r["run_id"] for r in rows.values()} == {"r"} and rows["a"]["request_index"] == 0
+
+
+def test_one_media_extension_table_and_m4a_is_audio():
+    from vlbatch.operators.media.load import media_type_of
+    from vlbatch.pipeline.requests import infer_media_type
+
+    for uri in ("a/x.JPG", "s3://b/y.jfif", "z.png?sig=1", "clip.3gp", "clip.MP4", "v.webm"):
+        assert infer_media_type(uri, None) == media_type_of(uri, b"")  # the manifest and the loader agree
+    assert infer_media_type("clip.3gp", None) == "video" and infer_media_type("p.jfif", None) == "image"
+    with pytest.raises(InputError, match="audio"):
+        infer_media_type("song.m4a", None)
+    assert expand("song.m4a", None, None, TaskConfig()).error_type == "InputError"
+    assert infer_media_type("song.m4a", "video") == "video"  # an explicit media_type still wins
+
+
+def test_job_config_dtypes_are_the_loader_dtypes():
+    import typing
+
+    import torch
+
+    from vlbatch.operators.model.loader import DTYPES, torch_dtype
+    from vlbatch.pipeline.config import ModelConfig
+
+    assert set(typing.get_args(ModelConfig.model_fields["dtype"].annotation)) == set(DTYPES)
+    assert torch_dtype("bfloat16") is torch.bfloat16 and torch_dtype(torch.float16) is torch.float16
+    with pytest.raises(ConfigError, match="unsupported dtype"):
+        torch_dtype("float64")

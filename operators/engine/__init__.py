@@ -5,7 +5,7 @@ Public API: `Engine.from_pretrained(model_dir, device=..., dtype=..., <budgets>)
 `SamplingParams` / `Result`; `EngineLoop(engine, max_visual_tokens).run(requests)` shares
 one engine between concurrent callers (threads) without draining it between their batches.
 
-Request path (one file each): `request` (types) -> `engine` (loop) -> `scheduler`
+Request path (one file each): `request` + `media_spans` (types) -> `engine` (loop) -> `scheduler`
 (continuous batching, chunked prefill, preemption, sibling gating) with `block_manager`
 (paged KV ids), `state_pool` (DeltaNet slots + snapshots), `prefix_cache` (radix tree
 with hybrid snapshots), `branch_points` (offline planning) -> `model_runner` (inputs,
@@ -14,7 +14,8 @@ Submodules import lazily: importing the package loads no model code.
 """
 from __future__ import annotations
 
-from vlbatch.operators.engine.request import MediaItem, Request, Result, SamplingParams, Timings
+from vlbatch.operators.engine.media_spans import MediaItem
+from vlbatch.operators.engine.request import Request, Result, SamplingParams, Timings
 
 __all__ = ["Engine", "EngineConfig", "EngineLoop", "MediaItem", "Request", "Result", "SamplingParams", "Timings"]
 

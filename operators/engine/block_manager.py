@@ -55,9 +55,6 @@ class BlockManager:
         """Blocks that hold positions [0, num_tokens)."""
         return -(-num_tokens // self.block_size)
 
-    def can_allocate(self, n: int) -> bool:
-        return n <= len(self._free)
-
     # -- mutation ------------------------------------------------------------------------
     def allocate(self, n: int = 1) -> list[int]:
         """Take `n` fresh blocks (reference count 1). Raises MemoryError if fewer are free."""

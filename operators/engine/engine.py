@@ -24,18 +24,14 @@ from pathlib import Path
 import torch
 
 from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget
-from vlbatch.operators.engine.branch_points import plan_branch_points
 from vlbatch.operators.engine.model_runner import ModelRunner
-from vlbatch.operators.engine.prefix_cache import KeyCodec, PrefixCache
-from vlbatch.operators.engine.request import Request, Result, Timings
+from vlbatch.operators.engine.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
 from vlbatch.operators.engine.sampler import make_generator, sample
 from vlbatch.operators.engine.scheduler import Scheduler
 from vlbatch.operators.engine.sequence import Sequence
-from vlbatch.operators.engine.vision_cache import VisionCache
+from vlbatch.operators.engine.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.errors import ConfigError, EngineError, InputError
-
-THINK_END = "</think>"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -70,10 +66,10 @@ class Engine:
                                          text.head_dim, elem)
         num_blocks = blocks_for_budget(config.kv_budget_bytes, block_bytes)
         self.blocks = BlockManager(num_blocks, config.block_size)
-        vcache = VisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else None
+        vcache = LRUVisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else NoVisionCache()
         self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs, vcache)
-        self.prefix_cache = (PrefixCache(self.blocks, block_bytes, config.prefix_cache_bytes)
-                             if config.prefix_cache_bytes > 0 else None)
+        self.prefix_cache = (RadixPrefixCache(self.blocks, block_bytes, config.prefix_cache_bytes)
+                             if config.prefix_cache_bytes > 0 else NoPrefixCache())
         self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache,
                                    max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -87,15 +83,11 @@ class Engine:
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
         "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
         auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields."""
-        from vlbatch.operators.model import load_model
+        from vlbatch.operators.model.loader import load_model, torch_dtype
         from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
-        if isinstance(dtype, str):
-            if dtype not in _DTYPES:
-                raise ConfigError(f"unsupported dtype {dtype!r}; supported: {sorted(_DTYPES)}")
-            dtype = _DTYPES[dtype]
         model_dir = Path(model_dir)
-        model = load_model(model_dir, device=device, dtype=dtype, delta_kernels=delta_kernels)
+        model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
         tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
         return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
 
@@ -110,10 +102,7 @@ class Engine:
 
     def stats(self) -> dict:
         out = {**asdict(self.runner.stats), **asdict(self.scheduler.stats)}
-        out["prefix_cache_bytes"] = self.prefix_cache.nbytes if self.prefix_cache else 0
-        out["prefix_evicted_nodes"] = self.prefix_cache.evicted_nodes if self.prefix_cache else 0
-        out["vision_cache_bytes"] = self.runner.vision_cache.nbytes if self.runner.vision_cache else 0
-        return out
+        return {**out, **self.prefix_cache.stats(), **self.runner.vision_cache.stats()}
 
     # -- generation -----------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
@@ -143,10 +132,7 @@ class Engine:
         rejected: list[Result] = []
         reqs = _group_adjacent(list(requests))
         keys = [self.codec.encode(r.prompt_token_ids, r.media) for r in reqs]
-        plans = plan_branch_points(keys) if self.prefix_cache is not None else [()] * len(reqs)
-        if self.prefix_cache is not None:  # also after the last media item: reuse across calls
-            plans = [tuple(sorted(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()) - {r.prompt_len}))
-                     for r, bp in zip(reqs, plans, strict=False)]
+        plans = self.prefix_cache.branch_points(reqs, keys)
         for r, k, bp in zip(reqs, keys, plans, strict=False):
             seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
             problem = self._check(seq)
@@ -231,8 +217,7 @@ class Engine:
             text = text[: min(cuts)]
         thinking = None
         if req.thinking:
-            head, sep, tail = text.partition(THINK_END)
-            thinking, text = (head.strip(), tail.strip()) if sep else (text.strip(), "")
+            thinking, text = split_thinking(text)
         now = time.perf_counter()
         timings = Timings(queued_s=(seq.t_admitted or now) - seq.arrival,
                           first_token_s=(seq.t_first or now) - seq.arrival, total_s=now - seq.arrival)

@@ -1,4 +1,5 @@
-"""Split a processor output's packed pixel values into per-prompt `MediaItem`s.
+"""`MediaItem` (one image or video of a prompt) and the split of a processor output's
+packed pixel values into per-prompt `MediaItem`s.
 
 The processor concatenates every image's patches (and separately every video's) over
 the whole batch in prompt order; `mm_token_type_ids` marks placeholders (1 image, 2
@@ -7,12 +8,66 @@ video). An image fills one run of t*h*w/merge**2 placeholders; a video fills t r
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
+
+MEDIA_KINDS = ("image", "video")
+
+
+def media_hash(kind: str, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> str:
+    """sha256 over kind, grid, dtype, shape and the raw pixel bytes: equal iff the vision input is equal."""
+    h = hashlib.sha256()
+    pv = pixel_values.detach().contiguous().cpu()
+    h.update(f"{kind}|{tuple(grid_thw)}|{pv.dtype}|{tuple(pv.shape)}|".encode())
+    h.update(pv.view(torch.uint8).numpy().tobytes() if pv.numel() else b"")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class MediaItem:
+    """One image or video of a prompt.
+
+    pixel_values: [N_patch, C * T_p * P * P] as the processor packs them.
+    grid_thw:     (t, h, w) in patches; the item fills t * h * w / merge**2 placeholders.
+    spans:        placeholder runs [start, end) in the prompt, in order (a video has one
+                  run per temporal group, separated by timestamp text).
+    content_hash: `media_hash(...)`; equal hashes mean interchangeable features.
+    """
+
+    kind: str
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    spans: tuple[tuple[int, int], ...]
+    content_hash: str = ""
+
+    def __post_init__(self):
+        if self.kind not in MEDIA_KINDS:
+            raise InputError(f"media kind must be one of {MEDIA_KINDS}, got {self.kind!r}")
+        t, h, w = self.grid_thw
+        if self.pixel_values.shape[0] != t * h * w:
+            raise InputError(f"{self.kind} pixel_values has {self.pixel_values.shape[0]} patches, grid "
+                             f"{self.grid_thw} needs {t * h * w}")
+        if not self.content_hash:
+            object.__setattr__(self, "content_hash", media_hash(self.kind, self.pixel_values, self.grid_thw))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e - s for s, e in self.spans)
+
+    def positions(self) -> np.ndarray:
+        """[num_tokens] prompt positions of the placeholders, feature row order."""
+        return np.concatenate([np.arange(s, e) for s, e in self.spans]) if self.spans else np.zeros(0, np.int64)
+
+
+def as_tensor(x) -> torch.Tensor:
+    """A processor output value (numpy or torch) as a tensor (no copy when it already is one)."""
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
 
 
 def _runs(types: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -28,16 +83,14 @@ def _runs(types: torch.Tensor) -> list[tuple[int, int, int]]:
 
 def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: int):
     """MediaItems of prompt `index` (positions after removing padding)."""
-    from vlbatch.operators.engine.request import MediaItem, _t
-
-    grids = {1: _t(out["image_grid_thw"]) if out.get("image_grid_thw") is not None else None,
-             2: _t(out["video_grid_thw"]) if out.get("video_grid_thw") is not None else None}
+    grids = {1: as_tensor(out["image_grid_thw"]) if out.get("image_grid_thw") is not None else None,
+             2: as_tensor(out["video_grid_thw"]) if out.get("video_grid_thw") is not None else None}
     pixels = {1: out.get("pixel_values"), 2: out.get("pixel_values_videos")}
     # items of earlier prompts in the batch come first in the packed tensors: skip them
     counters = {1: 0, 2: 0}
     offsets = {1: 0, 2: 0}
     for b in range(index):
-        row = types[b][_t(out["attention_mask"])[b].bool()] if "attention_mask" in out else types[b]
+        row = types[b][as_tensor(out["attention_mask"])[b].bool()] if "attention_mask" in out else types[b]
         for kind in (1, 2):
             need = int((row == kind).sum())
             while need > 0:
@@ -59,7 +112,7 @@ def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: in
             raise InputError(f"placeholder run longer than its grid {pending[1]}")
         if pending[2] == 0:
             kind_, (t, h, w), _, spans = pending
-            pv = _t(pixels[kind_])[offsets[kind_]: offsets[kind_] + t * h * w]
+            pv = as_tensor(pixels[kind_])[offsets[kind_]: offsets[kind_] + t * h * w]
             items.append(MediaItem("image" if kind_ == 1 else "video", pv, (t, h, w), tuple(spans)))
             offsets[kind_] += t * h * w
             counters[kind_] += 1
@@ -67,8 +120,3 @@ def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: in
     if pending is not None:
         raise InputError(f"{pending[2]} placeholders missing for a grid {pending[1]}")
     return tuple(items)
-
-
-def placeholder_positions(items) -> np.ndarray:
-    """[N] all placeholder positions of a prompt's items, in item order."""
-    return np.concatenate([m.positions() for m in items]) if items else np.zeros(0, np.int64)

@@ -59,7 +59,7 @@ class RunnerStats:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache | None,
+    def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache,
                  attention: PagedAttention | None = None):
         text = model.config.text
         self.model, self.block_size = model, block_size
@@ -130,19 +130,17 @@ class ModelRunner:
         feats = seq.features.get(j)
         if feats is not None:
             return feats
-        if self.vision_cache is not None:
-            feats = self.vision_cache.get(item.content_hash)
-            if feats is not None:
-                self.stats.vision_cache_hits += 1
-        if feats is None:
+        feats = self.vision_cache.get(item.content_hash)
+        if feats is not None:
+            self.stats.vision_cache_hits += 1
+        else:
             grid = torch.tensor([item.grid_thw], dtype=torch.long, device=self.device)
             (feats,) = self.model.encode_media(item.pixel_values.to(self.device), grid)
             self.stats.vision_encodes += 1
             if feats.shape[0] != item.num_tokens:
                 raise InputError(f"request {seq.id!r}: {item.kind} grid {item.grid_thw} gives {feats.shape[0]} "
                                  f"features for {item.num_tokens} placeholders")
-            if self.vision_cache is not None:
-                self.vision_cache.put(item.content_hash, feats)
+            self.vision_cache.put(item.content_hash, feats)
         seq.features[j] = feats
         return feats
 

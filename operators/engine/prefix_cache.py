@@ -1,43 +1,34 @@
-"""Radix-tree prefix cache over prompt keys, with hybrid (KV + DeltaNet) state.
+"""Prefix caches behind one contract (`PrefixCache`): the radix tree over prompt keys with
+hybrid (KV + DeltaNet) snapshots (`RadixPrefixCache`), and `NoPrefixCache` (caching off).
 
-Contract (the scheduler relies on exactly this; an alternative such as a hash-of-block
-cache would have to offer the same):
+Keys: `KeyCodec.encode(request) -> int64 [L]`. Text tokens keep their id (>= 0); media
+placeholders become `-(uid << 24 | offset) - 1` where `uid` is a unique integer interned
+per media content hash and `offset` the placeholder's row in that item. Two prompts share
+a key prefix iff their text and their media contents agree, so equal text around
+different images can never match (uids are assigned from a dict of full sha256 hashes,
+never from a truncated hash).
 
-- Keys: `KeyCodec.encode(request) -> int64 [L]`. Text tokens keep their id (>= 0);
-  media placeholders become `-(uid << 24 | offset) - 1` where `uid` is a unique integer
-  interned per media content hash and `offset` the placeholder's row in that item. Two
-  prompts share a key prefix iff their text and their media contents agree, so equal text
-  around different images can never match (uids are assigned from a dict of full
-  sha256 hashes, never from a truncated hash).
-- `match(keys, max_len) -> Match`: the deepest position `m <= max_len` on the key path
-  where a DeltaNet snapshot is stored, the KV blocks that hold positions [0, m), the
-  snapshot, and `key_len` (how far the keys agree with the tree, snapshot or not: a
-  branch point the caller should snapshot at).
-- `insert(keys, block_table, snapshot)`: record that positions [0, len(keys)) are
-  computed in `block_table` with DeltaNet states `snapshot` at position len(keys).
-  Existing nodes keep their blocks; a new leaf takes references on the new blocks.
-- `lock(node)` / `unlock(node)`: a node and its ancestors are never evicted while locked
-  (a running request restores from / copies out of them).
-- Eviction: least recently used unlocked leaves first, down to `budget_bytes` (counted
-  as snapshot bytes plus distinct KV blocks held by the tree), or until the block
-  manager has `n` free blocks (`evict_blocks`).
-
-Blocks: node covering positions [s, e) holds the blocks of block indices
+Radix tree blocks: node covering positions [s, e) holds the blocks of block indices
 s // bs .. ceil(e / bs) - 1; a block straddling a node boundary is referenced by both
 nodes. For a path the right block of index j is that of the deepest node covering j,
 whose data for positions up to its end are valid for the path. A block fully inside
 [0, m) is shared by reference; the tail block of a match ending mid-block must be
-copied by the caller (copy-on-write: the original stays with the tree).
+copied by the caller (copy-on-write: the original stays with the tree). Eviction: least
+recently used unlocked leaves first, down to `budget_bytes` (counted as snapshot bytes
+plus distinct KV blocks held by the tree), or until the block manager has `n` free
+blocks (`evict_blocks`).
 """
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from vlbatch.operators.engine.block_manager import BlockManager
+from vlbatch.operators.engine.branch_points import plan_branch_points
 from vlbatch.operators.engine.state_pool import Snapshot
 
 _OFFSET_BITS = 24
@@ -112,8 +103,79 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if len(neq) else n
 
 
-class PrefixCache:
-    """The radix tree; see the module docstring for the contract."""
+class PrefixCache(ABC):
+    """What the scheduler and the engine use of a prefix cache (they never ask which one).
+
+    - `branch_points(requests, keys) -> [tuple[int, ...]]`: per request (keys [L] each),
+      the prompt positions 0 < p < L, ascending, where the scheduler cuts prefill chunks,
+      snapshots the DeltaNet states and `insert`s. A cache that keeps nothing plans none,
+      so the scheduler never snapshots for it.
+    - `match(keys, max_len) -> Match`: the deepest position `m <= max_len` on the key path
+      where a DeltaNet snapshot is stored, the KV blocks that hold positions [0, m), the
+      snapshot, and `key_len` (how far the keys agree with the cache, snapshot or not: a
+      branch point the caller should snapshot at). No hit: `Match(0, key_len, (), None, None)`.
+    - `insert(keys, block_table, snapshot) -> Node | None`: record that positions
+      [0, len(keys)) are computed in `block_table` with DeltaNet states `snapshot` at
+      position len(keys); the cache takes its own references on the blocks it keeps.
+      Returns the node now holding position len(keys), None when nothing was recorded.
+    - `lock(node)` / `unlock(node)` (`Match.node`, None for a miss): while locked a node
+      and its ancestors are never evicted (a running request restores from / copies
+      out of them).
+    - `evict_blocks(n) -> bool`: drop unlocked entries until the block manager has `n`
+      free blocks; False if impossible.
+    - `stats() -> dict`: `prefix_cache_bytes` (held now) and `prefix_evicted_nodes`.
+    """
+
+    @abstractmethod
+    def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]: ...
+
+    @abstractmethod
+    def match(self, keys: np.ndarray, max_len: int) -> Match: ...
+
+    @abstractmethod
+    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> Node | None: ...
+
+    @abstractmethod
+    def lock(self, node: Node | None) -> None: ...
+
+    @abstractmethod
+    def unlock(self, node: Node | None) -> None: ...
+
+    @abstractmethod
+    def evict_blocks(self, n: int) -> bool: ...
+
+    @abstractmethod
+    def stats(self) -> dict[str, int]: ...
+
+
+class NoPrefixCache(PrefixCache):
+    """Prefix caching off: plans no branch points, never matches, keeps nothing."""
+
+    def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]:
+        return [()] * len(keys)
+
+    def match(self, keys: np.ndarray, max_len: int) -> Match:
+        return Match(0, 0, (), None, None)
+
+    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> None:
+        return None
+
+    def lock(self, node: Node | None) -> None:
+        pass
+
+    def unlock(self, node: Node | None) -> None:
+        pass
+
+    def evict_blocks(self, n: int) -> bool:
+        return False
+
+    def stats(self) -> dict[str, int]:
+        return {"prefix_cache_bytes": 0, "prefix_evicted_nodes": 0}
+
+
+class RadixPrefixCache(PrefixCache):
+    """The radix tree; see the module docstring for its keys, blocks and eviction. On
+    `insert` existing nodes keep their blocks; a new leaf takes references on the new blocks."""
 
     def __init__(self, blocks: BlockManager, block_bytes: int, budget_bytes: int):
         self.bm = blocks
@@ -141,6 +203,16 @@ class PrefixCache:
         for b in blocks:
             if self._held[b] <= 0:
                 del self._held[b]
+
+    def stats(self) -> dict[str, int]:
+        return {"prefix_cache_bytes": self.nbytes, "prefix_evicted_nodes": self.evicted_nodes}
+
+    # -- planning --------------------------------------------------------------------------
+    def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]:
+        """Where the prompts of one call branch off each other, plus the end of each prompt's
+        last media item (so a later call with the same media reuses it)."""
+        return [tuple(sorted(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()) - {r.prompt_len}))
+                for r, bp in zip(requests, plan_branch_points(keys), strict=False)]
 
     # -- lookup ----------------------------------------------------------------------------
     def _walk(self, keys: np.ndarray):

@@ -9,16 +9,12 @@ from the processor's output (ours or transformers').
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from vlbatch.operators.engine.media_spans import MediaItem, as_tensor, split_media
 from vlbatch.operators.errors import InputError
-
-MEDIA_KINDS = ("image", "video")
-FINISH_REASONS = ("stop", "length", "error")
 
 
 @dataclass(frozen=True)
@@ -54,51 +50,6 @@ class SamplingParams:
             raise InputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if any(not s for s in self.stop_strings):
             raise InputError("stop_strings must be non-empty strings")
-
-
-def media_hash(kind: str, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> str:
-    """sha256 over kind, grid, dtype, shape and the raw pixel bytes: equal iff the vision input is equal."""
-    h = hashlib.sha256()
-    pv = pixel_values.detach().contiguous().cpu()
-    h.update(f"{kind}|{tuple(grid_thw)}|{pv.dtype}|{tuple(pv.shape)}|".encode())
-    h.update(pv.view(torch.uint8).numpy().tobytes() if pv.numel() else b"")
-    return h.hexdigest()
-
-
-@dataclass(frozen=True, eq=False)
-class MediaItem:
-    """One image or video of a prompt.
-
-    pixel_values: [N_patch, C * T_p * P * P] as the processor packs them.
-    grid_thw:     (t, h, w) in patches; the item fills t * h * w / merge**2 placeholders.
-    spans:        placeholder runs [start, end) in the prompt, in order (a video has one
-                  run per temporal group, separated by timestamp text).
-    content_hash: `media_hash(...)`; equal hashes mean interchangeable features.
-    """
-
-    kind: str
-    pixel_values: torch.Tensor
-    grid_thw: tuple[int, int, int]
-    spans: tuple[tuple[int, int], ...]
-    content_hash: str = ""
-
-    def __post_init__(self):
-        if self.kind not in MEDIA_KINDS:
-            raise InputError(f"media kind must be one of {MEDIA_KINDS}, got {self.kind!r}")
-        t, h, w = self.grid_thw
-        if self.pixel_values.shape[0] != t * h * w:
-            raise InputError(f"{self.kind} pixel_values has {self.pixel_values.shape[0]} patches, grid "
-                             f"{self.grid_thw} needs {t * h * w}")
-        if not self.content_hash:
-            object.__setattr__(self, "content_hash", media_hash(self.kind, self.pixel_values, self.grid_thw))
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(e - s for s, e in self.spans)
-
-    def positions(self) -> np.ndarray:
-        """[num_tokens] prompt positions of the placeholders, feature row order."""
-        return np.concatenate([np.arange(s, e) for s, e in self.spans]) if self.spans else np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,21 +101,32 @@ class Request:
         image_grid_thw, pixel_values_videos / video_grid_thw, position_ids [3, B, L] and
         rope_deltas [B] or [B, 1]. Padding (attention_mask == 0) is removed.
         """
-        from vlbatch.operators.engine.media_spans import split_media
-
-        ids = _t(out["input_ids"])
-        keep = _t(out["attention_mask"])[index].bool() if "attention_mask" in out else torch.ones_like(ids[index]).bool()
-        types = _t(out["mm_token_type_ids"]) if "mm_token_type_ids" in out else torch.zeros_like(ids)
+        ids = as_tensor(out["input_ids"])
+        keep = as_tensor(out["attention_mask"])[index].bool() if "attention_mask" in out else torch.ones_like(ids[index]).bool()
+        types = as_tensor(out["mm_token_type_ids"]) if "mm_token_type_ids" in out else torch.zeros_like(ids)
         media = split_media(ids, types, out, index, keep, merge_size)
-        pos = _t(out["position_ids"])[:, index][:, keep].to(torch.int64).contiguous()
-        delta = int(_t(out["rope_deltas"]).reshape(-1)[index])
+        pos = as_tensor(out["position_ids"])[:, index][:, keep].to(torch.int64).contiguous()
+        delta = int(as_tensor(out["rope_deltas"]).reshape(-1)[index])
         return cls(id=id, prompt_token_ids=tuple(int(x) for x in ids[index][keep]), position_ids=pos,
                    rope_delta=delta, media=media, sampling=sampling or SamplingParams(), group=group,
                    thinking=thinking)
 
 
-def _t(x) -> torch.Tensor:
-    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+
+THINK_END = "</think>"
+
+
+def split_thinking(text: str) -> tuple[str, str]:
+    """(thinking, answer) of the text generated after a thinking generation prompt.
+
+    Qwen3.5's chat template opens the thinking block in the prompt (`<think>\n`), so the
+    output is thinking up to the first `</think>` and the answer after it, both stripped.
+    Without `</think>` the block never closed (the budget ran out while thinking): all of
+    the text is thinking and the answer is empty, as transformers' response parsing reads
+    an output whose prompt opened the block (the region stays open to the end).
+    """
+    head, sep, tail = text.partition(THINK_END)
+    return (head.strip(), tail.strip()) if sep else (text.strip(), "")
 
 
 @dataclass(frozen=True)
@@ -180,8 +142,8 @@ class Timings:
 class Result:
     """One finished request.
 
-    text:       the answer (after `</think>` when the request has `thinking`), special
-                tokens skipped, cut before a matched stop string.
+    text:       the answer (after `</think>` when the request has `thinking`, see
+                `split_thinking`), special tokens skipped, cut before a matched stop string.
     thinking:   the reasoning text before `</think>` (None when thinking is off).
     token_ids:  every generated token, the final stop token included.
     finish_reason: "stop" (stop token or stop string), "length" (max_new_tokens) or

@@ -14,6 +14,10 @@ are evicted first, then the most recently admitted running sequence is preempted
 (released and requeued in front; it recomputes later, from whatever prefix is cached),
 so running out of KV memory never crashes. A request whose prompt plus max_new_tokens
 cannot fit in the whole pool is rejected with an error result up front.
+
+The scheduler always has a prefix cache (`prefix_cache.PrefixCache`); with caching off it
+is `NoPrefixCache`, whose misses, empty plans and no-op inserts make every step above
+the plain path (no cuts, no gating, no snapshots).
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, states: StatePool, cache: PrefixCache | None, *,
+    def __init__(self, blocks: BlockManager, states: StatePool, cache: PrefixCache, *,
                  max_num_seqs: int, max_num_batched_tokens: int, chunk_size: int | None):
         self.bm, self.pool, self.cache = blocks, states, cache
         self.max_num_seqs = max_num_seqs
@@ -79,8 +83,7 @@ class Scheduler:
         return self.bm.blocks_needed(need) <= self.bm.num_blocks
 
     def add(self, seq: Sequence) -> None:
-        if self.cache is not None:
-            self._digests[id(seq)] = {p: prefix_digest(seq.keys, p) for p in seq.planned}
+        self._digests[id(seq)] = {p: prefix_digest(seq.keys, p) for p in seq.planned}
         self.waiting.append(seq)
 
     @property
@@ -119,7 +122,7 @@ class Scheduler:
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         need = self.bm.blocks_needed(num_tokens) - len(seq.block_table)
-        if need > self.bm.num_free and self.cache is not None:
+        if need > self.bm.num_free:
             self.cache.evict_blocks(need)
         if need > self.bm.num_free:
             return False
@@ -127,8 +130,6 @@ class Scheduler:
         return True
 
     def _match(self, seq: Sequence) -> Match:
-        if self.cache is None:
-            return Match(0, 0, (), None, None)
         return self.cache.match(seq.keys, min(seq.prompt_len, seq.num_tokens - 1))
 
     def _gated(self, seq: Sequence, hit: int) -> bool:
@@ -154,8 +155,7 @@ class Scheduler:
 
     def _start(self, seq: Sequence, match: Match, plan: StepPlan, budget: int) -> bool:
         bs, m = self.bm.block_size, match.length
-        if self.cache is not None:
-            self.cache.lock(match.node)
+        self.cache.lock(match.node)
         full = list(match.blocks[: m // bs])
         self.bm.incref(full)
         seq.block_table, seq.num_computed = full, m
@@ -165,12 +165,11 @@ class Scheduler:
         # admit only when the whole rest of the prompt (+1 token) fits now: chunk-by-chunk
         # allocation then rarely has to preempt a sequence that was just admitted
         whole = self.bm.blocks_needed(seq.num_tokens + 1) - len(full)
-        if whole > self.bm.num_free and self.cache is not None:
+        if whole > self.bm.num_free:
             self.cache.evict_blocks(whole)
         if whole > self.bm.num_free or not self._grow(seq, m + n):
             self.bm.decref(full)
-            if self.cache is not None:
-                self.cache.unlock(match.node)
+            self.cache.unlock(match.node)
             seq.block_table, seq.num_computed, seq.branches = [], 0, []
             return False
         if m % bs:  # copy-on-write of the partially shared tail block
@@ -197,14 +196,14 @@ class Scheduler:
         for c in plan.chunks:
             seq = c.seq
             seq.num_computed = c.end
-            if seq.node is not None and self.cache is not None:
+            if seq.node is not None:
                 self.cache.unlock(seq.node)  # snapshot restored, tail block copied: hit no longer needed
                 seq.node = None
-            if self.cache is None or c.end >= seq.prompt_len:
+            if c.end >= seq.prompt_len:
                 continue
             if seq.branches and seq.branches[0] == c.end:
                 node = self.cache.insert(seq.keys[: c.end], seq.block_table, self.pool.snapshot(seq.slot))
-                self.stats.snapshots_inserted += node.snapshot is not None
+                self.stats.snapshots_inserted += node is not None and node.snapshot is not None
                 d = self._digests.get(id(seq), {}).get(c.end)
                 if d is not None and self._in_flight.get(d) is seq:
                     del self._in_flight[d]
@@ -215,8 +214,7 @@ class Scheduler:
         if seq.slot is not None:
             self.pool.free(seq.slot)
             seq.slot = None
-        if self.cache is not None:
-            self.cache.unlock(seq.node)
+        self.cache.unlock(seq.node)
         seq.node = None
         seq.features.clear()
         for d, owner in list(self._in_flight.items()):

@@ -1,9 +1,12 @@
 """Media I/O: bytes to pixels; video decoding in a killable process.
 
 Bytes come from `vlbatch.operators.storage` (`read_bytes`: local / s3:// with retries).
-Owns `decoders` (decord default, PyAV second, behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the
-time-limited child process), `load` (`load_media` for images and videos) and the
-deterministic sample media (`samples`, `sample_images`). Submodules are imported
+Owns `image` (`load_image`: bytes -> upright RGB), `sampling` (`sample_frame_indices`,
+`group_timestamps`: which frames, and their seconds), `decoders` (decord default, PyAV second,
+behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the time-limited
+child process), `wire` (its message format), `load` (`load_media` for images and videos).
+Nothing here imports `vlbatch.operators.preprocess` (data flows media -> preprocess).
+Submodules are imported
 lazily by callers; importing this package loads nothing heavy.
 """
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """`load_media`: one entry point from a URI to pixels, for images and videos alike.
 
 Owns the choice between image and video and the glue between storage
-(`vlbatch.operators.storage.read_bytes`), the image loader of preprocessing
-(`vlbatch.operators.preprocess.image.load_image`) and the killable video decoder
+(`vlbatch.operators.storage.read_bytes`), the image loader
+(`vlbatch.operators.media.image.load_image`) and the killable video decoder
 (`vlbatch.operators.media.worker`). Errors are the same typed ones everywhere:
 `MediaError` (bad bytes, missing object), `MediaTimeoutError`, `StorageError`,
 `InputError`.
 
-Media type: the caller's `media_type` if given, else the file extension, else the
-first bytes (JPEG / PNG / GIF / WebP / BMP / TIFF signatures mean image;
-anything else is tried as video).
+Media type: the caller's `media_type` if given, else the file extension
+(`media_type_from_extension`, the one table the manifest expansion uses too), else the
+first bytes (JPEG / PNG / GIF / WebP / BMP / TIFF signatures mean image; anything else
+is tried as video). `.m4a` is MPEG-4 *audio*: no video stream to caption, so it is in
+neither table (a manifest row needs an explicit media_type for it; here its bytes are
+tried as video, and an audio-only file fails to decode with `MediaError`).
 """
 from __future__ import annotations
 
@@ -18,22 +21,38 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.media.image import load_image
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.media.worker import DecodeWorker, decode_video
 from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions, read_bytes
 from vlbatch.operators.types import VideoClip
 
-IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".jfif"}
-VIDEO_EXTENSIONS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mpg", ".mpeg", ".flv", ".3gp"}
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".jfif"})
+VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mpg", ".mpeg", ".flv",
+                              ".3gp"})
+AUDIO_EXTENSIONS = frozenset({".m4a", ".mp3", ".wav", ".aac", ".flac"})  # no picture: neither image nor video
 
 
-def media_type_of(uri: str, head: bytes) -> str:
-    """'image' or 'video' from the extension of `uri`, else from the signature in `head`."""
-    ext = PurePosixPath(uri.split("?", 1)[0]).suffix.lower()
+def extension(uri: str) -> str:
+    """The lower-case extension of `uri`'s last path segment ('' if none), query string ignored."""
+    return PurePosixPath(uri.split("?", 1)[0]).suffix.lower()
+
+
+def media_type_from_extension(uri: str) -> str | None:
+    """'image' / 'video' from the extension of `uri`; None if unknown or audio (`AUDIO_EXTENSIONS`)."""
+    ext = extension(uri)
     if ext in IMAGE_EXTENSIONS:
         return "image"
     if ext in VIDEO_EXTENSIONS:
         return "video"
+    return None
+
+
+def media_type_of(uri: str, head: bytes) -> str:
+    """'image' or 'video' from the extension of `uri`, else from the signature in `head`."""
+    by_ext = media_type_from_extension(uri)
+    if by_ext is not None:
+        return by_ext
     if head.startswith((b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM", b"II*\x00", b"MM\x00*")):
         return "image"
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
@@ -60,7 +79,5 @@ def load_media(
     data = read_bytes(uri, storage)
     kind = media_type or media_type_of(uri, data[:16])
     if kind == "image":
-        from vlbatch.operators.preprocess.image import load_image
-
         return load_image(data)
     return decode_video(data, sampling, backend=backend, timeout_s=timeout_s, worker=worker)

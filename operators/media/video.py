@@ -3,7 +3,7 @@
 Owns the decode plan shared by the in-process path and the worker process:
 1. open the container with the chosen backend; `info.frames` is the number of
    frames present in the data (not the header's claim);
-2. sample indices with `vlbatch.operators.preprocess.sample_frame_indices` over those
+2. sample indices with `vlbatch.operators.media.sampling.sample_frame_indices` over those
    frames (so indices never exceed what exists: the clamp against decord #373);
 3. stream the sampled frames; if the backend finds the stream shorter than the
    probe promised (or cannot read the file at all), PyAV decodes the file once to
@@ -29,6 +29,7 @@ import numpy as np
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.decoders import ShortVideo, VideoInfo, get_decoder
+from vlbatch.operators.media.sampling import sample_frame_indices
 from vlbatch.operators.types import VideoClip
 
 
@@ -48,8 +49,6 @@ class FrameSampling:
 
     def indices(self, info: VideoInfo) -> np.ndarray:
         """[F] int64 indices in the source's index space, within [0, info.frames)."""
-        from vlbatch.operators.preprocess.sampling import sample_frame_indices
-
         idx = sample_frame_indices(info.frames, info.fps, fps=self.fps, num_frames=self.num_frames,
                                    min_frames=self.min_frames, max_frames=self.max_frames)
         return np.clip(idx, 0, info.frames - 1)

@@ -273,7 +273,6 @@ def main(argv: list[str]) -> None:
 
     import vlbatch.operators.media.decoders.decord_backend  # noqa: F401
     import vlbatch.operators.media.decoders.pyav_backend  # noqa: F401
-    import vlbatch.operators.preprocess.sampling  # noqa: F401
 
     av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
     req, res = int(argv[1]), int(argv[2])

@@ -111,11 +111,6 @@ class VisionConfig:
         return self.hidden_size // self.num_heads
 
     @property
-    def patch_dim(self) -> int:
-        """Raw values per packed patch: C * T * P * P (1536 for 3 x 2 x 16 x 16)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size**2
-
-    @property
     def grid_side(self) -> int:
         """Side of the square learned position grid (48 for 2304 positions)."""
         return int(round(self.num_position_embeddings**0.5))

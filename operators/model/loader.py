@@ -34,6 +34,18 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.model.config import ModelConfig
 from vlbatch.operators.model.model import Qwen35Model
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # the names configs use
+
+
+def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype, or its name in `DTYPES` ("float32", "bfloat16", "float16"); ConfigError otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"unsupported dtype {dtype!r}; supported: {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 

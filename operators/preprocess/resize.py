@@ -34,8 +34,7 @@ import math
 import torch
 
 from vlbatch.operators.errors import InputError
-
-MAX_ASPECT_RATIO = 200
+from vlbatch.operators.media.image import MAX_ASPECT_RATIO
 
 
 def _aspect_error(height: int, width: int) -> InputError:

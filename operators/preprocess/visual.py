@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
+from vlbatch.operators.media.sampling import group_timestamps
 from vlbatch.operators.preprocess.config import ImageConfig, VideoConfig
 from vlbatch.operators.preprocess.patchify import patchify_into
 from vlbatch.operators.preprocess.resize import (
@@ -25,7 +26,6 @@ from vlbatch.operators.preprocess.resize import (
     smart_resize_video,
     video_max_pixels,
 )
-from vlbatch.operators.preprocess.sampling import group_timestamps
 from vlbatch.operators.types import VideoClip
 
 

@@ -22,7 +22,7 @@ from PIL import Image
 from vlbatch.devtools.scenes.images import QA, ImageScene, make_image_scene
 from vlbatch.devtools.scenes.texts import IMAGE_TASKS, VIDEO_TASKS
 from vlbatch.devtools.scenes.videos import VideoScene, encode_mp4, make_video_scene
-from vlbatch.operators.preprocess.sampling import sample_frame_indices
+from vlbatch.operators.media.sampling import sample_frame_indices
 from vlbatch.operators.types import VideoClip
 
 HELDOUT_SEED_BASE = 1_000_000_000

@@ -28,7 +28,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vlbatch.operators.errors import InputError, MediaError
-from vlbatch.operators.preprocess.resize import MAX_ASPECT_RATIO
+
+MAX_ASPECT_RATIO = 200  # the processor's limit (smart_resize refuses beyond it); checked here first
 
 # Pillow raises DecompressionBombError above twice this; we use the same figure
 # as our own, explicit default limit (about 179 megapixels).
