@@ -8,8 +8,10 @@ this machine (another user's, say) is never joined unless asked for (``--address
 Reaching it: before `ray.init` (whose connect has no useful timeout: ~20 s of retries, or
 forever on a port that accepts and never answers) the GCS address is probed: a TCP connect
 and an HTTP/2 handshake (the GCS and the Ray Client server are gRPC servers), each bounded
-by `PROBE_TIMEOUT_S`. A refused, silent or non-gRPC port, and Ray's own connect errors
-(token authentication refused, ...), become `ClusterUnreachableError` (exit 5), one line.
+by `PROBE_TIMEOUT_S`; once it passes, Ray's connect retries are cut to `JOIN_CONNECT_TRIES`
+(``RAY_gcs_server_port_wait_time_s``, unless already set). A refused, silent or non-gRPC port,
+and Ray's own connect errors (token authentication refused, ...), become
+`ClusterUnreachableError` (exit 5), one line.
 
 Noise (`quiet_ray`, the default; ``vlbatch run --verbose`` shows it): Ray's Python loggers
 print ERROR and above only, Ray Data's console handler likewise (its log file,
