@@ -13,8 +13,9 @@ install: .deps
 demo: .deps
 	$(PY) -m vlbatch.jobs.cli demo
 
-# Airflow (for tests/test_infra_airflow.py) in its own venv: its dependencies never touch ours.
-.venv-airflow/.ok: .deps infra/airflow/setup-venv.sh
+# Airflow (for tests/test_infra_airflow.py) in its own venv: its dependencies never touch ours; it
+# sees $(PY)'s packages (this project, ray) through a .pth link (infra/airflow/link_sites.py).
+.venv-airflow/.ok: .deps infra/airflow/setup-venv.sh infra/airflow/link_sites.py
 	PY=$(PY) infra/airflow/setup-venv.sh .venv-airflow
 	touch $@
 

@@ -6,7 +6,8 @@ Exit codes (also in README "Running jobs"; constants in jobs/errors.py):
   2  bad usage or an invalid config (nothing was started)
   3  duplicate: this submission id (job name + slot) was already submitted; not started again
   4  no job with this submission id on the cluster
-  5  the Ray cluster / Jobs API could not be reached
+  5  the Ray cluster (run: its GCS address; other commands: its Jobs API) could not be reached
+     or refused the connection (e.g. token authentication)
   6  another run of the same job is still running (overlap guard); not started
   7  the job was stopped before it finished
 """

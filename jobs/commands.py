@@ -93,15 +93,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     return run_local(
         args.config, args.overrides, name=args.name, address=args.address, slot=_slot(args),
-        lock_dir=Path(args.lock_dir) if args.lock_dir else None, use_lock=not args.no_lock,
+        lock_dir=Path(args.lock_dir) if args.lock_dir else None, use_lock=not args.no_lock, verbose=args.verbose,
     )
 
 
 @_guard
 def cmd_validate(args: argparse.Namespace) -> int:
-    from vlbatch.pipeline.config import load_config
+    from vlbatch.pipeline.config import check_paths, load_config
 
     config = load_config(args.config, args.overrides)
+    check_paths(config)
     if args.json:
         print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json")}, indent=2))
     else:
@@ -237,17 +238,23 @@ def _slot_args(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_job_commands(sub: argparse._SubParsersAction) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("run", help="run a job here (starts or joins a local Ray)", formatter_class=fmt,
-                       description="Run a job in this process. Rerunning the same config resumes it.")
+    p = sub.add_parser("run", help="run a job here (on a new local Ray unless an address is given)", formatter_class=fmt,
+                       description="Run a job in this process. Rerunning the same config resumes it.\n"
+                       "The first line names the Ray cluster used, the last what the run produced.\n"
+                       "An unreachable cluster, or one that refuses us, is exit 5.")
     _config_args(p)
     p.add_argument("--name", help="job name for the overlap lock (default: config file name)")
-    p.add_argument("--address", help="Ray address to join (default: $RAY_ADDRESS, a local Ray, or a new one)")
+    p.add_argument("--address", help="Ray (GCS) address to join, e.g. 10.0.0.5:6379 or auto (the Ray running on "
+                                     "this machine); default: ray.address, $RAY_ADDRESS, else a new local Ray")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's own console output (start-up messages, core-worker and Ray Data logs); by default "
+                        "it stays in Ray's log files and $TMPDIR/vlbatch/<name>.driver-stderr.log")
     p.add_argument("--lock-dir", help="folder of overlap locks (default: $VLBATCH_LOCK_DIR or ~/.cache/vlbatch/locks)")
     p.add_argument("--no-lock", action="store_true", help="do not take the per-job overlap lock")
     _slot_args(p, "run id vlb-<name>-<slot> (unless the config pins output.run_id); default: the config's own")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("validate", help="check a job config (no Ray)")
+    p = sub.add_parser("validate", help="check a job config and its local paths (no Ray)")
     _config_args(p)
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
     p.set_defaults(func=cmd_validate)

@@ -13,7 +13,7 @@ EXIT_JOB_FAILED = 1  # the job ran and failed (or exceeded max_error_fraction)
 EXIT_USAGE = 2  # bad usage or invalid config; nothing was started
 EXIT_DUPLICATE = 3  # a submission with this id (job name + slot) already exists
 EXIT_NOT_FOUND = 4  # no job with this submission id on the cluster
-EXIT_UNREACHABLE = 5  # the Ray cluster / Jobs API could not be reached
+EXIT_UNREACHABLE = 5  # the Ray cluster (GCS for `run`, Jobs API otherwise) unreachable or refusing us
 EXIT_OVERLAP = 6  # another run of the same job is still running (lock held)
 EXIT_STOPPED = 7  # the job was stopped before it finished
 
@@ -35,6 +35,8 @@ class JobNotFoundError(JobsError):
 
 
 class ClusterUnreachableError(JobsError):
+    """The Ray cluster did not answer, or refused the connection (e.g. token authentication)."""
+
     permanent = False
     exit_code = EXIT_UNREACHABLE
 

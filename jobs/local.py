@@ -1,46 +1,44 @@
 """Running a job in this process: `vlbatch run` (also the entrypoint of submitted jobs).
 
-Order of work: validate the config (no Ray), take the job's overlap lock, connect to Ray,
-run the pipeline (`vlbatch.pipeline.runner.run_job`), turn its summary into an exit code.
+Order of work: validate the config and check its local paths (no Ray), take the job's
+overlap lock, connect to Ray, run the pipeline (`vlbatch.pipeline.runner.run_job`), print
+one line saying what the run produced, turn its summary into an exit code.
 
-Which Ray: ``--address`` or the config's ``ray.address`` when set; else ``RAY_ADDRESS``
-(set by Ray for submitted jobs, so they run on their cluster); else a Ray already running
-on this machine (``address="auto"``); else a new local Ray started for this run and shut
-down with it.
+Which Ray (`vlbatch.jobs.connect`): ``--address`` or the config's ``ray.address`` when set;
+else ``RAY_ADDRESS`` (set by Ray for submitted jobs, so they run on their cluster); else a
+new local Ray started for this run and shut down with it (a Ray already running on this
+machine is joined only with ``--address auto``). The first line printed names it, e.g.
+``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
+that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
+Ray's console noise stays in its log files unless ``verbose``.
 """
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
 from vlbatch.jobs.scheduling import run_lock, submission_id
-
-
-def connect_ray(address: str | None) -> bool:
-    """Connect this process to Ray; returns True when we started a new local Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, **quiet)  # address None: Ray reads RAY_ADDRESS
-        return False
-    try:
-        ray.init(address="auto", **quiet)  # join a Ray already running on this machine
-        return False
-    except ConnectionError:
-        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, **quiet)
-        return True
 
 
 def summary_exit_code(summary: Any) -> int:
     """RunSummary -> exit code. The runner decides failure (error share over
     ``max_error_fraction``: 1, else 0); we pass its verdict on, never recompute it."""
     return EXIT_JOB_FAILED if summary.exit_code else EXIT_OK
+
+
+def summary_line(summary: Any) -> str:
+    """The run's last line: rows ok / error / skipped (committed before), where, how long."""
+    done = dict(summary.processed_by_status)
+    ok, err = done.pop("ok", 0), done.pop("error", 0)
+    other = "".join(f", {n} {k}" for k, n in sorted(done.items()))
+    line = (f"[vlbatch] done: {ok} ok, {err} error{other}, {summary.requests_skipped} skipped "
+            f"(already committed) -> {summary.output_dir.rstrip('/')}/ in {summary.elapsed_s:.1f}s")
+    if summary.exceeded_error_fraction:
+        line += (f"; error share {summary.error_fraction:.0%} > max_error_fraction "
+                 f"{summary.max_error_fraction:.0%}: failed")
+    return line
 
 
 def run_local(
@@ -52,34 +50,42 @@ def run_local(
     slot: str | None = None,
     lock_dir: Path | None = None,
     use_lock: bool = True,
+    verbose: bool = False,
 ) -> int:
-    """Run one job to completion here; raises ConfigError / OverlapError before any work.
+    """Run one job to completion here; raises ConfigError / OverlapError before any work,
+    ClusterUnreachableError before the pipeline starts.
 
     With a `slot` (cron / RayCronJob runs) the run id is ``vlb-<name>-<slot>`` unless the
     config pins one, so every retry of the same tick resumes the same output.
     """
-    from vlbatch.pipeline.config import load_config
+    from vlbatch.pipeline.config import check_paths, load_config
 
     config = load_config(config_path, list(overrides))
     job_name = name or Path(config_path).stem
     if slot is not None and not config.output.run_id:  # a scheduled run: one output per slot
         config = load_config(config_path, [*overrides, f"output.run_id={submission_id(job_name, slot)}"])
-    print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}", flush=True)
+    check_paths(config)
     if not use_lock:
-        return _run(config, address)
+        return _run(config, job_name, address, verbose)
     with run_lock(job_name, lock_dir):
-        return _run(config, address)
+        return _run(config, job_name, address, verbose)
 
 
-def _run(config: Any, address: str | None) -> int:
+def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
+    import ray
+
     from vlbatch.pipeline.runner import run_job
 
-    started = connect_ray(address or config.ray.address)
-    try:
-        summary = run_job(config)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+    with quiet_ray(job_name, verbose):
+        ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
+        if ours:
+            print(f"[vlbatch] ray: {connect(RayTarget.choose(address or config.ray.address), verbose=verbose)}",
+                  flush=True)
+        print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}", flush=True)
+        try:
+            summary = run_job(config)
+        finally:
+            if ours:
+                ray.shutdown()
+    print(summary_line(summary), flush=True)
     return summary_exit_code(summary)

@@ -6,14 +6,23 @@ validated completely before Ray starts; every problem becomes one
 for choices, the allowed values. Everything past this module uses the frozen
 `JobConfig` object (pydantic models with ``frozen=True``), never raw dicts.
 
-`load_config(path, overrides)` is the entry point used by `jobs/` and tests;
-`export_schema(path)` writes ``configs/job.schema.json`` for editors
+`load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
+local paths in the file (`model.path`, `input.uri`, `output.uri`) resolve against the config
+file's folder, so a config means the same from any working directory; ``--set`` overrides
+are taken as given (relative to the current directory), as is everything `validate_config`
+gets directly. `check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
+starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the
+model folder holds config.json, *.safetensors and tokenizer.json, and the input matches at
+least one file. s3:// and other remote URIs are left to run time (checking them needs the
+storage settings and the network). `export_schema(path)` writes ``configs/job.schema.json`` for editors
 (``python -m vlbatch.pipeline.config --schema configs/job.schema.json``).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +54,8 @@ class EngineBudgets(_Section):
 
 
 class ModelConfig(_Section):
-    path: str = Field(..., min_length=1, description="local directory of a checkpoint in the Hugging Face layout")
+    path: str = Field(..., min_length=1, description="local directory of a checkpoint in the Hugging Face layout "
+                                                     "(relative: to the config file's folder)")
     backend: Literal["engine", "transformers"] = Field(
         "engine", description="engine: our batch engine; transformers: reference generate() (slow, for baselines)"
     )
@@ -63,7 +73,8 @@ class InputColumns(_Section):
 
 
 class InputConfig(_Section):
-    uri: str = Field(..., min_length=1, description="manifest file, folder or glob; local path or s3://")
+    uri: str = Field(..., min_length=1, description="manifest file, folder or glob; local path (relative: to the "
+                                                    "config file's folder) or s3://")
     format: Literal["parquet", "jsonl", "csv", "glob"] = Field(
         "parquet", description="glob: `uri` is a glob of media files, one request set per file"
     )
@@ -159,7 +170,8 @@ class ResourcesConfig(_Section):
 
 
 class OutputConfig(_Section):
-    uri: str = Field(..., min_length=1, description="folder (local or s3://); files go to <uri>/<run_id>/")
+    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, or "
+                                                    "s3://); files go to <uri>/<run_id>/")
     run_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
@@ -185,7 +197,8 @@ class ResumeConfig(_Section):
 
 
 class RayConfig(_Section):
-    address: str | None = Field(None, description="None = start or join a local Ray; 'auto' = the running cluster")
+    address: str | None = Field(None, description="Ray (GCS) address to join; None = $RAY_ADDRESS, else a new local "
+                                                  "Ray; 'auto' = the Ray already running on this machine")
     progress_interval_s: float = Field(10.0, gt=0.0, description="log line period when not on a terminal")
     block_mb: int = Field(
         16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes whole "
@@ -289,8 +302,26 @@ def validate_config(data: dict) -> JobConfig:
         raise ConfigError(_format(e)) from None
 
 
+# (section, field) of the paths that resolve against the config file's folder when relative.
+FILE_RELATIVE_PATHS = (("model", "path"), ("input", "uri"), ("output", "uri"))
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _resolve_file_paths(data: dict, base: Path) -> None:
+    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` -> absolute under `base` (in place)."""
+    for section, key in FILE_RELATIVE_PATHS:
+        node = data.get(section)
+        value = node.get(key) if isinstance(node, dict) else None
+        if isinstance(value, str) and value and "://" not in value and not value.startswith("/"):
+            node[key] = os.path.normpath(base / value)
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
-    """Read a YAML job config, apply ``a.b=value`` overrides, validate everything."""
+    """Read a YAML job config, resolve its relative paths against its folder, apply
+    ``a.b=value`` overrides (as given), validate everything."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -302,9 +333,50 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"job config {p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"job config {p}: the top level must be a mapping of sections")
+    _resolve_file_paths(data, p.absolute().parent)
     for ov in overrides:
         apply_override(data, ov)
     return validate_config(data)
+
+
+MODEL_FILES = ("config.json", "*.safetensors", "tokenizer.json")
+
+
+def _model_problem(path: str) -> str | None:
+    p = Path(path.removeprefix("file://"))
+    if not p.exists():
+        return f"{path} does not exist"
+    if not p.is_dir():
+        return f"{path} is not a directory (expected a checkpoint folder in the Hugging Face layout)"
+    missing = [m for m in MODEL_FILES if not any(p.glob(m))]
+    if missing:
+        return f"{path} has no {', '.join(missing)} (expected a checkpoint folder in the Hugging Face layout)"
+    return None
+
+
+def _input_problem(uri: str, fmt: str) -> str | None:
+    path = uri.removeprefix("file://")
+    if fmt == "glob" or glob.has_magic(path):
+        if not any(os.path.isfile(m) for m in glob.iglob(path, recursive=True)):
+            return f"the glob {uri!r} matches no files"
+        return None
+    if os.path.isdir(path):
+        if not any(e.is_file() and not e.name.startswith((".", "_")) for e in os.scandir(path)):
+            return f"{uri} is an empty folder (no manifest files)"
+        return None
+    return None if os.path.isfile(path) else f"{uri} does not exist"
+
+
+def check_paths(config: JobConfig) -> None:
+    """Local `model.path` and `input.uri` exist and hold what the run reads, else one
+    ConfigError naming each bad field; remote URIs (s3://...) are left to run time."""
+    problems = []
+    if _is_local(config.model.path) and (why := _model_problem(config.model.path)):
+        problems.append(f"model.path: {why}")
+    if _is_local(config.input.uri) and (why := _input_problem(config.input.uri, config.input.format)):
+        problems.append(f"input.uri: {why}")
+    if problems:
+        raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
 
 
 def job_schema() -> dict:

@@ -111,3 +111,63 @@ def test_demo_inputs_match_the_demo_config(tmp_path):
     truth = demo_truth(tmp_path)
     assert len(truth) >= 8 and set(truth) <= {x["media_uri"] for x in lines}
     assert len(lines) > len(truth)  # bad media are in the manifest too
+
+
+def test_relative_paths_in_the_file_resolve_against_its_folder(tmp_path, monkeypatch):
+    sub = tmp_path / "jobs"
+    sub.mkdir()
+    p = sub / "job.yaml"
+    p.write_text("model: {path: ckpt}\ninput: {uri: ../media/*.png, format: glob}\noutput: {uri: s3://b/out}\n")
+    monkeypatch.chdir(tmp_path.parent)  # any working directory
+    cfg = load_config(p)
+    assert cfg.model.path == str(sub / "ckpt") and cfg.input.uri == str(tmp_path / "media" / "*.png")
+    assert cfg.output.uri == "s3://b/out"  # remote URIs untouched
+    over = load_config(p, ["model.path=rel/ckpt", "output.uri=out"])  # --set: as given (the cwd's)
+    assert over.model.path == "rel/ckpt" and over.output.uri == "out"
+    absolute = _yaml(tmp_path, f"model: {{path: {tmp_path}}}\ninput: {{uri: x}}\noutput: {{uri: o}}\n")
+    assert load_config(absolute).model.path == str(tmp_path) and load_config(absolute).output.uri == str(tmp_path / "o")
+
+
+def test_demo_config_finds_the_bundled_model_from_any_directory(tmp_path, monkeypatch):
+    from vlbatch.pipeline.config import check_paths
+    from vlbatch.pipeline.demo import BUNDLED_MODEL
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert Path(cfg.model.path) == BUNDLED_MODEL
+    assert Path(cfg.input.uri) == ROOT / "out" / "demo" / "media" / "manifest.jsonl"
+    with pytest.raises(ConfigError) as e:  # only the demo's media are missing until prepare_demo
+        check_paths(load_config(ROOT / "configs" / "demo.yaml", [f"input.uri={tmp_path / 'm.jsonl'}"]))
+    assert "model.path" not in str(e.value) and "input.uri" in str(e.value)
+
+
+def test_check_paths_names_each_missing_local_path(tmp_path, tiny_ckpt):
+    from vlbatch.pipeline.config import check_paths
+
+    ckpt = tiny_ckpt("dense")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"media_uri": "a.png"}\n')
+    ok = {"model": {"path": str(ckpt)}, "input": {"uri": str(manifest), "format": "jsonl"}, "output": {"uri": "o"}}
+    check_paths(validate_config(ok))
+    check_paths(validate_config({**ok, "input": {"uri": str(tmp_path), "format": "jsonl"}}))  # a folder of parts
+    check_paths(validate_config({**ok, "model": {"path": "s3://bucket/ckpt"}, "input": {"uri": "s3://b/m.parquet"}}))
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    empty = partial / "empty"
+    empty.mkdir()
+    cases = {
+        "model.path: " + str(tmp_path / "absent") + " does not exist": {"model": {"path": str(tmp_path / "absent")}},
+        "is not a directory": {"model": {"path": str(manifest)}},
+        "has no *.safetensors, tokenizer.json": {"model": {"path": str(partial)}},
+        f"input.uri: {tmp_path / 'gone.jsonl'} does not exist": {"input": {"uri": str(tmp_path / "gone.jsonl")}},
+        "input.uri: the glob": {"input": {"uri": str(tmp_path / "*.mp4"), "format": "glob"}},
+        "is an empty folder": {"input": {"uri": str(empty), "format": "parquet"}},
+    }
+    for want, patch in cases.items():
+        with pytest.raises(ConfigError) as e:
+            check_paths(validate_config({**ok, **patch}))
+        assert want in str(e.value), (want, str(e.value))
+    with pytest.raises(ConfigError) as e:  # every bad field at once
+        check_paths(validate_config({**ok, "model": {"path": str(partial)}, "input": {"uri": str(tmp_path / "g*")}}))
+    assert "model.path:" in str(e.value) and "input.uri:" in str(e.value)

@@ -1,8 +1,8 @@
 """The Airflow DAG (infra/airflow) under real Airflow (`dag.test()`), against the local Ray head.
 
 Airflow runs from its own virtualenv (`.venv-airflow`, made by `make test` or by this
-module through infra/airflow/setup-venv.sh) in a subprocess, with a throwaway AIRFLOW_HOME
-(sqlite metadata DB migrated here). Checks: a slot whose first attempt was stopped is
+module through infra/airflow/setup-venv.sh, linked to this interpreter's site-packages) in a
+subprocess, with a throwaway AIRFLOW_HOME (sqlite metadata DB migrated here). Checks: a slot whose first attempt was stopped is
 resumed by the DAG run (same submission id root, same run id) and produces the job's
 complete Parquet output; a failing job fails the task and the run.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,12 @@ SLOT = "20261129T0200"
 
 
 def _airflow_python() -> Path:
+    """The venv's python, made (~35 s) or refreshed (a second) the way `make test` does, with
+    this interpreter as $PY so that the Airflow task imports this checkout's vlbatch."""
     venv = Path(os.environ.get("VLBATCH_AIRFLOW_VENV", REPO / ".venv-airflow"))
-    py = venv / "bin" / "python"
-    if not py.exists():  # standalone pytest run: create it the way `make test` does (~35 s)
-        subprocess.run([str(DAG_DIR / "setup-venv.sh"), str(venv)], check=True, cwd=REPO)
-    return py
+    subprocess.run([str(DAG_DIR / "setup-venv.sh"), str(venv)], check=True, cwd=REPO,
+                   env=dict(os.environ, PY=sys.executable))
+    return venv / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
