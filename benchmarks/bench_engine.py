@@ -20,7 +20,8 @@ the [DeltaNet x3, attention] pattern; `make_tiny_checkpoint` overrides) unless
 (c) peak RSS of this process after the engine runs (before the reference loads), KV bytes
     per token, DeltaNet state bytes per sequence.
 Linear layers (every `F.linear` call, which both models make for all their projections) are
-timed inside each (a) run: the engine's own linear-layer seconds bound what any engine can
+timed inside each (a) run, and the engine's run is split by phase (`phases.py`: prefill delta
+rule, decode state, attention, matmuls, python / host): the engine's own linear-layer seconds bound what any engine can
 reach on this CPU, so the ceiling printed is reference seconds / engine linear seconds.
 Times are process CPU seconds (`time.process_time`, stable on a shared machine; equal to
 wall time for one thread on an idle one); wall seconds are printed beside them.
@@ -37,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks.phases import PhaseTimer
 
 BENCH_TEXT = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
                   num_key_value_heads=2, head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64,
@@ -113,11 +116,14 @@ def _requests(proc, ref, texts, media, kind, new_tokens, prefix):
 
 
 def _engine_run(ckpt, reqs, prof, timer=None, **kw):
+    """`timer`: a `LinearTimer`, or a `phases.PhaseTimer` (installed in the engine first)."""
     from contextlib import nullcontext
 
     from vlbatch.operators.engine.engine import Engine
 
     engine = Engine.from_pretrained(ckpt, **kw)
+    if isinstance(timer, PhaseTimer):
+        timer.install(engine)
     if prof is not None:
         prof.enable()
     with timer or nullcontext():
@@ -198,16 +204,17 @@ def main(argv=None) -> int:
         budgets = dict(kv_budget_bytes=64 << 20, prefix_cache_bytes=64 << 20, max_num_seqs=64,
                        max_num_batched_tokens=4096)
 
-        prof = cProfile.Profile() if args.profile else None
+        prof = cProfile.Profile(time.process_time) if args.profile else None  # CPU time: the machine may be shared
         if do_a:  # (a) captioning: engine
-            eng_linear = LinearTimer()
-            engine, res, cpu, wall = _engine_run(ckpt, cap_reqs, prof, eng_linear, **budgets)
+            phases = PhaseTimer()
+            engine, res, cpu, wall = _engine_run(ckpt, cap_reqs, prof, phases, **budgets)
             gen = sum(r.generated_tokens for r in res)
             eng_tps = gen / cpu
             print(f"\n(a) {args.requests} captions x {args.new_tokens} tokens "
                   f"(prompts {min(r.prompt_len for r in cap_reqs)}-{max(r.prompt_len for r in cap_reqs)} tokens)")
             print(f"  engine:        {gen} tokens in {cpu:.1f} s cpu ({wall:.1f} s wall): {eng_tps:.1f} tok/s; "
-                  f"linear layers {eng_linear.seconds:.1f} s")
+                  f"linear layers {phases.seconds['matmuls']:.1f} s")
+            print(f"  engine phases (cpu):\n{phases.split(cpu)}")
 
         if do_b:  # (b) video QA: caches on vs off
             on, res_on, cpu_on, wall_on = _engine_run(ckpt, vqa_reqs, prof, **budgets)
@@ -229,7 +236,7 @@ def main(argv=None) -> int:
                     best, best_cpu = tot / rcpu, rcpu
             print(f"  ratio engine / best transformers: {eng_tps / best:.2f}x")
             print(f"  ceiling (best reference cpu / the engine's linear-layer cpu, i.e. an engine whose only "
-                  f"cost were its matmuls): {best_cpu / eng_linear.seconds:.2f}x")
+                  f"cost were its matmuls): {best_cpu / phases.seconds['matmuls']:.2f}x")
 
         if do_b:
             print(f"\n(b) {args.videos} videos x {args.questions} questions, {args.video_new_tokens} new tokens each "

@@ -2,7 +2,7 @@
 per-sequence states, in-place decode).
 
 Implementations: `torch_rule.TorchDeltaRule` (every device; built on `packed.py` and
-`chunked.py`), `fla_rule.FlaDeltaRule` (flash-linear-attention's Triton kernels, CUDA) and
+`chunked.py`, and on the CPU the compiled decode step of `cpu_decode.py`), `fla_rule.FlaDeltaRule` (flash-linear-attention's Triton kernels, CUDA) and
 `naive.NaiveDeltaRule` (the seed's loop, the test reference).
 
 `select_delta_rule(device, choice)` is called once by `load_model`: "torch" always works;
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.kernels.delta_rule import cpu_decode
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 from vlbatch.operators.kernels.delta_rule.fla_rule import FlaDeltaRule, fla_installed, fla_kernels
 from vlbatch.operators.kernels.delta_rule.naive import NaiveDeltaRule
@@ -32,6 +33,8 @@ def select_delta_rule(device: str | torch.device, choice: str = "auto") -> Delta
         raise ConfigError(f"delta_kernels={choice!r}; allowed: {', '.join(CHOICES)}")
     on_cuda = torch.device(device).type == "cuda"
     if choice == "torch" or (choice == "auto" and not (on_cuda and fla_installed())):
+        if torch.device(device).type == "cpu":
+            cpu_decode.warm_up()  # at load, not in the first decode step
         return TorchDeltaRule()
     if not on_cuda:
         raise ConfigError(f"delta_kernels='fla' needs a CUDA device, the model is on {device}")

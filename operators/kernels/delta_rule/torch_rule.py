@@ -1,10 +1,12 @@
 """The torch kernels of the gated delta rule (every device): the packed chunked rule for
-prefill (`packed.py`) and the in-place recurrent step for decode (`chunked.py`)."""
+prefill (`packed.py`) and the in-place recurrent step for decode (`chunked.py`; on the CPU
+its compiled one-pass twin, `cpu_decode.py`, whenever the state allows)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+from vlbatch.operators.kernels.delta_rule import cpu_decode
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 from vlbatch.operators.kernels.delta_rule.chunked import recurrent_gated_delta_rule_
 from vlbatch.operators.kernels.delta_rule.packed import chunk_gated_delta_rule_packed
@@ -26,4 +28,6 @@ class TorchDeltaRule(DeltaRuleKernels):
         return chunk_gated_delta_rule_packed(q, k, v, g, beta, state, lens, self.chunk_size)
 
     def decode_(self, q, k, v, g, beta, state):
+        if cpu_decode.usable(state):
+            return cpu_decode.decode_step_cpu_(q, k, v, g, beta, state)
         return recurrent_gated_delta_rule_(q, k, v, g, beta, state)

@@ -1,0 +1,100 @@
+"""Where an engine run's CPU time goes, by phase (benchmarks only: nothing in the product
+times itself).
+
+`PhaseTimer.install(engine)` wraps the engine's own kernel objects, the gated delta rule of
+every DeltaNet layer (`Qwen35Model.use_delta_kernels`) and the runner's paged attention,
+in timing twins that add `time.process_time()` deltas around each call; within `with`,
+`torch.nn.functional.linear` (every projection, the vision tower's and the LM head's too)
+is timed the same way. `split(total)` is the per-phase table; "python / host" is the rest
+of `total`: norms, activations, the causal conv, embeddings, sampling, scheduling, Python.
+The phases are disjoint: none of the timed calls calls another.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch.nn.functional as F
+
+from vlbatch.operators.kernels.attention.base import PagedAttention
+from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
+
+PHASES = ("prefill delta rule", "decode state", "attention", "matmuls")
+
+
+class PhaseTimer:
+    """CPU seconds per phase (`PHASES`) of the engines it is installed in, while entered."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.calls = dict.fromkeys(PHASES, 0)
+
+    def add(self, phase: str, start: float) -> None:
+        self.seconds[phase] += time.process_time() - start
+        self.calls[phase] += 1
+
+    def install(self, engine) -> None:
+        engine.runner.attention = TimedAttention(engine.runner.attention, self)
+        kernels = {m.kernels for m in engine.model.modules() if isinstance(getattr(m, "kernels", None),
+                                                                          DeltaRuleKernels)}
+        if len(kernels) != 1:
+            raise ValueError(f"expected one delta rule implementation in the model, found {len(kernels)}")
+        engine.model.use_delta_kernels(TimedDeltaRule(kernels.pop(), self))
+
+    def __enter__(self):
+        self._linear = linear = F.linear
+
+        def timed(*args, **kwargs):
+            start = time.process_time()
+            out = linear(*args, **kwargs)
+            self.add("matmuls", start)
+            return out
+
+        F.linear = timed
+        return self
+
+    def __exit__(self, *exc):
+        F.linear = self._linear
+
+    def split(self, total: float) -> str:
+        """One line per phase: seconds, share of `total`, calls; then the rest (python / host)."""
+        rows = [(p, self.seconds[p], f"{self.calls[p]} calls") for p in PHASES]
+        rows.append(("python / host", total - sum(self.seconds.values()), "the rest"))
+        return "\n".join(f"    {name:<20} {s:6.2f} s  {100 * s / total:5.1f}%  ({note})" for name, s, note in rows)
+
+
+@dataclass(frozen=True, eq=False)
+class TimedDeltaRule(DeltaRuleKernels):
+    """`inner`'s prefill and decode_, timed into `timer`."""
+
+    inner: DeltaRuleKernels
+    timer: PhaseTimer
+    name: ClassVar[str] = "timed"
+
+    def prefill(self, q, k, v, g, beta, state, lens):
+        start = time.process_time()
+        out = self.inner.prefill(q, k, v, g, beta, state, lens)
+        self.timer.add("prefill delta rule", start)
+        return out
+
+    def decode_(self, q, k, v, g, beta, state):
+        start = time.process_time()
+        out = self.inner.decode_(q, k, v, g, beta, state)
+        self.timer.add("decode state", start)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class TimedAttention(PagedAttention):
+    """`inner`'s paged attention, timed into `timer`."""
+
+    inner: PagedAttention
+    timer: PhaseTimer
+    name: ClassVar[str] = "timed"
+
+    def __call__(self, layout, k_cache, v_cache, q, k, v, rows=None):
+        start = time.process_time()
+        out = self.inner(layout, k_cache, v_cache, q, k, v, rows)
+        self.timer.add("attention", start)
+        return out

@@ -1,0 +1,78 @@
+"""The gated delta rule's decode step on the CPU as one compiled pass over the state (numba).
+
+`decode_step_cpu_(q, k, v, g, beta, state)` is `chunked.recurrent_gated_delta_rule_` (the
+torch step, its reference beside it; both are tested against `naive.NaiveDeltaRule`) with
+the same algebra per (sequence, head):
+
+    r_q = S^T q,  r_k = S^T k              one read of S [K, V] (16 KiB at K = V = 64: L1)
+    d = beta (v - exp(g) r_k);  o = exp(g) r_q + (q . k) d
+    S = exp(g) S + k d^T                   written while S is still in L1
+
+so the state crosses memory once (read + write) instead of the three passes of the torch
+step, and no [B, H, K, V] temporary exists. `usable(state)` says when it applies (a
+float32 C-contiguous CPU state); the torch step serves every other case.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+
+def usable(state: torch.Tensor) -> bool:
+    """The compiled step reads and writes `state` [B, H, K, V] in place through numpy: CPU,
+    float32, C-contiguous (a pool slice or a gathered copy is; a strided view is not)."""
+    return state.device.type == "cpu" and state.dtype == torch.float32 and state.is_contiguous()
+
+
+def warm_up() -> None:
+    """Load (or, the first time on a machine, compile and cache) the compiled step: ~1 s
+    that `select_delta_rule` spends at model load rather than on the first decode."""
+    decode_step_cpu_(*(torch.zeros(1, 1, 1) for _ in range(3)), torch.zeros(1, 1), torch.zeros(1, 1),
+                     torch.zeros(1, 1, 1, 1))
+
+
+def decode_step_cpu_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor) -> torch.Tensor:
+    """One decode token per sequence: q, k [B, H, K], v [B, H, V], g, beta [B, H]; state
+    [B, H, K, V] (`usable`) is overwritten with the state after the token. Returns o
+    [B, H, V] in v's dtype."""
+    b, h, dk, dv = state.shape
+
+    def flat(x, *shape):  # small inputs: float32, contiguous, [B * H, *]
+        return x.detach().to(torch.float32).contiguous().view(b * h, *shape).numpy()
+
+    out = torch.empty(b * h, dv, dtype=torch.float32)
+    _step_kernel(flat(q, dk), flat(k, dk), flat(v, dv), flat(g), flat(beta), state.detach().view(b * h, dk, dv).numpy(),
+                 out.numpy())
+    return out.view(b, h, dv).to(v.dtype)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _step_kernel(q, k, v, g, beta, state, out):  # pragma: no cover - compiled
+    """q, k [N, K], v [N, V], g, beta [N], state [N, K, V] (in place), out [N, V]; float32."""
+    n_rows, dk, dv = state.shape
+    r_q = np.empty(dv, np.float32)
+    r_k = np.empty(dv, np.float32)
+    delta = np.empty(dv, np.float32)
+    for n in range(n_rows):
+        s = state[n]
+        r_q[:] = 0.0
+        r_k[:] = 0.0
+        qk = np.float32(0.0)
+        for i in range(dk):  # rows of S: the inner loop runs along V, contiguous (vectorised)
+            qi, ki = q[n, i], k[n, i]
+            qk += qi * ki
+            for j in range(dv):
+                r_q[j] += s[i, j] * qi
+                r_k[j] += s[i, j] * ki
+        a = np.exp(g[n])
+        bt = beta[n]
+        for j in range(dv):
+            d = (v[n, j] - r_k[j] * a) * bt
+            delta[j] = d
+            out[n, j] = r_q[j] * a + qk * d
+        for i in range(dk):
+            ki = k[n, i]
+            for j in range(dv):
+                s[i, j] = s[i, j] * a + ki * delta[j]
