@@ -4,8 +4,15 @@ One manifest row (a media) becomes one `MediaTask` holding all of its requests: 
 caption request (task.mode=caption) or one request per question (task.mode=questions).
 Request ids hash only run-independent inputs (media uri, request index, prompt), so a
 rerun of the same job recomputes the same ids and resume can skip committed ones.
-A row that cannot form a request (unknown media type, no questions) becomes an error
-row (`InputError`) with one request, never a silent drop.
+A row that cannot form a request (a null or empty media_uri, unknown media type, no
+questions) becomes an error row (`InputError`) with one request, never a silent drop; it
+keeps the manifest's value (null stays null, "" stays "").
+
+Identical requests (same id: same media uri, request index and prompt) run once:
+`drop_duplicates` keeps the first and counts the rest. The set of ids it remembers is the
+caller's: the runner keeps one per expansion batch (one Ray Data block of the manifest), so
+memory is bounded by a block, and duplicates in different blocks are not caught there (the
+summary's `duplicate_ids` still counts those in the output).
 """
 from __future__ import annotations
 
@@ -20,9 +27,11 @@ from vlbatch.pipeline.rows import MediaTask
 MEDIA_TYPES = ("image", "video")
 
 
-def request_id(media_uri: str, request_index: int, prompt: str) -> str:
-    """32 hex chars of sha256 over (uri, index, prompt); stable across runs and machines."""
-    h = hashlib.sha256(f"{media_uri}\x1f{request_index}\x1f{prompt}".encode())
+def request_id(media_uri: str | None, request_index: int, prompt: str) -> str:
+    """32 hex chars of sha256 over (uri, index, prompt); stable across runs and machines.
+    A null uri hashes as NUL (no URI is), not as the string 'None'."""
+    uri = "\x00" if media_uri is None else media_uri
+    h = hashlib.sha256(f"{uri}\x1f{request_index}\x1f{prompt}".encode())
     return h.hexdigest()[:32]
 
 
@@ -56,15 +65,19 @@ def _questions(raw, task: TaskConfig) -> list[str]:
     return [str(q) for q in raw if q is not None and str(q).strip()]
 
 
-def expand(media_uri: str, media_type: str | None, questions, task: TaskConfig) -> MediaTask:
-    """One manifest row -> its MediaTask (all requests, none filtered)."""
+def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, InputError | None]:
+    if media_uri is None or not media_uri.strip():
+        what = "null" if media_uri is None else "empty"
+        return "unknown", InputError(f"media_uri is {what} in the manifest (input.columns.media)")
     try:
-        kind = infer_media_type(media_uri, media_type)
+        return infer_media_type(media_uri, media_type), None
     except InputError as e:
-        kind = "unknown"
-        err: InputError | None = e
-    else:
-        err = None
+        return "unknown", e
+
+
+def expand(media_uri: str | None, media_type: str | None, questions, task: TaskConfig) -> MediaTask:
+    """One manifest row -> its MediaTask (all requests, none filtered)."""
+    kind, err = _media_kind(media_uri, media_type)
     if task.mode == "caption":
         prompt = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
         prompts = [prompt]
@@ -88,3 +101,22 @@ def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None
     pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
     return MediaTask(row.media_uri, row.media_type, pick(row.ids), pick(row.request_indices), pick(row.prompts),
                      row.status, row.error_type, row.error_message)
+
+
+def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[MediaTask], int]:
+    """`rows` without the requests whose id is in `seen` or came earlier (the first one stays),
+    and the number of requests dropped; `seen` gains every id."""
+    out, dropped = [], 0
+    for row in rows:
+        kept = pending(row, seen)
+        dropped += len(row.ids) - (0 if kept is None else len(kept.ids))
+        seen.update(row.ids)
+        if kept is not None:
+            out.append(kept)
+    return out, dropped
+
+
+def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> tuple[list[MediaTask], int]:
+    """[(uri, media_type, questions)] -> (pending MediaTasks, duplicate requests dropped)."""
+    rows = (pending(expand(uri, mtype, qs, task), done) for uri, mtype, qs in records)
+    return drop_duplicates((r for r in rows if r is not None), set())

@@ -1,7 +1,9 @@
 """`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to the committed output.
 
-    manifest (read_parquet/json/csv or a glob)             Ray read tasks
+    manifest (parquet/json/csv or a glob)                  Ray read tasks (fractional CPUs; never 1-CPU tasks
+                                                           once the pools hold the cluster, see manifest.py)
       -> expand to requests, drop committed ids (resume)   tasks; streamed into the graph on a fresh run,
+         and identical requests within a block (once)
                                                            materialised (and counted) first on a resumed one
       -> decode: bytes -> frames                           actor pool (CPU), killable subprocess
       -> preprocess: frames -> pixel values + tokens       actor pool (CPU); with
@@ -13,7 +15,13 @@ Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Par
 files and `_summary.json` beside them). Only the sink contract is used here
 (`vlbatch.operators.sink.base`): before the graph starts its committed index is read:
 committed ok / permanent-error rows are skipped, transient error rows purged and redone.
-After it finishes the index is read again to count the whole run (all attempts).
+After it finishes the index is read again to count the whole run (all attempts), and the
+sink's `finish()` drops what the commits left behind (an empty `_tmp/`).
+
+Start-up refuses what would fail later: an output bucket that does not exist
+(`write_stage.check_output`, ConfigError naming output.uri; buckets are never created) and,
+on a local Ray of fixed size, actor pools that cannot all start (`check_cpus_fit`,
+ConfigError naming resources).
 """
 from __future__ import annotations
 
@@ -31,9 +39,9 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.progress import Progress
-from vlbatch.pipeline.requests import expand, pending
+from vlbatch.pipeline.requests import expand_all
 from vlbatch.pipeline.rows import MediaTask, to_table
-from vlbatch.pipeline.write_stage import open_sink
+from vlbatch.pipeline.write_stage import check_output, open_sink
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -51,7 +59,9 @@ class RunSummary:
     committed_by_status: dict = field(default_factory=dict)  # the whole run directory, after this call
     committed_total: int = 0
     purged_transient: int = 0
-    duplicate_ids: int = 0
+    duplicate_ids: int = 0  # ids committed more than once (duplicates in different manifest blocks)
+    duplicates_dropped: int | None = 0  # identical requests run once, not again (this call; None: not counted
+    # before the run ended)
     elapsed_s: float = 0.0
     rows_per_s: float = 0.0  # this call's rows / elapsed since the graph started (start-up included)
     time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch
@@ -84,13 +94,14 @@ class RunSummary:
 
 
 def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Table:
-    rows = []
-    for uri, mtype, qs in zip(*(batch.column(c).to_pylist() for c in ("media_uri", "media_type", "questions")),
-                              strict=True):
-        r = pending(expand(uri, mtype, qs, cfg.task), done)
-        if r is not None:
-            rows.append(r)
-    return to_table(rows, MediaTask)
+    """One manifest block -> its pending MediaTask rows, identical requests once (the ids of one
+    block are remembered, so memory is bounded by the block); `duplicates_dropped` (an extra
+    column the stages ignore) holds the count on the first row, for `count_pending`."""
+    records = zip(*(batch.column(c).to_pylist() for c in ("media_uri", "media_type", "questions")), strict=True)
+    rows, dropped = expand_all(records, cfg.task, done)
+    table = to_table(rows, MediaTask)
+    counts = [dropped] + [0] * (len(rows) - 1) if rows else []
+    return table.append_column(DUPLICATES_COLUMN, pa.array(counts, pa.int64()))
 
 
 # CPUs per read / expand task when they stream into the graph beside the actor pools (which
@@ -101,19 +112,25 @@ def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Tab
 STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
 
 
+DUPLICATES_COLUMN = "duplicates_dropped"
+
+
 def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None, concurrency: int | None = None):
     """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped)."""
     from vlbatch.pipeline.manifest import read_manifest, task_pool
 
     return read_manifest(cfg, num_cpus=num_cpus, concurrency=concurrency).map_batches(
-        _expand_batch, batch_format="pyarrow", num_cpus=num_cpus, compute=task_pool(concurrency),
+        _expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),
         fn_kwargs={"cfg": cfg, "done": done})
 
 
-def count_requests(tasks_ds) -> int:
-    """Requests in a dataset of MediaTask rows."""
-    return sum(int(pc.sum(pc.list_value_length(b["ids"])).as_py() or 0)
-               for b in tasks_ds.iter_batches(batch_format="pyarrow", batch_size=4096))
+def count_pending(tasks_ds) -> tuple[int, int]:
+    """(requests, duplicate requests dropped) of a dataset of expanded MediaTask rows."""
+    requests = dropped = 0
+    for b in tasks_ds.iter_batches(batch_format="pyarrow", batch_size=4096):
+        requests += int(pc.sum(pc.list_value_length(b["ids"])).as_py() or 0)
+        dropped += int(pc.sum(b[DUPLICATES_COLUMN]).as_py() or 0)
+    return requests, dropped
 
 
 class Counter:
@@ -174,16 +191,23 @@ def model_gpus(cfg: JobConfig) -> float:
     return want
 
 
-def warn_if_cpus_do_not_fit(cfg: JobConfig, cluster_cpus: float) -> None:
-    """Log when the actor pools at their minimum sizes need more CPUs than the cluster has:
-    a pool that cannot start (the writer, say) waits until another shrinks, so nothing is
-    committed (no progress, no resume point) until the stages before it are done."""
+def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> None:
+    """The actor pools at their minimum sizes, plus the streamed manifest read, against the
+    cluster's CPUs. A pool that cannot start waits until another shrinks, so nothing is
+    committed (no progress, no resume point) or, when the read cannot run either, nothing
+    moves at all. On a cluster of fixed size (a local Ray) that is refused (`ConfigError`
+    naming resources); a remote cluster may add nodes, so there it is one warning line."""
     r = cfg.resources
     pools = [r.preprocess] if r.fuse_cpu_stages else [r.decode, r.preprocess]
-    need = sum(p.num_cpus * p.min_actors for p in [*pools, r.model, r.write])
-    if cluster_cpus and need > cluster_cpus:
-        log.warning("the actor pools at min_actors need %.2f CPUs but the cluster has %.2f: later stages wait "
-                    "for earlier ones to finish; lower resources.*.num_cpus or min_actors", need, cluster_cpus)
+    need = sum(p.num_cpus * p.min_actors for p in [*pools, r.model, r.write]) + STREAMED_EXPAND["num_cpus"]
+    if not cluster_cpus or need <= cluster_cpus:
+        return
+    what = (f"resources: the actor pools at min_actors and the manifest read need {need:.2f} CPUs but the "
+            f"cluster has {cluster_cpus:.2f}")
+    if fixed_size:
+        raise ConfigError(f"{what}; lower resources.*.num_cpus or min_actors")
+    log.warning("%s: later stages wait for earlier ones to finish (unless the cluster adds nodes); lower "
+                "resources.*.num_cpus or min_actors", what)
 
 
 def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
@@ -203,7 +227,7 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
             kw["memory"] = int(stage.memory_gb * 2**30)
         return kw
 
-    warn_if_cpus_do_not_fit(cfg, ray.cluster_resources().get("CPU", 0.0))
+    check_cpus_fit(cfg, ray.cluster_resources().get("CPU", 0.0), fixed_size=cfg.ray.address is None)
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
         ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
                                   batch_format="pyarrow", **pool(r.preprocess))
@@ -227,6 +251,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     t0 = time.monotonic()
     run_id = cfg.resolved_run_id()
     run_uri = join(cfg.output.uri.rstrip("/"), run_id)
+    check_output(cfg)  # a missing bucket: ConfigError now, never a new bucket
     sink = open_sink(cfg, run_uri)
     sink.prepare()
     index = sink.index()
@@ -241,10 +266,10 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     counter = None
     if done:  # resuming: count what is left first, and start nothing when that is nothing
         tasks_ds = expanded(cfg, done).materialize()
-        pending_n = count_requests(tasks_ds)
+        pending_n, dropped = count_pending(tasks_ds)
     else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
         tasks_ds = expanded(cfg, done, **STREAMED_EXPAND)
-        pending_n = None
+        pending_n = dropped = None
     t_graph = time.monotonic()
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
     if pending_n is None or pending_n:
@@ -252,12 +277,17 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         for stats in build_graph(cfg, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
                                                                               prefetch_batches=0):
             if pending_n is None and counter is None:  # the total for the ETA, counted off the start-up path
-                counter = Counter(lambda: count_requests(expanded(cfg, done, **STREAMED_EXPAND)))
-            elif counter is not None and progress.total is None:
-                progress.total = counter.result()
+                counter = Counter(lambda: count_pending(expanded(cfg, done, **STREAMED_EXPAND)))
+            elif counter is not None and progress.total is None and counter.result() is not None:
+                progress.total = counter.result()[0]
             progress.update(stats)
     if counter is not None:
-        counter.abandon()  # its value is not needed: the graph's stats rows already counted every request
+        counter.abandon()  # the graph's stats rows counted every request; the count gives the duplicates
+        dropped = None if counter.result() is None else counter.result()[1]
+        if dropped is None:
+            log.warning("the duplicate requests dropped were not counted before the run ended")
+    elif dropped is None:  # nothing reached the writer: no duplicate was dropped either
+        dropped = 0
     if pending_n is None:  # the graph completed: every pending request gave one stats row
         pending_n = progress.total = progress.done
     progress.tick(final=True)
@@ -269,7 +299,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         run_id=run_id, output_dir=run_uri, requests_pending=pending_n, requests_skipped=len(done),
         processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
-        duplicate_ids=after.duplicate_ids, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
+        duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
         visual_tokens_per_s=rates["visual_tokens_per_s"],
         time_to_first_row_s=rates["time_to_first_row_s"], steady_rows_per_s=rates["steady_rows_per_s"],
         expand_s=round(t_graph - t_expand, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
@@ -278,5 +308,6 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
         max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files),
         stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()})
     sink.write_summary(summary.to_json())
+    sink.finish()
     return summary
 

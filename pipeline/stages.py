@@ -18,7 +18,6 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from vlbatch.operators.errors import InputError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
 
@@ -75,11 +74,9 @@ class DecodeStage:
         from vlbatch.operators.storage import read_bytes
 
         t0 = time.perf_counter()
-        data = read_bytes(row.media_uri, self.storage)
         limit = self.cfg.image.max_bytes if row.media_type == "image" else self.cfg.video.max_bytes
-        if len(data) > limit:
-            raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {row.media_type}.max_bytes "
-                             f"limit of {limit}")
+        # the size is checked before reading, and at most limit + 1 bytes are read (InputError over it)
+        data = read_bytes(row.media_uri, self.storage, max_bytes=limit, limit_name=f"{row.media_type}.max_bytes")
         if row.media_type == "image":
             from vlbatch.operators.media.image import load_image
 

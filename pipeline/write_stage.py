@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.sink import OutputRow, ParquetSink, Sink, Timings, rows_to_table
+from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, from_table
 
@@ -40,6 +42,20 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
             prompt_tokens=g.prompt_tokens[i], visual_tokens=g.visual_tokens or None,
             generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings))
     return out
+
+
+def check_output(cfg: JobConfig) -> None:
+    """Before any work: the bucket of an object-store `output.uri` must exist (`ConfigError`
+    naming output.uri otherwise). Nothing ever creates a bucket: a typo in output.uri must not
+    make a new one. An unreachable endpoint is `StorageError` after the retries."""
+    storage = cfg.storage.options()
+    fs, path = filesystem(cfg.output.uri, storage)
+    if not is_object_store(fs):
+        return
+    bucket = path.split("/", 1)[0]
+    if not bucket_exists(fs, bucket, storage):
+        raise ConfigError(f"output.uri: the bucket {bucket!r} of {cfg.output.uri!r} does not exist (or these "
+                          "credentials cannot see it); buckets are never created: create it, or fix output.uri")
 
 
 def open_sink(cfg: JobConfig, run_uri: str) -> Sink:

@@ -140,18 +140,18 @@ def test_progress_steady_rate_excludes_start_up():
 
 
 def test_cpu_fit_warning(tmp_path, caplog):
-    from vlbatch.pipeline.runner import warn_if_cpus_do_not_fit
+    from vlbatch.pipeline.runner import check_cpus_fit
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     res = {"preprocess": {"num_cpus": 0.5}, "decode": {"num_cpus": 0.5}, "model": {"num_cpus": 1}}
     fused = validate_config({**base, "resources": {**res, "write": {"num_cpus": 0.25}}})
     assert fused.resources.fuse_cpu_stages  # the default
     with caplog.at_level(logging.WARNING, logger="vlbatch.pipeline"):
-        warn_if_cpus_do_not_fit(fused, 2.0)  # 0.5 + 1 + 0.25
+        check_cpus_fit(fused, 2.0, fixed_size=False)  # 0.5 + 1 + 0.25 + 0.05 (the read)
         assert not caplog.records
         split = validate_config({**base, "resources": {**res, "fuse_cpu_stages": False}})
-        warn_if_cpus_do_not_fit(split, 2.0)  # 0.5 + 0.5 + 1 + 0.25
-        assert "2.25 CPUs" in caplog.text
+        check_cpus_fit(split, 2.0, fixed_size=False)  # 0.5 + 0.5 + 1 + 0.25 + 0.05
+        assert "2.30 CPUs" in caplog.text
 
 
 def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):

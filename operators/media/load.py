@@ -69,14 +69,16 @@ def load_media(
     backend: str = "decord",
     timeout_s: float = 60.0,
     worker: DecodeWorker | None = None,
+    max_bytes: int | None = None,
 ) -> np.ndarray | VideoClip:
     """An image `[H, W, 3]` uint8 or a `VideoClip` for the media at `uri`.
 
     Pass a long-lived `worker` when loading many videos (one child process reused).
+    `max_bytes`: a larger file is an `InputError`, found before it is read (`read_bytes`).
     """
     if media_type not in (None, "image", "video"):
         raise ConfigError(f"media_type must be 'image' or 'video', got {media_type!r}")
-    data = read_bytes(uri, storage)
+    data = read_bytes(uri, storage, max_bytes=max_bytes)
     kind = media_type or media_type_of(uri, data[:16])
     if kind == "image":
         return load_image(data)

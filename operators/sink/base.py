@@ -19,6 +19,10 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
   rows that the next `index()` / `purge()` resolve the same way. Returns the rows removed.
 - `read() -> pa.Table`: every committed row, sorted by id.
 - `write_summary(text)`: the run summary (JSON) beside the output, written atomically.
+- `finish()`: called once at the end of a run, after the summary: drop what the commits left
+  behind that is not output (an empty temp folder); never a committed row. Default: nothing.
+- Nothing here creates a bucket: on an object store "directories" need no creation, and a
+  missing bucket is the caller's config error (`vlbatch.pipeline.write_stage.check_output`).
 
 A new sink (Lance, Iceberg) is one new file in `operators/sink/` with a subclass, named in
 `vlbatch.pipeline.write_stage.open_sink` and in the contract test's list of sink classes.
@@ -108,3 +112,7 @@ class Sink(ABC):
 
     @abstractmethod
     def write_summary(self, text: str) -> None: ...
+
+    def finish(self) -> None:
+        """End of the run (module docstring); nothing to do by default."""
+        return None

@@ -5,7 +5,8 @@ Layout: `<run uri>/part-<hash>.parquet` (zstd), `_summary.json` beside them, tem
 the same rows lands on the same name (an idempotent overwrite, never a second copy). A part
 appears whole or not at all (`vlbatch.operators.storage.put_atomic`: one PUT on S3; temp file
 + `os.replace` locally); leftover `_tmp` files of a killed writer are ignored by readers and
-removed by `prepare()`. Every storage call follows the one retry policy (`operators/storage`).
+removed by `prepare()`; an empty `_tmp/` is removed by `finish()`. On an object store no
+directory (and never a bucket) is created: keys need no parent. Every storage call follows the one retry policy (`operators/storage`).
 
 Resume reads the output itself: the `id`, `status`, `error_type` columns of every part.
 Purging rewrites a part file without its transient error rows: the new file is committed
@@ -41,7 +42,7 @@ import pyarrow.parquet as pq
 
 from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, is_retried
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
-from vlbatch.operators.storage import filesystem, join, put_atomic, with_retries
+from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, with_retries
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, with_protocol
 
 PART_PREFIX = "part-"
@@ -75,7 +76,8 @@ class ParquetSink(Sink):
         return with_retries(fn, what=what, storage=self.storage)
 
     def prepare(self) -> None:
-        self._retry(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {self.root}")
+        if not is_object_store(self.fs):  # s3fs's makedirs would create a missing bucket
+            self._retry(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {self.root}")
         tmp = join(self.root, TMP_DIR)
         if self._retry(lambda: self.fs.exists(tmp), f"listing {tmp}"):
             self._retry(lambda: self.fs.rm(tmp, recursive=True), f"deleting {tmp}")
@@ -136,3 +138,9 @@ class ParquetSink(Sink):
 
     def write_summary(self, text: str) -> None:
         put_atomic(self.fs, join(self.root, SUMMARY_NAME), text.encode(), self.storage)
+
+    def finish(self) -> None:
+        """Remove `_tmp/` when it is empty (a file there is a writer's, still running or killed)."""
+        tmp = join(self.root, TMP_DIR)
+        if self._retry(lambda: self.fs.isdir(tmp) and not self.fs.ls(tmp, detail=False), f"listing {tmp}"):
+            self._retry(lambda: self.fs.rmdir(tmp), f"deleting {tmp}")

@@ -27,7 +27,7 @@ OUTPUT_SCHEMA = pa.schema(
     [
         pa.field("id", pa.string(), nullable=False),
         pa.field("request_index", pa.int32(), nullable=False),
-        pa.field("media_uri", pa.string(), nullable=False),
+        pa.field("media_uri", pa.string()),  # null where the manifest had null (an InputError row)
         pa.field("media_type", pa.string(), nullable=False),
         pa.field("prompt", pa.string(), nullable=False),
         pa.field("answer", pa.string()),
@@ -60,7 +60,7 @@ class OutputRow:
 
     id: str
     request_index: int
-    media_uri: str
+    media_uri: str | None  # None: the manifest's media_uri was null (an InputError row)
     media_type: str
     prompt: str
     status: Literal["ok", "error"]

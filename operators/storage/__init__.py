@@ -6,12 +6,20 @@
   transient failures are retried with backoff and jitter, then `StorageError`.
 - `io`: `read_bytes` (whole objects, typed errors), `open_input` (a seekable stream whose
   ranged reads retry), `arrow_filesystem` (the same for pyarrow / Ray Data readers) and
-  `put_atomic` (a file that appears whole or not at all, used by the sinks).
+  `put_atomic` (a file that appears whole or not at all, used by the sinks), `bucket_exists`
+  (a HEAD bucket: buckets are never created).
 Ray-free; importing this package loads nothing heavy.
 """
-from vlbatch.operators.storage.io import arrow_filesystem, open_input, put_atomic, read_bytes
+from vlbatch.operators.storage.io import (
+                                         arrow_filesystem,
+                                         bucket_exists,
+                                         is_object_store,
+                                         open_input,
+                                         put_atomic,
+                                         read_bytes,
+)
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, with_retries
 
-__all__ = ["DEFAULT_STORAGE", "StorageOptions", "arrow_filesystem", "classify", "filesystem", "join", "open_input",
-           "put_atomic", "read_bytes", "with_retries"]
+__all__ = ["DEFAULT_STORAGE", "StorageOptions", "arrow_filesystem", "bucket_exists", "classify", "filesystem",
+           "is_object_store", "join", "open_input", "put_atomic", "read_bytes", "with_retries"]

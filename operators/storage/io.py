@@ -1,8 +1,12 @@
 """Reading and writing through the one filesystem and retry policy.
 
-- `read_bytes(uri, storage)`: all bytes of an object or file (media). A missing object,
-  a missing bucket or denied access are permanent: `MediaError` at once, no retry;
-  transient failures that outlast the retries, or an unclassified failure: `StorageError`.
+- `read_bytes(uri, storage, max_bytes=...)`: all bytes of an object or file (media). A missing
+  object, a missing bucket, denied access, a symlink loop or a non-regular local file (FIFO,
+  device, socket, directory) are permanent: `MediaError` at once, no retry; transient failures
+  that outlast the retries, or an unclassified failure: `StorageError`. The size is checked
+  before the bytes are read (local: `fstat` of the descriptor, opened with `O_NONBLOCK` so a
+  FIFO never blocks; s3: the object's size from HEAD) and at most `max_bytes + 1` bytes are
+  read (an object that grew in between): over the limit is `InputError`.
 - `open_input(fs, path, storage)`: a seekable binary stream (manifests, part files) whose
   reads are ranged requests, each retried on its own, so a transient failure in the middle
   of a large file costs one range, not the file.
@@ -19,30 +23,79 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import uuid
 
-from vlbatch.operators.errors import MediaError, StorageError
+from vlbatch.operators.errors import InputError, MediaError, StorageError, VlbatchError
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, describe, with_retries
 
 STREAM_BUFFER = 8 << 20  # bytes per ranged request of `open_input` (sequential reads)
 
 
-def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE) -> bytes:
-    """All bytes of the object or file at `uri`.
+def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes: int | None = None,
+               limit_name: str = "max_bytes") -> bytes:
+    """All bytes of the object or file at `uri`, at most `max_bytes` (None: no limit).
 
-    Raises `MediaError` (permanent: not found, denied, a directory) or `StorageError`
-    (transient failures outlasted every attempt, or an unclassified storage failure).
+    Raises `MediaError` (permanent: not found, denied, a directory, a symlink loop, not a
+    regular file), `InputError` (over `max_bytes`; the message names `limit_name`) or
+    `StorageError` (transient failures outlasted every attempt, or an unclassified failure).
     """
     fs, path = filesystem(uri, storage)
+    read = _read_local if _is_local(fs) else _read_remote
     try:
-        return with_retries(lambda: fs.cat_file(path), what=f"reading {uri}", storage=storage)
-    except StorageError:
+        data = with_retries(lambda: read(fs, path, uri, max_bytes, limit_name), what=f"reading {uri}", storage=storage)
+    except VlbatchError:  # MediaError / InputError from the checks, StorageError after the retries
         raise
     except Exception as e:  # noqa: BLE001 - not retried: permanent or unclassified
         if classify(e) == "permanent":
             raise MediaError(f"cannot read {uri}: {describe(e)}") from e
         raise StorageError(f"reading {uri} failed: {describe(e)}") from e
+    if max_bytes is not None and len(data) > max_bytes:  # it grew after the size check
+        raise InputError(f"{uri}: more than {max_bytes} bytes, over the {limit_name} limit of {max_bytes}")
+    return data
+
+
+def _check_size(uri: str, size: int, max_bytes: int | None, limit_name: str) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise InputError(f"{uri}: {size} bytes is over the {limit_name} limit of {max_bytes}")
+
+
+def _read_local(fs, path: str, uri: str, max_bytes: int | None, limit_name: str) -> bytes:
+    """A regular local file, read up to `max_bytes + 1` bytes. O_NONBLOCK: opening a FIFO or a
+    device returns at once, and fstat refuses it before any read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (FIFO, device or socket)"
+            raise MediaError(f"cannot read {uri}: {kind}")
+        _check_size(uri, st.st_size, max_bytes, limit_name)
+        return _read_up_to(f, None if max_bytes is None else max_bytes + 1)
+
+
+def _read_up_to(f, limit: int | None) -> bytes:
+    if limit is None:
+        return f.readall()
+    buf = bytearray()
+    while len(buf) < limit:
+        chunk = f.read(min(limit - len(buf), STREAM_BUFFER))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_remote(fs, path: str, uri: str, max_bytes: int | None, limit_name: str) -> bytes:
+    """An object store / other fsspec file; with a limit, its size first (HEAD), then one
+    ranged GET of at most `max_bytes + 1` bytes."""
+    if max_bytes is None:
+        return fs.cat_file(path)
+    size = int(fs.size(path))
+    _check_size(uri, size, max_bytes, limit_name)
+    if size == 0:
+        return b""  # a range over an empty object is a 416
+    return fs.cat_file(path, start=0, end=max_bytes + 1)
 
 
 class RangeReader(io.RawIOBase):
@@ -94,7 +147,27 @@ def arrow_filesystem(fs, storage: StorageOptions = DEFAULT_STORAGE):
     return PyFileSystem(RetryingHandler(fs, storage))
 
 
-def _is_object_store(fs) -> bool:
+def bucket_exists(fs, bucket: str, storage: StorageOptions = DEFAULT_STORAGE) -> bool:
+    """Whether `bucket` of the object store `fs` exists: one HEAD bucket under the retry policy
+    (s3fs's `exists` answers False for an unreachable endpoint too; this raises `StorageError`)."""
+    def head() -> bool:
+        try:
+            fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return False
+        return True
+
+    try:
+        return with_retries(head, what=f"checking the bucket {bucket}", storage=storage)
+    except StorageError:
+        raise
+    except PermissionError:
+        return False  # 403: not ours to see, as good as missing
+    except Exception as e:  # noqa: BLE001 - unclassified: one line, not a traceback
+        raise StorageError(f"checking the bucket {bucket} failed: {describe(e)}") from e
+
+
+def is_object_store(fs) -> bool:
     protos = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return any(p in ("s3", "s3a", "gs", "gcs", "abfs", "az") for p in protos)
 
@@ -105,7 +178,7 @@ def _is_local(fs) -> bool:
 
 
 def _put_once(fs, path: str, data: bytes, tmp_dir: str | None) -> None:
-    if _is_object_store(fs):
+    if is_object_store(fs):
         fs.pipe_file(path, data)  # one PUT: the object appears whole or not at all
         return
     name = path.rsplit("/", 1)[-1]

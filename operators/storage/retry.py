@@ -30,6 +30,9 @@ _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTim
                     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests"}
 _TRANSIENT_ERRNOS = {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
                      errno.ECONNABORTED, errno.EPIPE, errno.EREMOTEIO, errno.ENETUNREACH, errno.EHOSTUNREACH}
+# the path itself is wrong: a symlink loop, a name too long, a socket or a device without a driver
+_PERMANENT_ERRNOS = {errno.ELOOP, errno.ENAMETOOLONG, errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EACCES,
+                     errno.EPERM, errno.EISDIR, errno.ENOTDIR}
 
 
 def with_retries(fn: Callable[[], T], *, what: str, storage: StorageOptions = DEFAULT_STORAGE) -> T:
@@ -58,6 +61,8 @@ def classify(e: BaseException) -> str:
         e = e.__cause__ or e.__context__
     for x in chain:
         if isinstance(x, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            return "permanent"
+        if type(x) is OSError and x.errno in _PERMANENT_ERRNOS:
             return "permanent"
     for x in chain:
         if _is_transient(x):
