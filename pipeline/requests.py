@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
