@@ -1,7 +1,7 @@
 """`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to the committed output.
 
     manifest (parquet/json/csv or a glob)                  Ray read tasks (fractional CPUs; never 1-CPU tasks
-                                                           once the pools hold the cluster, see manifest.py)
+                                                           once the pools hold the cluster, see sources/manifest.py)
       -> expand to requests, drop committed ids (resume)   tasks; streamed into the graph on a fresh run,
          and identical requests within a block (once)
                                                            materialised (and counted) first on a resumed one
@@ -117,9 +117,9 @@ DUPLICATES_COLUMN = "duplicates_dropped"
 
 def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None, concurrency: int | None = None):
     """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped)."""
-    from vlbatch.pipeline.manifest import read_manifest, task_pool
+    from vlbatch.pipeline.sources import open_source, task_pool
 
-    return read_manifest(cfg, num_cpus=num_cpus, concurrency=concurrency).map_batches(
+    return open_source(cfg).read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
         _expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),
         fn_kwargs={"cfg": cfg, "done": done})
 

@@ -150,8 +150,8 @@ def test_decode_stage_reports_max_bytes_before_reading(tmp_path):
 # -- 11: null / empty media_uri ---------------------------------------------------------------
 
 def test_null_and_empty_media_uri_are_input_errors_keeping_the_value(tmp_path):
-    from vlbatch.pipeline.manifest import normalise
     from vlbatch.pipeline.requests import expand
+    from vlbatch.pipeline.sources.manifest import normalise
     from vlbatch.pipeline.write_stage import output_rows  # noqa: F401 - the writer takes the row as is
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})

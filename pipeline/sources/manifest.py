@@ -1,4 +1,4 @@
-"""Reading the manifest with Ray Data (Parquet, JSONL, CSV, or a glob of media files).
+"""`input.format: parquet | jsonl | csv`: a manifest of media URIs (the `Source` contract: `base.py`).
 
 Local paths and s3:// are read through the one storage layer (`vlbatch.operators.storage`:
 s3fs with the job's storage options; for Ray Data's readers a pyarrow filesystem whose calls
@@ -23,8 +23,7 @@ from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.operators.storage import arrow_filesystem, filesystem, open_input, with_retries
 from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
-
-COLUMNS = ("media_uri", "media_type", "questions")
+from vlbatch.pipeline.sources.base import Source, limit, task_pool
 
 
 def _resolve(uri, base: str) -> str | None:
@@ -71,32 +70,19 @@ def _json_list(s: str) -> list[str]:
     return [str(x) for x in v] if isinstance(v, list) else [str(v)]
 
 
-def task_pool(size: int | None):
-    """The compute strategy of a function stage: at most `size` tasks at once (None: Ray Data's choice)."""
-    return ray.data.TaskPoolStrategy(size=size)
+class ManifestSource(Source):
+    """Parquet (listed in the driver, read row group by row group in our tasks), JSONL and CSV
+    (Ray Data's readers through the one storage layer), normalised to the manifest columns."""
 
+    def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
+        cfg = self.cfg
+        inp = cfg.input
+        storage = cfg.storage.options()
+        fs, path = filesystem(inp.uri, storage)
 
-def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None,
-                  concurrency: int | None = None) -> ray.data.Dataset:
-    """The manifest as a Ray dataset of (media_uri, media_type, questions); `num_cpus` per
-    read task (None: Ray Data's default of 1), at most `concurrency` tasks at once (None: Ray
-    Data's choice)."""
-    inp = cfg.input
-    storage = cfg.storage.options()
-    fs, path = filesystem(inp.uri, storage)
+        def retried(fn, what: str):
+            return with_retries(fn, what=f"{what} {inp.uri}", storage=storage)
 
-    def retried(fn, what: str):
-        return with_retries(fn, what=f"{what} {inp.uri}", storage=storage)
-
-    if inp.format == "glob":
-        matches = sorted(retried(lambda: fs.glob(path), "listing"))
-        if not matches:
-            raise ConfigError(f"input.uri: the glob {inp.uri!r} matches no files")
-        items = [{"media_uri": with_protocol(inp.uri, m), "media_type": None, "questions": None} for m in matches]
-        ds = ray.data.from_arrow(pa.Table.from_pylist(
-            items, schema=pa.schema([("media_uri", pa.string()), ("media_type", pa.string()),
-                                     ("questions", pa.list_(pa.string()))])))
-    else:
         if not retried(lambda: fs.exists(path) or fs.glob(path), "listing"):
             raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
         pafs = None if protocol_of(inp.uri) == "file" else arrow_filesystem(fs, storage)
@@ -104,21 +90,17 @@ def read_manifest(cfg: JobConfig, *, num_cpus: float | None = None,
         base = with_protocol(inp.uri, base)
         if inp.format == "parquet":
             files = parquet_files(fs, path, inp.uri, retried)
-            return _limit(ray.data.from_items([{"path": f} for f in files]).map_batches(
+            return limit(ray.data.from_items([{"path": f} for f in files]).map_batches(
                 _read_parquet_files, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus,
                 compute=task_pool(concurrency), fn_kwargs={"cfg": cfg, "base_uri": base}), inp.limit)
         if inp.format == "jsonl":
             ds = ray.data.read_json(path, filesystem=pafs, lines=True, num_cpus=num_cpus,
-                                   concurrency=concurrency)
+                                    concurrency=concurrency)
         else:
             ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
         ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base},
                             num_cpus=num_cpus, compute=task_pool(concurrency), zero_copy_batch=True)
-    return _limit(ds, inp.limit)
-
-
-def _limit(ds, limit: int | None):
-    return ds if limit is None else ds.limit(limit)
+        return limit(ds, inp.limit)
 
 
 def parquet_files(fs, path: str, uri: str, retried) -> list[str]:

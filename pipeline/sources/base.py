@@ -1,0 +1,58 @@
+"""The input source contract: where a job's media rows come from.
+
+A `Source` turns the job's `input` section into a lazy Ray dataset of *manifest rows*, one per
+media, with exactly the columns of `MANIFEST_SCHEMA`:
+- `media_uri` (string, may be null or "": expansion makes that an `InputError` row), the
+  media's identity in the output and, for sources that do not carry bytes, where the
+  decode stage reads them from (through `vlbatch.operators.storage`);
+- `media_type` ("image" / "video", or null: from the extension, then the bytes' signature);
+- `questions` (list<string> or null: `task.questions` then apply).
+
+Rules every source keeps:
+- `read` never reads the whole input into the driver: listing happens in the driver, reading
+  in Ray tasks of `num_cpus` CPUs each (fractional: they run beside actor pools holding the
+  other CPUs; a 1-CPU read task there would never start), at most `concurrency` at once.
+- Bad input that is not the source's own structure (a missing column, an unreadable file)
+  raises `ConfigError` naming the field before work starts where it can be seen from the
+  driver, else `InputError` in the task.
+- `input.limit` is applied by the source (the first N rows in the source's order).
+- `count()` is the number of rows when the source knows it without reading the rows
+  (file metadata), else None (the runner then counts beside the run for the ETA).
+
+A new input format is one new module here with a `Source` subclass, named in
+`open_source` (`pipeline/sources/__init__.py`).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import ray
+
+from vlbatch.pipeline.config import JobConfig
+
+MANIFEST_SCHEMA = pa.schema([("media_uri", pa.string()), ("media_type", pa.string()),
+                             ("questions", pa.list_(pa.string()))])
+COLUMNS = tuple(MANIFEST_SCHEMA.names)
+
+
+class Source:
+    """One input format; see the module docstring for the contract."""
+
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
+
+    def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
+        """The manifest rows as a lazy Ray dataset (columns `COLUMNS`)."""
+        raise NotImplementedError
+
+    def count(self) -> int | None:
+        """Rows, when known without reading them; None otherwise."""
+        return None
+
+
+def task_pool(size: int | None):
+    """The compute strategy of a function stage: at most `size` tasks at once (None: Ray Data's choice)."""
+    return ray.data.TaskPoolStrategy(size=size)
+
+
+def limit(ds: ray.data.Dataset, n: int | None) -> ray.data.Dataset:
+    return ds if n is None else ds.limit(n)

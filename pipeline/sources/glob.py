@@ -1,0 +1,28 @@
+"""`input.format: glob`: every file a glob matches is one media (no questions column)."""
+from __future__ import annotations
+
+import pyarrow as pa
+import ray
+
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.storage import filesystem, with_retries
+from vlbatch.operators.storage.options import with_protocol
+from vlbatch.pipeline.sources.base import MANIFEST_SCHEMA, Source, limit
+
+
+class GlobSource(Source):
+    """The glob is listed once in the driver (sorted); the rows are that list."""
+
+    def _uris(self) -> list[str]:
+        inp, storage = self.cfg.input, self.cfg.storage.options()
+        fs, path = filesystem(inp.uri, storage)
+        matches = sorted(with_retries(lambda: fs.glob(path), what=f"listing {inp.uri}", storage=storage))
+        if not matches:
+            raise ConfigError(f"input.uri: the glob {inp.uri!r} matches no files")
+        return [with_protocol(inp.uri, m) for m in matches]
+
+    def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
+        uris = self._uris()
+        table = pa.table({"media_uri": uris, "media_type": [None] * len(uris), "questions": [None] * len(uris)},
+                         schema=MANIFEST_SCHEMA)
+        return limit(ray.data.from_arrow(table), self.cfg.input.limit)

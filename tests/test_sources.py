@@ -1,0 +1,80 @@
+"""The input source contract (pipeline/sources/base.py), checked for every source on one small input.
+
+Each source reads the same four media (two with a questions column where the format has one) on
+a real local Ray (its own, one CPU) and must give exactly the manifest columns, manifest-relative
+paths resolved, `input.limit` applied, and `ConfigError` naming `input.uri` when nothing is there.
+"""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from vlbatch.operators.errors import ConfigError
+
+NAMES = ["a.png", "b.png", "c.mp4", "d.jpg"]
+
+
+@pytest.fixture(scope="module")
+def one_cpu_ray():
+    import ray
+
+    ray.shutdown()
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _write(kind: str, folder) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in NAMES:
+        (folder / n).write_bytes(b"x")
+    rows = [{"media_uri": n, "questions": ["q1", "q2"] if i < 2 else None} for i, n in enumerate(NAMES)]
+    if kind == "glob":
+        return str(folder / "*.*")
+    if kind == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), folder / "m.parquet")
+        return str(folder / "m.parquet")
+    if kind == "jsonl":
+        (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(folder / "m.jsonl")
+    (folder / "m.csv").write_text("media_uri\n" + "".join(n + "\n" for n in NAMES))
+    return str(folder / "m.csv")
+
+
+def _cfg(kind: str, uri: str, tmp_path, limit=None):
+    from vlbatch.pipeline.config import JobConfig
+
+    columns = {"questions": "questions"} if kind in ("parquet", "jsonl") else {}
+    return JobConfig.model_validate({
+        "model": {"path": str(tmp_path)}, "output": {"uri": str(tmp_path / "out")},
+        "input": {"uri": uri, "format": kind, "limit": limit, "columns": columns},
+        "task": {"mode": "questions" if columns else "caption"},
+    })
+
+
+@pytest.mark.parametrize("kind", ["glob", "parquet", "jsonl", "csv"])
+def test_source_gives_the_manifest_columns(one_cpu_ray, tmp_path, kind):
+    from vlbatch.pipeline.sources import COLUMNS, open_source
+
+    folder = tmp_path / "media"
+    cfg = _cfg(kind, _write(kind, folder), tmp_path)
+    rows = sorted(open_source(cfg).read(num_cpus=0.25).take_all(), key=lambda r: r["media_uri"])
+    assert [tuple(sorted(r)) for r in rows] == [tuple(sorted(COLUMNS))] * 4
+    assert [r["media_uri"] for r in rows] == [str(folder / n) for n in NAMES]  # relative paths resolved
+    if kind in ("parquet", "jsonl"):
+        assert [list(r["questions"]) if r["questions"] is not None else None for r in rows] == \
+            [["q1", "q2"], ["q1", "q2"], None, None]
+    limited = open_source(_cfg(kind, _write(kind, folder), tmp_path, limit=2)).read(num_cpus=0.25).take_all()
+    assert len(limited) == 2
+
+
+@pytest.mark.parametrize("kind", ["glob", "parquet", "jsonl"])
+def test_source_refuses_an_input_that_is_not_there(tmp_path, kind):
+    from vlbatch.pipeline.sources import open_source
+
+    uri = str(tmp_path / ("none/*.png" if kind == "glob" else f"none.{kind}"))
+    with pytest.raises(ConfigError, match="input.uri"):
+        open_source(_cfg(kind, uri, tmp_path)).read()
