@@ -65,6 +65,9 @@ def run_local(
     if slot is not None and not config.output.run_id:  # a scheduled run: one output per slot
         config = load_config(config_path, [*overrides, f"output.run_id={submission_id(job_name, slot)}"])
     check_paths(config)
+    from vlbatch.pipeline.write_stage import check_output
+
+    check_output(config)  # the output bucket exists (never created): before Ray starts
     if not use_lock:
         return _run(config, job_name, address, verbose)
     with run_lock(job_name, lock_dir):

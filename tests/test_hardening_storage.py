@@ -217,11 +217,13 @@ def test_existing_bucket_passes_the_check(s3, tmp_path):
     check_output(validate_config(job(tmp_path, "s3://hardening-out/new/prefix", s3.endpoint_url)))
 
 
-def test_cli_missing_bucket_exits_2_with_one_line(s3, tmp_path):
+def test_cli_missing_bucket_exits_2_with_one_line(s3, tmp_path, tiny_ckpt):
     import yaml
 
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job(tmp_path, "s3://typo-bucket-cli/out", s3.endpoint_url)))
+    cfg = job(tmp_path, "s3://typo-bucket-cli/out", s3.endpoint_url)
+    cfg["model"]["path"] = str(tiny_ckpt("dense"))  # a real checkpoint: only the bucket is wrong
+    path.write_text(yaml.safe_dump(cfg))
     r = subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(path), "--no-lock"],
                        capture_output=True, text=True, timeout=120, env={**os.environ, **s3.env})
     assert r.returncode == 2, r.stderr[-3000:]
