@@ -21,7 +21,8 @@ CASES = [  # block_size, H_q, H_kv, D, (cached, new) per sequence
 ]
 
 
-def _compare() -> None:
+def _compare(device: str = "cpu") -> None:
+    """Every case on `device` (cpu: under the interpreter; cuda: the compiled kernel)."""
     import torch
 
     from vlbatch.operators.kernels.attention import NaivePagedAttention, PagedLayout
@@ -35,24 +36,26 @@ def _compare() -> None:
         tables = [[blocks.pop() for _ in range(-(-(p + n) // bs) + 1)] for p, n in lens]  # one spare block each
         starts, ends = [p for p, _ in lens], [p + n for p, n in lens]
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-            kc, vc = torch.randn(48, bs, hkv, d).to(dtype), torch.randn(48, bs, hkv, d).to(dtype)
+            kc = torch.randn(48, bs, hkv, d).to(device, dtype)
+            vc = torch.randn(48, bs, hkv, d).to(device, dtype)
             t = len(lens)
-            q, k, v = torch.randn(t, hq, d).to(dtype), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
-            layout = PagedLayout.build(tables, starts, ends, bs, "cpu")
+            q = torch.randn(t, hq, d).to(device, dtype)
+            k, v = torch.randn(t, hkv, d).to(device), torch.randn(t, hkv, d).to(device)
+            layout = PagedLayout.build(tables, starts, ends, bs, device)
             ref = NaivePagedAttention()(layout, kc.clone(), vc.clone(), q, k, v)
             kc2, vc2 = kc.clone(), vc.clone()
             out = TritonPagedAttention()(layout, kc2, vc2, q, k, v)
             assert out.dtype == torch.float32 and out.shape == (t, hq, d)
             torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
             # the kernel alone, over a table wider than needed (a static step's padding) and padded rows
-            wide = torch.zeros(t + 1, 8, dtype=torch.int32)
+            wide = torch.zeros(t + 1, 8, dtype=torch.int32, device=device)
             wide[:t, : layout.decode_tables.shape[1]] = layout.decode_tables
-            lens_w = torch.cat([layout.decode_lens, torch.ones(1, dtype=torch.int32)])
-            qw = torch.cat([q, torch.zeros(1, hq, d, dtype=dtype)])
+            lens_w = torch.cat([layout.decode_lens, torch.ones(1, dtype=torch.int32, device=device)])
+            qw = torch.cat([q, torch.zeros(1, hq, d, dtype=dtype, device=device)])
             direct = paged_decode(qw, kc2, vc2, wide, lens_w)
             torch.testing.assert_close(direct[:t], ref, atol=tol, rtol=tol)
             assert torch.isfinite(direct[t]).all()
-    print("triton paged decode: ok")
+    print(f"triton paged decode on {device}: ok (float32 and bfloat16, {len(CASES)} odd shapes)")
 
 
 def test_triton_paged_decode_matches_naive_under_the_interpreter():
@@ -60,8 +63,8 @@ def test_triton_paged_decode_matches_naive_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "triton paged decode: ok" in proc.stdout
+    assert "triton paged decode on cpu: ok" in proc.stdout
 
 
-if __name__ == "__main__":
-    _compare()
+if __name__ == "__main__":  # benchmarks/gpu_run.sh runs it with "cuda"
+    _compare(sys.argv[1] if len(sys.argv) > 1 else "cpu")
