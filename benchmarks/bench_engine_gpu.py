@@ -19,6 +19,10 @@ sequence's context, every DeltaNet state read and written) / the device's bandwi
 here by a device-to-device copy (`--peak-gbs` adds the nominal figure, 4800 GB/s for an H200).
 `--check-kernels` first runs 4 requests with the torch and then fla's DeltaNet kernels and
 prints the share of identical greedy tokens (bf16 rounding may let them part after a while).
+`--check-backends` compares greedy tokens of sdpa / triton attention with static decode off
+and on; `--vs-transformers N` times transformers' `generate` on N requests in the same run.
+Timed runs come after two warm-ups (the second reaches every decode bucket, so CUDA graph
+captures are not timed).
 On the CPU, `--shape tiny --device cpu --dtype float32` runs in seconds (tests run it so).
 """
 from __future__ import annotations
@@ -88,12 +92,12 @@ def write_random_weights(out: Path, device: str, dtype: torch.dtype, seed: int =
     return sum(t.numel() for t in tensors.values())
 
 
-def make_requests(model_dir: Path, n: int, new_tokens: int) -> list:
+def make_requests(model_dir: Path, n: int, new_tokens: int, seed: int = 0) -> list:
     from vlbatch.operators.engine import Request, SamplingParams
     from vlbatch.operators.preprocess import Processor
 
     proc = Processor.from_pretrained(model_dir)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     sp = SamplingParams(max_new_tokens=new_tokens, stop_token_ids=())
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
     text = proc.apply_chat_template(msgs, add_generation_prompt=True)
@@ -166,6 +170,55 @@ def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch"
             f"at {first} (None: none)")
 
 
+def check_backends(engine, reqs: list, budgets: dict) -> str:
+    """Greedy tokens of the same requests through every attention backend, static decode off
+    and on (one load; no prefix / vision caches), each against the first (sdpa, eager)."""
+    from vlbatch.operators.engine.engine import Engine, EngineConfig
+
+    names = ("sdpa", "triton") if torch.device(engine.model.device).type == "cuda" else ("sdpa",)
+    runs = {}
+    for attention in names:
+        for static in (False, True):
+            cfg = EngineConfig(**{**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0,
+                                  "attention": attention, "static_decode": static})
+            e = Engine(engine.model, engine.tokenizer, engine.eos_ids, cfg)
+            runs[(attention, static)] = {r.id: r.token_ids for r in e.generate(reqs)}
+    base = runs[(names[0], False)]
+    parts = []
+    for key, got in runs.items():
+        same = sum(a == b for rid in base for a, b in zip(base[rid], got[rid], strict=True))
+        parts.append(f"{key[0]}{'+static' if key[1] else ''} {same}/{sum(len(t) for t in base.values())}")
+    return "greedy tokens identical to sdpa eager: " + ", ".join(parts)
+
+
+def transformers_baseline(model_dir: Path, n: int, new_tokens: int, device: str, dtype: torch.dtype) -> dict:
+    """transformers' `generate` (greedy, one request at a time, `new_tokens` each) on the first
+    `n` of `make_requests`' images: images/s and generated tokens/s."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(str(model_dir))
+    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+    rng = np.random.default_rng(0)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    images = [rng.integers(0, 256, (*SIZES[i % len(SIZES)], 3), dtype=np.uint8) for i in range(n)]
+    generated, t0 = 0, None
+    for i, img in enumerate([images[0], *images]):  # the first one again as warm-up
+        if i == 1:
+            _sync(device)
+            t0 = time.perf_counter()
+        inputs = proc(text=[text], images=[img], return_tensors="pt").to(device)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        generated += (out.shape[1] - inputs["input_ids"].shape[1]) if i else 0
+    _sync(device)
+    wall = time.perf_counter() - t0
+    del model
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return {"images_per_s": n / wall, "tokens_per_s": generated / wall, "wall_s": wall}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="9b")
@@ -178,6 +231,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--peak-gbs", type=float, default=None, help="nominal bandwidth, GB/s (H200: 4800)")
     ap.add_argument("--check-kernels", action="store_true", help="first compare the torch and fla kernels' greedy tokens (CUDA)")
     ap.add_argument("--dir", default=None, help="checkpoint folder (reused when it holds one)")
+    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "triton"])
+    ap.add_argument("--static-decode", action="store_true", help="decode steps on static buffers (CUDA graphs)")
+    ap.add_argument("--check-backends", action="store_true", help="greedy tokens across attention backends and "
+                                                                  "static decode off / on")
+    ap.add_argument("--vs-transformers", type=int, default=0, metavar="N",
+                    help="also time transformers' generate on N of the requests (one at a time)")
     args = ap.parse_args(argv)
     from vlbatch.operators.engine import Engine
 
@@ -190,15 +249,27 @@ def main(argv=None) -> dict:
     print(f"checkpoint {out} ({args.shape}) ready in {time.perf_counter() - t0:.1f} s")
     reqs = make_requests(out, args.requests, args.new_tokens)
     budgets = dict(kv_budget_bytes=int(args.kv_gb * 2**30), max_num_seqs=max(args.requests, 1),
-                   max_num_batched_tokens=8192)
+                   max_num_batched_tokens=8192, attention=args.attention, static_decode=args.static_decode)
     engine = Engine.from_pretrained(out, device=args.device, dtype=dtype, delta_kernels=args.delta_kernels, **budgets)
     layer = next(m for m in engine.model.modules() if hasattr(m, "kernels"))
     if args.check_kernels:
         print(f"torch vs fla DeltaNet kernels: {check_kernels(engine, reqs[:4], args.device, budgets)}")
         engine.model.use_delta_kernels(layer.kernels)
+    if args.check_backends:
+        print(check_backends(engine, reqs[:4], budgets))
     timed_run(engine, reqs[:2], args.device)  # warm-up: CUDA context, kernel compilation
+    # warm-up of every decode bucket (graph captures) on other images: no vision-cache hits later
+    timed_run(engine, make_requests(out, args.requests, args.new_tokens, seed=1), args.device)
     run = timed_run(engine, reqs, args.device)
-    return report(args, engine, run, copy_bandwidth(args.device), layer.kernels.name)
+    res = report(args, engine, run, copy_bandwidth(args.device), layer.kernels.name)
+    if args.vs_transformers:
+        ref = transformers_baseline(out, min(args.vs_transformers, args.requests), args.new_tokens, args.device,
+                                    dtype)
+        print(f"  transformers generate (one at a time): {ref['images_per_s']:.2f} images/s, "
+              f"{ref['tokens_per_s']:.1f} tok/s; engine {res['images_per_s']:.2f} images/s, "
+              f"{res['tokens_per_s']:.1f} tok/s: x{res['tokens_per_s'] / ref['tokens_per_s']:.1f}")
+        res["transformers"] = ref
+    return res
 
 
 def report(args, engine, run: dict, bandwidth: float, kernels: str) -> dict:
@@ -207,12 +278,14 @@ def report(args, engine, run: dict, bandwidth: float, kernels: str) -> dict:
     d_tokens, d_time = sum(b for b, _, _ in dec), sum(t for _, t, _ in dec)
     moved = sum(weights + ctx * engine.kv_bytes_per_token + 2 * b * engine.state_bytes_per_seq for b, _, ctx in dec)
     res = {"generated": run["generated"], "wall_s": run["wall_s"], "tokens_per_s": run["generated"] / run["wall_s"],
+           "images_per_s": args.requests / run["wall_s"],
            "decode_steps": len(dec), "decode_tokens_per_s": d_tokens / d_time if d_time else 0.0,
            "weight_bytes": weights, "bytes_moved": moved, "bandwidth": bandwidth,
            "roofline_fraction": (moved / bandwidth) / d_time if d_time else 0.0, "kernels": kernels}
     print(f"{args.requests} captions x {args.new_tokens} tokens, {args.shape} {args.dtype} on {args.device}, "
-          f"DeltaNet kernels {kernels}")
-    print(f"  end to end: {res['generated']} tokens in {res['wall_s']:.2f} s: {res['tokens_per_s']:.1f} tok/s")
+          f"DeltaNet kernels {kernels}, attention {args.attention}, static decode {args.static_decode}")
+    print(f"  end to end: {res['generated']} tokens in {res['wall_s']:.2f} s: {res['tokens_per_s']:.1f} tok/s, "
+          f"{res['images_per_s']:.2f} images/s")
     print(f"  decode-only steps: {len(dec)}, {d_tokens} tokens in {d_time:.2f} s: {res['decode_tokens_per_s']:.1f} tok/s "
           f"(mean batch {d_tokens / max(len(dec), 1):.1f})")
     print(f"  a decode step moves {weights / 2**30:.2f} GiB of weights + K/V + states: {moved / 2**30:.1f} GiB over "

@@ -46,11 +46,24 @@ class EngineBudgets(_Section):
     kv_cache_mb: int = Field(256, ge=1, description="paged KV pool of the full-attention layers")
     prefix_cache_mb: int = Field(128, ge=0, description="radix prefix cache (0 = off)")
     vision_cache_mb: int = Field(256, ge=0, description="cached vision-tower outputs (0 = off)")
+    memory_fraction: float | None = Field(
+        None, gt=0.0, le=1.0, description="size the KV pool and prefix cache from this share of the memory free "
+                                          "after loading (kv_cache_mb / prefix_cache_mb, when given, override)")
+    static_decode: bool = Field(False, description="decode steps padded to batch buckets (CUDA graphs on CUDA)")
+    attention: Literal["sdpa", "triton"] = Field("sdpa", description="paged attention: torch SDPA, or a Triton "
+                                                                      "paged-decode kernel (CUDA)")
 
     def engine_kwargs(self) -> dict:
-        return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
-                "vision_cache_bytes": self.vision_cache_mb << 20}
+        out = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+               "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
+               "vision_cache_bytes": self.vision_cache_mb << 20, "static_decode": self.static_decode,
+               "attention": self.attention}
+        if self.memory_fraction is not None:  # MB budgets only as explicit overrides
+            out["memory_fraction"] = self.memory_fraction
+            for name, field in (("kv_budget_bytes", "kv_cache_mb"), ("prefix_cache_bytes", "prefix_cache_mb")):
+                if field not in self.model_fields_set:
+                    del out[name]
+        return out
 
 
 class ModelConfig(_Section):

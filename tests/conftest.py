@@ -25,6 +25,13 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module", params=[{}, {"static_decode": True}], ids=["eager", "static_decode"])
+def engine_kw(request):
+    """Engine options every exactness test runs under: the eager step, and decode steps on the
+    padded static buffers (what CUDA graphs replay; eager on the CPU)."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """`tiny_ckpt(variant, shards=1)` -> Path of a tiny random checkpoint (cached per session)."""

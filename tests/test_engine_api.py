@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_engine_support import image, processed, reference_model, request, video
+from test_engine_support import assert_static_used, image, processed, reference_model, request, video
 
 from vlbatch.operators.engine import MediaItem, Request, SamplingParams
 from vlbatch.operators.engine.engine import Engine
@@ -24,8 +24,8 @@ def ckpt(tiny_ckpt):
 
 
 @pytest.fixture(scope="module")
-def engine(ckpt):
-    return Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+def engine(ckpt, engine_kw):
+    return Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20, **engine_kw)
 
 
 def _one(engine, req):
@@ -33,7 +33,7 @@ def _one(engine, req):
     return res
 
 
-def test_seeded_sampling_equals_transformers_and_ignores_batch(ckpt, engine):
+def test_seeded_sampling_equals_transformers_and_ignores_batch(ckpt, engine, engine_kw):
     content = [("image", image(1)), "Describe it."]
     req = request(ckpt, "s", content, max_new_tokens=10, seed=77, **SAMPLING)
     out = processed(ckpt, content)
@@ -49,6 +49,7 @@ def test_seeded_sampling_equals_transformers_and_ignores_batch(ckpt, engine):
     assert batched["s"].token_ids == alone.token_ids
     other = _one(engine, dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, seed=78)))
     assert other.token_ids != alone.token_ids
+    assert_static_used(engine.stats(), engine_kw)
 
 
 def test_stop_tokens_stop_strings_and_length(ckpt, engine):
@@ -97,8 +98,8 @@ def test_split_thinking_is_one_rule():
     assert split_thinking("</think>only the answer") == ("", "only the answer")
 
 
-def test_bad_requests_become_error_results_and_others_finish(ckpt):
-    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=400 << 10)
+def test_bad_requests_become_error_results_and_others_finish(ckpt, engine_kw):
+    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=400 << 10, **engine_kw)
     ok = request(ckpt, "ok", [("image", image(5)), "Describe it."], max_new_tokens=3)
     too_long = request(ckpt, "long", ["word " * 300], max_new_tokens=3)
     m = ok.media[0]
@@ -141,8 +142,8 @@ def test_requests_from_our_processor_batch_match_the_reference_route(ckpt, engin
     assert got == want
 
 
-def test_abandoned_generate_releases_everything(ckpt):
-    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=4 << 20, prefix_cache_bytes=0)
+def test_abandoned_generate_releases_everything(ckpt, engine_kw):
+    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=4 << 20, prefix_cache_bytes=0, **engine_kw)
     reqs = [request(ckpt, f"a{i}", ["Write a caption."], max_new_tokens=2 + 6 * i, stop_token_ids=()) for i in range(3)]
     gen = engine.generate(reqs)
     first = next(gen)

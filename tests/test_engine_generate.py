@@ -7,7 +7,7 @@ after preemption; and equal to transformers' generate on the same prompt.
 from __future__ import annotations
 
 import pytest
-from test_engine_support import image, reference_greedy, request, video
+from test_engine_support import assert_static_used, image, reference_greedy, request, video
 
 from vlbatch.operators.engine.engine import Engine
 
@@ -43,20 +43,21 @@ def dense_requests(dense):
             for i, c in enumerate(_contents())]
 
 
-def _run(ckpt, reqs, **kw) -> dict:
+def _run(ckpt, reqs, engine_kw, **kw) -> dict:
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    engine = Engine.from_pretrained(ckpt, **kw)
+    engine = Engine.from_pretrained(ckpt, **engine_kw, **kw)
     results = {r.id: r for r in engine.generate(reqs)}
     assert sorted(results) == sorted(r.id for r in reqs)
     assert all(r.finish_reason in ("stop", "length") for r in results.values())
+    assert_static_used(engine.stats(), engine_kw)
     return {k: v.token_ids for k, v in results.items()}, engine.stats()
 
 
 @pytest.fixture(scope="module")
-def alone(dense, dense_requests):
+def alone(dense, dense_requests, engine_kw):
     out = {}
     for r in dense_requests:
-        out.update(_run(dense, [r], prefix_cache_bytes=0, vision_cache_bytes=0)[0])
+        out.update(_run(dense, [r], engine_kw, prefix_cache_bytes=0, vision_cache_bytes=0)[0])
     return out
 
 
@@ -74,8 +75,8 @@ def test_alone_equals_transformers_generate(dense, dense_requests, alone):
     ("chunked_prefill", {"chunk_size": 7, "max_num_batched_tokens": 64}),
     ("preemption", {"kv_budget_bytes": 400 << 10, "max_num_seqs": 32}),
 ])
-def test_batch_of_32_equals_alone(dense, dense_requests, alone, name, kw):
-    got, stats = _run(dense, dense_requests, **kw)
+def test_batch_of_32_equals_alone(dense, dense_requests, alone, engine_kw, name, kw):
+    got, stats = _run(dense, dense_requests, engine_kw, **kw)
     assert got == alone
     if name == "batched_caches_on":
         assert stats["prefix_hit_tokens"] > 0 and stats["vision_encodes"] == 10
@@ -86,8 +87,8 @@ def test_batch_of_32_equals_alone(dense, dense_requests, alone, name, kw):
 
 
 @pytest.mark.parametrize("kw", [{"prefix_cache_bytes": 0}, {"vision_cache_bytes": 0}])
-def test_each_cache_alone_keeps_outputs(dense, dense_requests, alone, kw):
-    got, stats = _run(dense, dense_requests, **kw)
+def test_each_cache_alone_keeps_outputs(dense, dense_requests, alone, engine_kw, kw):
+    got, stats = _run(dense, dense_requests, engine_kw, **kw)
     assert got == alone
     if "vision_cache_bytes" in kw:
         # siblings whose prefix hit covers their media skip the tower: one encode per distinct
@@ -95,15 +96,15 @@ def test_each_cache_alone_keeps_outputs(dense, dense_requests, alone, kw):
         assert stats["vision_encodes"] == 16 and stats["vision_cache_hits"] == 0
 
 
-def test_moe_batch_equals_alone_and_transformers(tiny_ckpt):
+def test_moe_batch_equals_alone_and_transformers(tiny_ckpt, engine_kw):
     moe = tiny_ckpt("moe")
     contents = _contents()
     picks = [0, 1, 3, 12, 13, 18, 19, 20, 25]
     reqs = [request(moe, f"m{i}", contents[i], max_new_tokens=6, system=SYSTEM) for i in picks]
     alone = {}
     for r in reqs:
-        alone.update(_run(moe, [r], prefix_cache_bytes=0, vision_cache_bytes=0)[0])
+        alone.update(_run(moe, [r], engine_kw, prefix_cache_bytes=0, vision_cache_bytes=0)[0])
     for i in (0, 18):
         assert list(alone[f"m{i}"]) == reference_greedy(moe, contents[i], 6, system=SYSTEM)
-    got, stats = _run(moe, reqs, kv_budget_bytes=300 << 10, chunk_size=16)
+    got, stats = _run(moe, reqs, engine_kw, kv_budget_bytes=300 << 10, chunk_size=16)
     assert got == alone and stats["prefix_hit_tokens"] > 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_support import image, request
+from test_engine_support import assert_static_used, image, request
 
 from vlbatch.operators.engine.engine import Engine
 
@@ -20,9 +20,9 @@ def ckpt(tiny_ckpt):
     return tiny_ckpt("dense")
 
 
-def _engine(ckpt, **kw):
+def _engine(ckpt, engine_kw, **kw):
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    return Engine.from_pretrained(ckpt, **kw)
+    return Engine.from_pretrained(ckpt, **engine_kw, **kw)
 
 
 def _spy_prompt_logits(engine) -> dict:
@@ -40,10 +40,10 @@ def _spy_prompt_logits(engine) -> dict:
     return rows
 
 
-def _alone(ckpt, reqs) -> dict:
+def _alone(ckpt, reqs, engine_kw) -> dict:
     out = {}
     for r in reqs:
-        e = _engine(ckpt, prefix_cache_bytes=0, vision_cache_bytes=0)
+        e = _engine(ckpt, engine_kw, prefix_cache_bytes=0, vision_cache_bytes=0)
         out.update({x.id: x.token_ids for x in e.generate([r])})
     return out
 
@@ -55,13 +55,13 @@ def _branch_point(a, b) -> int:
     return n
 
 
-def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt):
+def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
     img = ("image", image(3, 48, 64))
     reqs = [request(ckpt, f"q{i}", [img, q], system=SYSTEM, max_new_tokens=5) for i, q in enumerate(QUESTIONS[:3])]
     bp = _branch_point(reqs[0], reqs[1])
     block = 16 if bp % 16 else 12
     assert bp % block and bp > reqs[0].media[0].spans[-1][1]  # shared text after the image, mid-block
-    cached, plain = _engine(ckpt, block_size=block), _engine(ckpt, block_size=block, prefix_cache_bytes=0)
+    cached, plain = _engine(ckpt, engine_kw, block_size=block), _engine(ckpt, engine_kw, block_size=block, prefix_cache_bytes=0)
     rows_c, rows_p = _spy_prompt_logits(cached), _spy_prompt_logits(plain)
     res_c = {r.id: r for r in cached.generate(reqs)}
     res_p = {r.id: r for r in plain.generate(reqs)}
@@ -74,11 +74,11 @@ def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt):
     assert cached.stats()["vision_encodes"] == 1  # the siblings' hits cover the image
 
 
-def test_copy_on_write_isolation(ckpt):
+def test_copy_on_write_isolation(ckpt, engine_kw):
     img = ("image", image(4, 40, 72))
     reqs = [request(ckpt, f"c{i}", [img, q], system=SYSTEM, max_new_tokens=7) for i, q in enumerate(QUESTIONS)]
-    alone = _alone(ckpt, reqs)
-    engine = _engine(ckpt, block_size=16)
+    alone = _alone(ckpt, reqs, engine_kw)
+    engine = _engine(ckpt, engine_kw, block_size=16)
     first = {r.id: r.token_ids for r in engine.generate(reqs[:2])}
     bp = _branch_point(reqs[0], reqs[1])
     match = engine.prefix_cache.match(engine.codec.encode(reqs[2].prompt_token_ids, reqs[2].media), bp)
@@ -94,15 +94,16 @@ def test_copy_on_write_isolation(ckpt):
     assert torch.equal(now[:, :, :full], kv[:, :, :full])
     assert torch.equal(now[:, :, full, :, : bp % 16], kv[:, :, full, :, : bp % 16])
     assert {**first, **{k: v.token_ids for k, v in later.items()}} == alone
+    assert_static_used(engine.stats(), engine_kw)
 
 
-def test_eviction_under_tight_budget_keeps_outputs(ckpt):
+def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw):
     reqs = [request(ckpt, f"e{g}{i}", [("image", image(20 + g, 40, 40)), q], system=SYSTEM, max_new_tokens=4)
             for g in range(4) for i, q in enumerate(QUESTIONS[:2])]
-    alone = _alone(ckpt, reqs)
-    probe = _engine(ckpt)
+    alone = _alone(ckpt, reqs, engine_kw)
+    probe = _engine(ckpt, engine_kw)
     budget = int(1.5 * probe.state_bytes_per_seq) + 8 * 16 * probe.kv_bytes_per_token
-    engine = _engine(ckpt, prefix_cache_bytes=budget, max_num_seqs=4)
+    engine = _engine(ckpt, engine_kw, prefix_cache_bytes=budget, max_num_seqs=4)
     got = {r.id: r.token_ids for r in engine.generate(reqs)}
     stats = engine.stats()
     assert got == alone
@@ -110,15 +111,15 @@ def test_eviction_under_tight_budget_keeps_outputs(ckpt):
     assert stats["prefix_hit_tokens"] > 0
 
 
-def test_same_text_different_media_never_collide(ckpt):
+def test_same_text_different_media_never_collide(ckpt, engine_kw):
     q = "Describe it."
     a = request(ckpt, "a", [("image", image(7, 48, 48)), q], system=SYSTEM)
     b = request(ckpt, "b", [("image", image(8, 48, 48)), q], system=SYSTEM)  # same size: same token ids
     c = request(ckpt, "c", [("image", image(7, 48, 48)), q], system=SYSTEM)
     assert a.prompt_token_ids == b.prompt_token_ids == c.prompt_token_ids
-    alone = _alone(ckpt, [a, b])
+    alone = _alone(ckpt, [a, b], engine_kw)
     assert alone["a"] != alone["b"]
-    engine = _engine(ckpt)
+    engine = _engine(ckpt, engine_kw)
     res = {r.id: r for r in engine.generate([a, b, c])}
     start, end = a.media[0].spans[0][0], a.media[0].spans[-1][1]
     assert res["b"].cached_tokens == start  # only the text before the image is shared

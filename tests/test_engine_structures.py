@@ -229,7 +229,7 @@ def test_state_pool_views_for_consecutive_slots_equal_copies():
     pool.recurrent.copy_(torch.randn_like(pool.recurrent))
     for idx in ([1, 2, 3], [0, 2]):
         t = torch.tensor([slots[i] for i in idx])
-        run = StatePool.contiguous_run(t)
+        run = StatePool.contiguous_run(t.tolist())
         assert (run is not None) == (idx == [1, 2, 3])
         c_view, r_view = pool.gather(0, t, run)
         c_copy, r_copy = pool.gather(0, t)

@@ -83,3 +83,10 @@ def reference_greedy(ckpt, content: list, max_new_tokens: int, **kw) -> list[int
     with torch.no_grad():
         seq = ref.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return seq[0, out["input_ids"].shape[1]:].tolist()
+
+
+def assert_static_used(stats: dict, engine_kw: dict) -> None:
+    """With static decode on (`engine_kw`, the conftest fixture), some decode steps took the
+    static path; with it off, none."""
+    steps = stats["static_decode_steps"]
+    assert (steps > 0) == bool(engine_kw.get("static_decode")), steps

@@ -102,5 +102,5 @@ def test_selection():
     a, b = select_attention(), select_attention()
     assert isinstance(a, SdpaPagedAttention) and a.workspace is not b.workspace  # one per engine
     assert isinstance(select_attention("naive"), NaivePagedAttention)
-    with pytest.raises(ConfigError, match="allowed: sdpa, naive"):
+    with pytest.raises(ConfigError, match="allowed: sdpa, naive, triton"):
         select_attention("flash")

@@ -11,7 +11,8 @@ Budgets (bytes): `kv_budget_bytes` sizes the paged KV pool of the full-attention
 preempted); `prefix_cache_bytes` bounds what the radix tree keeps (DeltaNet snapshots +
 the distinct KV blocks it references; 0 turns the prefix cache off);
 `vision_cache_bytes` bounds cached vision features (0 turns it off). DeltaNet slots:
-`max_num_seqs` of them (`state_bytes_per_seq` each).
+`max_num_seqs` of them (`state_bytes_per_seq` each). `from_pretrained(memory_fraction=...)`
+sizes the KV pool and prefix cache from free device memory instead (`memory.py`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from vlbatch.operators.engine.scheduler import Scheduler
 from vlbatch.operators.engine.sequence import Sequence
 from vlbatch.operators.engine.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.errors import ConfigError, EngineError, InputError
+from vlbatch.operators.kernels.attention import select_attention
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     chunk_size: int | None = None  # None: prefill chunks only limited by the token budget
     block_size: int = 16
+    attention: str = "sdpa"  # `vlbatch.operators.kernels.attention.CHOICES`
+    static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -67,7 +71,8 @@ class Engine:
         num_blocks = blocks_for_budget(config.kv_budget_bytes, block_bytes)
         self.blocks = BlockManager(num_blocks, config.block_size)
         vcache = LRUVisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else NoVisionCache()
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs, vcache)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs, vcache,
+                                  select_attention(config.attention), static_decode=config.static_decode)
         self.prefix_cache = (RadixPrefixCache(self.blocks, block_bytes, config.prefix_cache_bytes)
                              if config.prefix_cache_bytes > 0 else NoPrefixCache())
         self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache,
@@ -78,17 +83,23 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                        delta_kernels: str = "auto", **budgets) -> Engine:
+                        delta_kernels: str = "auto", memory_fraction: float | None = None, **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
         "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
-        auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields."""
+        auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields.
+        `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
+        (`operators/engine/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win."""
         from vlbatch.operators.model.loader import load_model, torch_dtype
         from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
         model_dir = Path(model_dir)
         model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
         tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
+        if memory_fraction is not None:
+            from vlbatch.operators.engine.memory import budgets_from_memory
+
+            budgets = budgets_from_memory(model, memory_fraction, budgets)
         return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
 
     # -- stats ----------------------------------------------------------------------------

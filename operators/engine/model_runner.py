@@ -11,6 +11,11 @@ Owns the KV tensors `[n_attn, 2, num_blocks, bs, H_kv, D]` (model dtype) and the
    prefix hit that covers an item never reaches this point for it: no tower call;
 4. `model.forward_packed` -> logits for the chunks that end at their last token; its
    attention layers call `self.attention` (`operators/kernels/attention`, chosen once).
+Step planning reads only host state (block tables, slots, token ids as Python ints) and
+copies its index tensors to the device without waiting on it. With `static_decode`,
+decode-only steps run instead on the padded static buffers of `static_decode.StaticDecode`
+(CUDA graphs on CUDA); the KV tensor then has one scratch block more (`scratch_block`)
+and the pool a scratch slot, for the padded rows.
 """
 from __future__ import annotations
 
@@ -20,20 +25,22 @@ import torch
 
 from vlbatch.operators.engine.scheduler import StepPlan
 from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.static_decode import StaticDecode, default_buckets
 from vlbatch.operators.engine.vision_cache import VisionCache
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout, select_attention
+from vlbatch.operators.kernels.attention.layout import to_device
 
 
 class PagedStepCache:
     """`StepCache` over paged K/V blocks and pooled DeltaNet slots for one step."""
 
     def __init__(self, kv: torch.Tensor, pool: StatePool, layout: PagedLayout, query_lens: tuple[int, ...],
-                 slots: torch.Tensor, attention: PagedAttention):
+                 slots: torch.Tensor, attention: PagedAttention, run: tuple[int, int] | None = None):
         self.kv, self.pool, self.layout, self.attend = kv, pool, layout, attention
         self._query_lens = query_lens
         self.slots = slots  # [B] pool slot of each sequence, packing order
-        self.run = StatePool.contiguous_run(slots)  # consecutive slots: views, no gather copies
+        self.run = run  # `StatePool.contiguous_run` of the slots (host ints): views, no gather copies
 
     @property
     def query_lens(self) -> tuple[int, ...]:
@@ -56,23 +63,29 @@ class RunnerStats:
     prefill_tokens: int = 0  # prompt (or recomputed) tokens run through the decoder
     decode_tokens: int = 0
     steps: int = 0
+    static_decode_steps: int = 0  # of `steps`: decode-only steps on the padded static buffers
 
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache,
-                 attention: PagedAttention | None = None):
+                 attention: PagedAttention | None = None, static_decode: bool = False,
+                 buckets: tuple[int, ...] | None = None):
+        """`static_decode`: decode-only steps on padded static buffers, `buckets` their batch
+        sizes (default 1, 2, 4, ... covering `num_slots`)."""
         text = model.config.text
         self.model, self.block_size = model, block_size
         self.device, self.dtype = model.device, model.dtype
         self.merge = model.config.vision.spatial_merge_size
-        self.kv = torch.zeros(len(text.full_layers), 2, num_blocks, block_size, text.num_key_value_heads,
-                              text.head_dim, dtype=self.dtype, device=self.device)
+        self.scratch_block = num_blocks if static_decode else None  # past the BlockManager's ids
+        self.kv = torch.zeros(len(text.full_layers), 2, num_blocks + int(static_decode), block_size,
+                              text.num_key_value_heads, text.head_dim, dtype=self.dtype, device=self.device)
         self.pool = StatePool(num_slots, len(text.linear_layers), text.linear_conv_dim, text.linear_conv_kernel_dim,
                               text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim,
-                              dtype=self.dtype, device=self.device)
+                              dtype=self.dtype, device=self.device, scratch=static_decode)
         self.vision_cache = vision_cache
         # chosen once; its decode gathers' buffers are reused across layers and steps
         self.attention = attention if attention is not None else select_attention()
+        self.static = StaticDecode(self, buckets or default_buckets(num_slots)) if static_decode else None
         self.stats = RunnerStats()
 
     @property
@@ -88,26 +101,39 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Logits [n, V] (float32) of the chunks with `sample`, in plan order."""
         self.copy_blocks(plan.copies)
-        chunks = plan.chunks
-        input_ids = torch.tensor([t for c in chunks for t in c.seq.token_ids[c.start: c.end]],
-                                 dtype=torch.long).to(self.device)
-        positions = _step_positions(chunks).to(self.device)
+        static = self.static is not None and self.static.accepts(plan)
+        logits = self.static.run(plan) if static else self._run_eager(plan.chunks)
+        self.stats.steps += 1
+        self.stats.static_decode_steps += int(static)
+        for c in plan.chunks:
+            self.stats.prefill_tokens += max(0, min(c.end, c.seq.prompt_len) - c.start)
+            self.stats.decode_tokens += max(0, c.end - max(c.start, c.seq.prompt_len))
+        return logits
+
+    def _run_eager(self, chunks) -> torch.Tensor:
+        """Logits [n, V] (float32) of any step: packed rows of the step's own shapes."""
+        input_ids = to_device(torch.tensor([t for c in chunks for t in c.seq.token_ids[c.start: c.end]],
+                                           dtype=torch.long), self.device)
+        positions = to_device(_step_positions(chunks), self.device)
         embeds = self.model.embed(input_ids)
         row = 0
         for c in chunks:
             self._place_vision(c, embeds, row)
             row += c.length
-        layout = PagedLayout.build([c.seq.block_table for c in chunks], [c.start for c in chunks],
-                                   [c.end for c in chunks], self.block_size, self.device)
-        slots = torch.tensor([c.seq.slot for c in chunks], dtype=torch.long, device=self.device)
-        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots, self.attention)
-        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
-        logits_idx = ends[[i for i, c in enumerate(chunks) if c.sample]].to(self.device)
-        logits = self.model.forward_packed(embeds, positions, cache, logits_idx)
-        self.stats.steps += 1
+        ends, row = [], 0
         for c in chunks:
-            self.stats.prefill_tokens += max(0, min(c.end, c.seq.prompt_len) - c.start)
-            self.stats.decode_tokens += max(0, c.end - max(c.start, c.seq.prompt_len))
+            row += c.length
+            if c.sample:
+                ends.append(row - 1)
+        layout = PagedLayout.build([c.seq.block_table for c in chunks], [c.start for c in chunks],
+                                   [c.end for c in chunks], self.block_size, self.device,
+                                   rows=ends if len(ends) < row else None)
+        host_slots = [c.seq.slot for c in chunks]
+        slots = to_device(torch.tensor(host_slots, dtype=torch.long), self.device)
+        cache = PagedStepCache(self.kv, self.pool, layout, tuple(c.length for c in chunks), slots, self.attention,
+                               StatePool.contiguous_run(host_slots))
+        logits = self.model.forward_packed(embeds, positions, cache, to_device(torch.tensor(ends, dtype=torch.long),
+                                                                               self.device))
         return logits.float()
 
     # -- vision ---------------------------------------------------------------------------

@@ -38,12 +38,16 @@ class StatePool:
     """Fixed pool of DeltaNet state slots; slot ids are handed out and returned."""
 
     def __init__(self, num_slots: int, num_linear: int, conv_dim: int, conv_kernel: int, num_v_heads: int,
-                 k_dim: int, v_dim: int, *, dtype: torch.dtype = torch.float32, device="cpu"):
+                 k_dim: int, v_dim: int, *, dtype: torch.dtype = torch.float32, device="cpu", scratch: bool = False):
+        """`scratch`: one more slot, `scratch_slot`, never handed out: the padded rows of a
+        static decode step read and write it."""
         if num_slots < 1:
             raise ConfigError(f"the state pool needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
-        self.conv = torch.zeros(num_linear, num_slots, conv_dim, conv_kernel, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(num_linear, num_slots, num_v_heads, k_dim, v_dim, dtype=torch.float32,
+        self.scratch_slot = num_slots if scratch else None
+        total = num_slots + int(scratch)
+        self.conv = torch.zeros(num_linear, total, conv_dim, conv_kernel, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(num_linear, total, num_v_heads, k_dim, v_dim, dtype=torch.float32,
                                      device=device)
         self._free = list(range(num_slots - 1, -1, -1))
 
@@ -83,12 +87,12 @@ class StatePool:
 
     # -- the StepCache side: gather / scatter a step's slots ---------------------------------
     @staticmethod
-    def contiguous_run(slots: torch.Tensor) -> tuple[int, int] | None:
-        """(first, count) when `slots` are consecutive ascending ids (then views replace copies)."""
-        n = slots.numel()
-        first = int(slots[0]) if n else 0
-        if n and int(slots[-1]) - first == n - 1 and bool((slots.diff() == 1).all()):
-            return first, n
+    def contiguous_run(slots: list[int]) -> tuple[int, int] | None:
+        """(first, count) when `slots` are consecutive ascending ids (then views replace copies);
+        host ints, so deciding never waits on the device."""
+        n = len(slots)
+        if n and all(b - a == 1 for a, b in zip(slots, slots[1:], strict=False)):
+            return slots[0], n
         return None
 
     def gather(self, linear_idx: int, slots: torch.Tensor, run: tuple[int, int] | None = None):

@@ -3,7 +3,8 @@ step's index tensors are `layout.PagedLayout`).
 
 Implementations: `torch_sdpa.SdpaPagedAttention` (gathers + `scaled_dot_product_attention`,
 every device; the default) and `naive.NaivePagedAttention` (a float64 loop, the test
-reference). A fused paged kernel would be a third module here with the same call.
+reference) and `triton_decode.TritonPagedAttention` (SDPA's, with decode rows by a Triton
+paged-decode kernel reading block tables; CUDA; imported only when chosen).
 `select_attention(choice)` is called once per engine (its `ModelRunner`); the instance
 owns reusable buffers, so each engine gets its own.
 """
@@ -15,7 +16,7 @@ from vlbatch.operators.kernels.attention.layout import PagedLayout
 from vlbatch.operators.kernels.attention.naive import NaivePagedAttention, attention_naive
 from vlbatch.operators.kernels.attention.torch_sdpa import SdpaPagedAttention
 
-CHOICES = ("sdpa", "naive")
+CHOICES = ("sdpa", "naive", "triton")
 
 __all__ = ["CHOICES", "NaivePagedAttention", "PagedAttention", "PagedLayout", "SdpaPagedAttention",
            "attention_naive", "select_attention"]
@@ -25,4 +26,8 @@ def select_attention(choice: str = "sdpa") -> PagedAttention:
     """A new instance of the `choice` implementation (see the module docstring)."""
     if choice not in CHOICES:
         raise ConfigError(f"attention {choice!r}; allowed: {', '.join(CHOICES)}")
+    if choice == "triton":
+        from vlbatch.operators.kernels.attention.triton_decode import TritonPagedAttention
+
+        return TritonPagedAttention()
     return SdpaPagedAttention() if choice == "sdpa" else NaivePagedAttention()

@@ -3,13 +3,24 @@
 K/V of one full-attention layer live in `k_cache` / `v_cache` `[num_blocks, bs, H_kv, D]`;
 token position p of a sequence is at flat slot `table[p // bs] * bs + p % bs`.
 `PagedLayout.build` turns a step's (block table, start, end) per sequence into index
-tensors once per step (all layers share them).
+tensors once per step (all layers share them), on the host, and copies them to the device
+without waiting on it (`to_device`). Decode rows come in two forms: flat context slots with
+a mask (the gather + SDPA path) and block tables with context lengths (a paged kernel).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`; to CUDA through pinned memory without blocking the host
+    (a pageable copy first waits for the device's queue to drain)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -23,10 +34,15 @@ class PagedLayout:
     prefills: tuple[tuple[int, int, int, torch.Tensor], ...]  # (row0, n, start, ctx slots [start + n])
     chunks: tuple[tuple[int, int, list[int]], ...]  # (row0, start, block table) of every sequence
     block_size: int
+    decode_tables: torch.Tensor | None = None  # [B_d, W] int32 block tables (padded with 0)
+    decode_lens: torch.Tensor | None = None  # [B_d] int32 context length (new token included)
+    row_context: tuple[torch.Tensor, torch.Tensor] | None = None  # `rows_context(rows)` of the sampled rows
 
     @classmethod
     def build(cls, tables: list[list[int]], starts: list[int], ends: list[int], block_size: int,
-              device) -> PagedLayout:
+              device, rows: list[int] | None = None) -> PagedLayout:
+        """`rows` (ascending packed rows, optional): the rows the caller will pass as `rows`
+        to the attention; their context is then built here, on the host."""
         bs = block_size
         mapping: list[torch.Tensor] = []
         pending: list[int] = []  # slots of consecutive one-token rows, flushed as one tensor
@@ -37,7 +53,7 @@ class PagedLayout:
             if e - s == 1:  # decode: its new slot in Python, its context below in one batched op
                 pending.append(table[s // bs] * bs + s % bs)
                 d_rows.append(row)
-                d_tables.append(table)
+                d_tables.append(table[: -(-e // bs)])
                 d_lens.append(e)
             else:
                 if pending:
@@ -47,13 +63,18 @@ class PagedLayout:
                 pos = torch.arange(e)
                 ctx = blocks[pos // bs] * bs + pos % bs  # [e]
                 mapping.append(ctx[s:])
-                prefills.append((row, e - s, s, ctx.to(device)))
+                prefills.append((row, e - s, s, to_device(ctx, device)))
             row += e - s
         if pending:
             mapping.append(torch.tensor(pending, dtype=torch.long))
-        slots, mask = _decode_slots(d_tables, d_lens, bs)
-        return cls(torch.cat(mapping).to(device), torch.tensor(d_rows, dtype=torch.long, device=device),
-                   slots.to(device), mask.to(device), tuple(prefills), tuple(chunks), bs)
+        slots, mask = decode_slots(d_tables, d_lens, bs)
+        d_tab, d_len = padded_tables(d_tables, max((len(t) for t in d_tables), default=0)), torch.tensor(d_lens)
+        layout = cls(to_device(torch.cat(mapping), device), to_device(torch.tensor(d_rows, dtype=torch.long), device),
+                     to_device(slots, device), to_device(mask, device), tuple(prefills), tuple(chunks), bs,
+                     to_device(d_tab, device), to_device(d_len.to(torch.int32), device))
+        if rows is None:
+            return layout
+        return replace(layout, row_context=layout.rows_context(rows))
 
     def rows_context(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Context slots [n, L_max] and mask [n, 1, 1, L_max] of packed rows `rows` (ascending)."""
@@ -64,16 +85,23 @@ class PagedLayout:
             row0, start, table = self.chunks[i]
             tables.append(table)
             lens.append(start + r - row0 + 1)
-        slots, mask = _decode_slots(tables, lens, self.block_size)
+        slots, mask = decode_slots(tables, lens, self.block_size)
         dev = self.slot_mapping.device
-        return slots.to(dev), mask.to(dev)
+        return to_device(slots, dev), to_device(mask, dev)
 
 
-def _decode_slots(tables: list[list[int]], lens: list[int], bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Context slots [B, L_max] (0 past each length) and mask [B, 1, 1, L_max] of decode rows."""
-    lmax = max(lens, default=0)
-    width = max((len(t) for t in tables), default=0)
-    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).view(len(tables), width)
+def padded_tables(tables: list[list[int]], width: int) -> torch.Tensor:
+    """[B, width] int32 block tables, padded with 0 (blocks past a row's length are never read)."""
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).view(len(tables), width)
+
+
+def decode_slots(tables: list[list[int]], lens: list[int], bs: int,
+                 lmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context slots [B, L_max] (0 past each length) and mask [B, 1, 1, L_max] of decode rows;
+    `lmax` (>= every length, <= bs * table width) pads them to a fixed width."""
+    lmax = max(lens, default=0) if lmax is None else lmax
+    width = max(-(-lmax // bs), max((len(t) for t in tables), default=0))
+    padded = padded_tables(tables, width).long()
     pos = torch.arange(lmax)
     mask = pos[None] < torch.tensor(lens, dtype=torch.long)[:, None]  # [B, L_max]
     slots = padded[:, pos // bs] * bs + pos % bs if len(tables) else torch.zeros(0, lmax, dtype=torch.long)

@@ -38,13 +38,13 @@ class SdpaPagedAttention(PagedAttention):
         kc.index_copy_(0, layout.slot_mapping, k.to(kc.dtype))
         vc.index_copy_(0, layout.slot_mapping, v.to(vc.dtype))
         if rows is not None:
-            slots, mask = layout.rows_context(rows.tolist())
+            # built on the host with the layout when the caller named its rows (no device sync)
+            slots, mask = layout.row_context or layout.rows_context(rows.tolist())
             return attend_single(kc, vc, q, slots, mask, self.workspace)
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         gqa = q.shape[1] != h_kv
         if len(layout.decode_rows):
-            out[layout.decode_rows] = attend_single(kc, vc, q[layout.decode_rows], layout.decode_slots,
-                                                    layout.decode_mask, self.workspace)
+            out[layout.decode_rows] = self.decode(layout, kc, vc, q[layout.decode_rows])
         for row0, n, start, ctx in layout.prefills:
             qp = q[row0: row0 + n].float().transpose(0, 1)[None]  # [1, H_q, n, D]
             kp = kc.index_select(0, ctx).float().transpose(0, 1)[None]  # [1, H_kv, ctx, D]
@@ -53,6 +53,11 @@ class SdpaPagedAttention(PagedAttention):
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=gqa)
             out[row0: row0 + n] = o[0].transpose(0, 1)
         return out
+
+    def decode(self, layout: PagedLayout, kc: torch.Tensor, vc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The one-token rows: q [B_d, H_q, D], flat caches [S, H_kv, D] -> [B_d, H_q, D] float32
+        (a subclass may replace this with a paged kernel)."""
+        return attend_single(kc, vc, q, layout.decode_slots, layout.decode_mask, self.workspace)
 
 
 class Workspace:
