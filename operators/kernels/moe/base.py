@@ -31,3 +31,11 @@ class ExpertsKernel:
     def __call__(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor,
                  down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
+
+
+def sort_by_expert(index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """index [T, k] -> (order [T * k]: the k*T slots grouped by expert, ascending and stable;
+    tokens [T * k]: the token of each sorted slot; counts [E]: slots per expert)."""
+    flat = index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    return order, order // index.shape[1], torch.bincount(flat, minlength=num_experts)

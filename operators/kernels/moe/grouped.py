@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from vlbatch.operators.kernels.moe.base import ExpertsKernel
+from vlbatch.operators.kernels.moe.base import ExpertsKernel, sort_by_expert
 
 
 @dataclass(frozen=True)
@@ -18,11 +18,8 @@ class GroupedMMExperts(ExpertsKernel):
     name: ClassVar[str] = "grouped_mm"
 
     def __call__(self, x, index, weight, gate_up, down, act):
-        k = index.shape[1]
-        flat = index.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # [T * k] slots grouped by expert, ascending
-        tokens = order // k
-        offs = torch.bincount(flat, minlength=gate_up.shape[0]).cumsum(0).to(torch.int32)  # [E] group ends
+        order, tokens, counts = sort_by_expert(index, gate_up.shape[0])
+        offs = counts.cumsum(0).to(torch.int32)  # [E] group ends
         gate, up = torch._grouped_mm(x[tokens], gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)  # [T * k, I]
         y = torch._grouped_mm((act(gate) * up).contiguous(), down.transpose(1, 2), offs=offs)  # [T * k, D]
         return torch.zeros_like(x).index_add_(0, tokens, y * weight.reshape(-1)[order, None])

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from vlbatch.operators.kernels.moe.base import ExpertsKernel
+from vlbatch.operators.kernels.moe.base import ExpertsKernel, sort_by_expert
 
 
 @dataclass(frozen=True)
@@ -18,16 +18,13 @@ class PaddedExperts(ExpertsKernel):
     name: ClassVar[str] = "padded"
 
     def __call__(self, x, index, weight, gate_up, down, act):
-        k = index.shape[1]
+        order, tokens, counts = sort_by_expert(index, gate_up.shape[0])
         flat = index.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # [T * k] slots grouped by expert, ascending
         expert = flat[order]
-        counts = torch.bincount(flat, minlength=gate_up.shape[0])  # [E]
         present = counts > 0
         active = present.nonzero().squeeze(1)  # [A] experts with tokens
         group = present.cumsum(0)[expert] - 1  # [T * k] batch row of each slot's expert
         rank = torch.arange(flat.numel(), device=x.device) - (counts.cumsum(0) - counts)[expert]  # row in its group
-        tokens = order // k
         buf = x.new_zeros(active.numel(), int(counts.max()), x.shape[1])  # [A, C, D]
         buf[group, rank] = x[tokens]
         if active.numel() < gate_up.shape[0]:  # copy the weights of the experts in use only
