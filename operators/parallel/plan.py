@@ -15,9 +15,9 @@ Rank r of N holds (model parameter names; `H` counts heads, `I` FFN widths):
 - embedding and LM head: vocab rows [r*V/N, (r+1)*V/N).
 - everything else (norms, router, shared-expert gate, the vision tower): replicated.
 
-`rank_config` is the config whose sizes are one rank's (heads / N, widths / N): the model
-and its caches (KV pool, DeltaNet state pool) are built from it, so every per-rank tensor
-has its per-rank shape from the start.
+`rank_config` is the config whose sizes are one rank's (heads / N, widths / N; the vocab
+stays whole: the gathered logits are [n, V]): the model and its caches (KV pool, DeltaNet
+state pool) are built from it, so every per-rank tensor has its per-rank shape from the start.
 """
 from __future__ import annotations
 
@@ -70,8 +70,7 @@ class ParallelPlan:
         sizes = dict(num_attention_heads=t.num_attention_heads // n, num_key_value_heads=t.num_key_value_heads // n,
                      linear_num_key_heads=t.linear_num_key_heads // n,
                      linear_num_value_heads=t.linear_num_value_heads // n,
-                     intermediate_size=t.intermediate_size // n if not t.is_moe else t.intermediate_size,
-                     vocab_size=t.vocab_size // n)
+                     intermediate_size=t.intermediate_size // n if not t.is_moe else t.intermediate_size)
         if t.is_moe:
             sizes["shared_expert_intermediate_size"] = t.shared_expert_intermediate_size // n
             if not self.expert_parallel:

@@ -103,8 +103,10 @@ class ParallelModel(Qwen35Model):
         self.full_config, self.plan, self.comm = config, plan, comm
         text = self.config.text
         lm = self.language_model
-        lm.embed_tokens = VocabParallelEmbedding(text.vocab_size, text.hidden_size, plan.rank * text.vocab_size,
-                                                 comm)
+        vocab = text.vocab_size // plan.tp  # rows [rank * vocab, (rank + 1) * vocab)
+        lm.embed_tokens = VocabParallelEmbedding(vocab, text.hidden_size, plan.rank * vocab, comm)
+        if self.lm_head is not None:
+            self.lm_head = nn.Linear(text.hidden_size, vocab, bias=False)
         for layer in lm.layers:
             mixer = layer.linear_attn if layer.is_linear else layer.self_attn
             if isinstance(mixer, GatedDeltaNet):
