@@ -83,23 +83,37 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                        delta_kernels: str = "auto", memory_fraction: float | None = None, **budgets) -> Engine:
+                        delta_kernels: str = "auto", memory_fraction: float | None = None,
+                        tensor_parallel_size: int = 1, expert_parallel: bool = False, **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
         "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
         auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields.
         `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
-        (`operators/engine/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win."""
+        (`operators/engine/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
+        `tensor_parallel_size` > 1: this process is rank 0 of an initialised torch.distributed
+        group of that size whose other ranks run `operators/engine/distributed.follow_pretrained`
+        (`expert_parallel`: MoE experts split whole across the ranks)."""
         from vlbatch.operators.model.loader import load_model, torch_dtype
         from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
         model_dir = Path(model_dir)
-        model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
+        if tensor_parallel_size > 1:
+            from vlbatch.operators.engine.distributed import load_rank
+
+            model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, device=device,
+                                    dtype=torch_dtype(dtype), delta_kernels=delta_kernels, leader=True)
+        else:
+            model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
         tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
         if memory_fraction is not None:
             from vlbatch.operators.engine.memory import budgets_from_memory
 
             budgets = budgets_from_memory(model, memory_fraction, budgets)
+        if tensor_parallel_size > 1:
+            from vlbatch.operators.engine.distributed import LeaderEngine
+
+            return LeaderEngine(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets), comm)
         return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
 
     # -- stats ----------------------------------------------------------------------------

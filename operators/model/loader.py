@@ -79,26 +79,34 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               delta_kernels: str = "auto") -> Qwen35Model:
+               delta_kernels: str = "auto", parallel=None, comm=None) -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
     `delta_kernels`: auto / torch / fla (`operators/kernels/delta_rule.select_delta_rule`); MoE experts:
-    `operators/kernels/moe.select_experts`."""
+    `operators/kernels/moe.select_experts`. With `parallel` (`operators/parallel.ParallelPlan`, tp > 1)
+    and its `comm`, this rank's shard (`operators/parallel/shard.ParallelModel`): only its slices
+    of each tensor are read from the memory-mapped files."""
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
     from vlbatch.operators.kernels.moe import select_experts
 
     kernels = select_delta_rule(device, delta_kernels)  # a bad choice fails before the weights load
     config = ModelConfig.from_pretrained(model_dir)
+    sharded = parallel is not None and parallel.tp > 1
     with torch.device("meta"):
-        model = Qwen35Model(config)
+        model = Qwen35Model(config)  # full shapes: what the checkpoint is checked against
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        if sharded:
+            from vlbatch.operators.parallel.shard import ParallelModel
+
+            model = ParallelModel(config, parallel, comm)
     files = checkpoint_files(model_dir)
-    shapes = {n: tuple(s.shape) for n, s in model.named_parameters()}
     plan, mtp = _plan(files, shapes, config)
-    _materialise(model, plan, files, torch.device(device), dtype)
+    shard_of = (lambda name: parallel.shard(name, shapes[name], config.text)) if sharded else None
+    _materialise(model, plan, files, torch.device(device), dtype, shard_of)
     for name in mtp:
         with safe_open(str(files[name]), framework="pt") as f:
             model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     model = model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
-    text = config.text
+    text = model.config.text
     if text.is_moe:
         model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size))
     return model
@@ -177,26 +185,54 @@ def _covered(param: str, parts: list, shape: tuple) -> bool:
     return len({(idx[0], str(idx[1:])) for _, idx in parts}) == need
 
 
-def _materialise(model: nn.Module, plan: dict, files: dict[str, Path], device: torch.device, dtype: torch.dtype):
-    """Replace every meta parameter by its loaded tensor (one parameter in memory at a time)."""
+def _materialise(model: nn.Module, plan: dict, files: dict[str, Path], device: torch.device, dtype: torch.dtype,
+                 shard_of=None):
+    """Replace every meta parameter by its loaded tensor (one parameter in memory at a time).
+    `shard_of(param) -> Shard | None` (`operators/parallel/plan.py`): read only that part."""
     handles: dict[Path, object] = {}
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str, shard) -> torch.Tensor:
         path = files[name]
         if path not in handles:
             handles[path] = safe_open(str(path), framework="pt")
-        return handles[path].get_tensor(name)
+        if shard is None:
+            return handles[path].get_tensor(name)
+        sl = handles[path].get_slice(name)
+        lead = (slice(None),) * shard.dim
+        return torch.cat([sl[(*lead, slice(a, b))] for a, b in shard.ranges], dim=shard.dim)
 
     for param, parts in plan.items():
         module_name, _, attr = param.rpartition(".")
         module = model.get_submodule(module_name)
         shape = getattr(module, attr).shape
+        shard = shard_of(param) if shard_of is not None else None
         whole = [n for n, idx in parts if idx is None]
         if whole:
-            value = read(whole[0]).to(device=device, dtype=dtype)
+            value = read(whole[0], shard).to(device=device, dtype=dtype)
         else:
             value = torch.empty(shape, device=device, dtype=dtype)
             for name, index in parts:
-                value[index] = read(name).to(device=device, dtype=dtype)
+                for local, part_shard in _local_parts(index, shard):
+                    value[local] = read(name, part_shard).to(device=device, dtype=dtype)
         setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=False))
     handles.clear()
+
+
+def _local_parts(index: tuple, shard) -> list[tuple[tuple, object]]:
+    """A per-expert tensor filling `full[index]` (index (e,) or (e, rows)) -> the
+    [(index into the rank's tensor, part of the checkpoint tensor to read)] it contributes."""
+    if shard is None:
+        return [(index, None)]
+    if shard.dim == 0:  # expert parallel: whole experts [a, b)
+        a, b = shard.ranges[0]
+        return [((index[0] - a, *index[1:]), None)] if a <= index[0] < b else []
+    if len(index) == 1:  # the tensor spans the sharded dim whole (dim - 1 in the tensor)
+        return [(index, type(shard)(shard.dim - 1, shard.ranges))]
+    s0, s1 = index[1].start, index[1].stop  # gate or up rows of gate_up, sharded on dim 1
+    out, off = [], 0
+    for a, b in shard.ranges:
+        lo, hi = max(a, s0), min(b, s1)
+        if lo < hi:
+            out.append(((index[0], slice(off + lo - a, off + hi - a)), type(shard)(0, ((lo - s0, hi - s0),))))
+        off += b - a
+    return out

@@ -4,6 +4,9 @@ Variants (all sizes far below the real ones, shapes and structure the same):
 - ``dense``: untied embedding and LM head, like Qwen3.5-9B.
 - ``dense_tied``: tied embedding and LM head, like Qwen3.5-4B.
 - ``moe``: routed experts plus a gated shared expert, like Qwen3.5-35B-A3B.
+- ``dense_uneven`` / ``moe_uneven``: ``dense`` / ``moe`` with one KV head, one DeltaNet key
+  head and three value heads (and 3 experts), so a 2-way tensor / expert parallel split is
+  refused (the other variants' head, width and expert counts all split evenly by 2).
 
 Weights are produced by transformers' own classes and `save_pretrained` so the
 tensor names and file layout are exactly those a real checkpoint has; the
@@ -18,7 +21,9 @@ from pathlib import Path
 
 from vlbatch.devtools.checkpoints import tokenizer as tok
 
-TINY_VARIANTS = ("dense", "dense_tied", "moe")
+TINY_VARIANTS = ("dense", "dense_tied", "moe", "dense_uneven", "moe_uneven")
+_UNEVEN = {"num_key_value_heads": 1, "linear_num_key_heads": 1, "linear_num_value_heads": 3}
+_VARIANT_TEXT = {"dense_uneven": _UNEVEN, "moe_uneven": {**_UNEVEN, "num_experts": 3}}
 
 _VISION = {
     "depth": 2,
@@ -111,9 +116,11 @@ def tiny_config_dict(variant: str = "dense", vision_overrides: dict | None = Non
         raise ValueError(f"variant must be one of {TINY_VARIANTS}, got {variant!r}")
     ids = tok.special_token_ids()
     vocab = -(-(max(ids.values()) + 1) // 64) * 64
+    moe = variant.startswith("moe")
     text = copy.deepcopy(_TEXT)
-    if variant == "moe":
+    if moe:
         text.update(_MOE)
+    text.update(_VARIANT_TEXT.get(variant, {}))
     text.update(
         vocab_size=vocab,
         eos_token_id=ids["<|im_end|>"],
@@ -124,7 +131,7 @@ def tiny_config_dict(variant: str = "dense", vision_overrides: dict | None = Non
     text.update(text_overrides)
     vision = {**_VISION, "out_hidden_size": text["hidden_size"], **(vision_overrides or {})}
     return {
-        "model_type": "qwen3_5_moe" if variant == "moe" else "qwen3_5",
+        "model_type": "qwen3_5_moe" if moe else "qwen3_5",
         "text_config": text,
         "vision_config": vision,
         "image_token_id": ids["<|image_pad|>"],
@@ -151,7 +158,7 @@ def build_reference_model(
     cfg.pop("model_type")
     cfg["text_config"]["initializer_range"] = init_std
     cfg["vision_config"]["initializer_range"] = init_std
-    if variant == "moe":
+    if variant.startswith("moe"):
         config, cls = Qwen3_5MoeConfig(**cfg), Qwen3_5MoeForConditionalGeneration
     else:
         config, cls = Qwen3_5Config(**cfg), Qwen3_5ForConditionalGeneration
