@@ -15,6 +15,11 @@ computed by the reference's own float32 ops (`(float32(x) - mean/rescale) /
 rescaling), so the output is bit-identical to `patchify_naive`, a direct
 transcription of the reference's float-first order, which the tests compare
 against over odd shapes.
+
+uint8 mode (`lut=None`): the same kernel through the identity table writes the
+resized uint8 levels in the same layout (the pipeline ships these, 4x fewer bytes);
+`vlbatch.operators.model.pixels.normalize_patches` with `Normalization.lut` turns them
+into the float32 values bit for bit on the model's device.
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ class Normalization:
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _patchify_kernel(frames, lut, out, patch, merge, temporal):  # pragma: no cover - compiled
-    """frames u8 [F, H, W, C]; lut f32 [C, 256]; out f32 [N, C*temporal*patch*patch]."""
+    """frames u8 [F, H, W, C]; lut [C, 256] f32 (or u8 identity); out [N, C*temporal*patch*patch] of lut's dtype."""
     f_n, h, w, c_n = frames.shape
     groups = (f_n + temporal - 1) // temporal
     bh_n, bw_n = h // (patch * merge), w // (patch * merge)
@@ -90,18 +95,23 @@ def grid_of(frames: int, height: int, width: int, patch: int, temporal: int) -> 
     return -(-frames // temporal), height // patch, width // patch
 
 
-def patchify_into(out: np.ndarray, frames: np.ndarray, lut: np.ndarray, *, patch: int, merge: int,
+def patchify_into(out: np.ndarray, frames: np.ndarray, lut: np.ndarray | None, *, patch: int, merge: int,
                   temporal: int) -> tuple[int, int, int]:
-    """Write one image or clip into `out` float32 `[N, C * temporal * p * p]`; return its grid (t, h, w).
+    """Write one image or clip into `out` `[N, C * temporal * p * p]`; return its grid (t, h, w).
 
     frames: uint8 `[F, H, W, C]`, H and W multiples of patch*merge (F = 1 for an image).
+    lut: float32 `[C, 256]` (`Normalization.lut`) with a float32 `out`, or None with a uint8
+    `out`: the levels themselves (through the identity table, same kernel, same layout).
     """
     f, h, w, c = frames.shape
     if h % (patch * merge) or w % (patch * merge):
         raise ValueError(f"frame size {h}x{w} is not a multiple of patch*merge={patch * merge}; smart_resize first")
     grid = grid_of(f, h, w, patch, temporal)
-    if out.shape != (grid[0] * grid[1] * grid[2], c * temporal * patch * patch) or out.dtype != np.float32:
-        raise ValueError(f"out has shape {out.shape} {out.dtype}, expected {grid} patches of float32")
+    want = np.float32 if lut is not None else np.uint8
+    if out.shape != (grid[0] * grid[1] * grid[2], c * temporal * patch * patch) or out.dtype != want:
+        raise ValueError(f"out has shape {out.shape} {out.dtype}, expected {grid} patches of {np.dtype(want)}")
+    if lut is None:
+        lut = np.ascontiguousarray(np.broadcast_to(np.arange(256, dtype=np.uint8), (c, 256)))
     _patchify_kernel(np.ascontiguousarray(frames), lut, out, patch, merge, temporal)
     return grid
 
