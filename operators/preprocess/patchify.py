@@ -16,8 +16,9 @@ rescaling), so the output is bit-identical to `patchify_naive`, a direct
 transcription of the reference's float-first order, which the tests compare
 against over odd shapes.
 
-uint8 mode (`lut=None`): the same kernel through the identity table writes the
-resized uint8 levels in the same layout (the pipeline ships these, 4x fewer bytes);
+uint8 mode (`lut=None`, `_patchify_levels`): the resized uint8 levels in the same layout,
+as numpy strided copies of each frame's 7-D view (no table: ~3x faster than the kernel,
+which is bound by its per-value lookup); the pipeline ships these, 4x fewer bytes;
 `vlbatch.operators.model.pixels.normalize_patches` with `Normalization.lut` turns them
 into the float32 values bit for bit on the model's device.
 """
@@ -60,7 +61,7 @@ class Normalization:
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _patchify_kernel(frames, lut, out, patch, merge, temporal):  # pragma: no cover - compiled
-    """frames u8 [F, H, W, C]; lut [C, 256] f32 (or u8 identity); out [N, C*temporal*patch*patch] of lut's dtype."""
+    """frames u8 [F, H, W, C]; lut f32 [C, 256]; out f32 [N, C*temporal*patch*patch]."""
     f_n, h, w, c_n = frames.shape
     groups = (f_n + temporal - 1) // temporal
     bh_n, bw_n = h // (patch * merge), w // (patch * merge)
@@ -111,9 +112,29 @@ def patchify_into(out: np.ndarray, frames: np.ndarray, lut: np.ndarray | None, *
     if out.shape != (grid[0] * grid[1] * grid[2], c * temporal * patch * patch) or out.dtype != want:
         raise ValueError(f"out has shape {out.shape} {out.dtype}, expected {grid} patches of {np.dtype(want)}")
     if lut is None:
-        lut = np.ascontiguousarray(np.broadcast_to(np.arange(256, dtype=np.uint8), (c, 256)))
-    _patchify_kernel(np.ascontiguousarray(frames), lut, out, patch, merge, temporal)
+        _patchify_levels(out, frames, grid, patch=patch, merge=merge, temporal=temporal)
+    else:
+        _patchify_kernel(np.ascontiguousarray(frames), lut, out, patch, merge, temporal)
     return grid
+
+
+def _patchify_levels(out: np.ndarray, frames: np.ndarray, grid: tuple[int, int, int], *, patch: int, merge: int,
+                     temporal: int) -> None:
+    """uint8 `[F, H, W, C]` -> `out` uint8 `[N, C*tp*p*p]`: per temporal group and slot, one strided
+    copy of the source frame viewed `[bh, bw, mh, mw, C, p, p]`; a repeated frame copies the slot."""
+    f, _, _, c = frames.shape
+    gt, gh, gw = grid
+    bh, bw = gh // merge, gw // merge
+    per = gh * gw
+    for g in range(gt):
+        dst = out[g * per:(g + 1) * per].reshape(bh, bw, merge, merge, c, temporal, patch, patch)
+        for t in range(temporal):
+            src = min(g * temporal + t, f - 1)
+            if t > 0 and src == min(g * temporal + t - 1, f - 1):
+                dst[:, :, :, :, :, t] = dst[:, :, :, :, :, t - 1]
+                continue
+            view = frames[src].reshape(bh, merge, patch, bw, merge, patch, c).transpose(0, 3, 1, 4, 6, 2, 5)
+            dst[:, :, :, :, :, t] = view
 
 
 def patchify_naive(frames: torch.Tensor, norm: Normalization, *, patch: int, merge: int, temporal: int) -> torch.Tensor:
