@@ -1,66 +1,88 @@
 """Model backends behind the model stage. Contract (both implementations):
 
-    backend.generate(rows: list[Prepared]) -> dict[request_id, ReqOut]
+    backend.generate(rows: list[Prepared]) -> dict[request_id, Result | VlbatchError]
 
-covers every request of every row (one ReqOut each, possibly an error), greedy when
+covers every request of every row: the engine's `Result` (possibly an error result), or
+the typed error that kept the request from being built; greedy when
 `sampling.temperature == 0`; it may be called from several threads at once (the model
 stage runs concurrent calls on one actor). `backend.take_usage() -> Usage` gives the
 model's busy seconds and vision-tower counters since the previous take (so the figures
 of all calls sum to the actor's totals).
 
+A row's uint8 patches are read once (a tensor over the Arrow buffer, never copied per
+question) and normalised with the checkpoint's table (`media_tables`).
+
 - `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
-  `EngineLoop`: every call's requests join one continuous batch: the product.
+  `EngineLoop`: every call's requests join one continuous batch: the product. All requests
+  of a media share one pixel tensor and the CPU stage's content hash.
 - `TransformersBackend`: transformers' `generate()`, one request at a time, calls
-  serialised: the reference and the benchmark baseline (no caches, slow).
+  serialised: the reference and the benchmark baseline (no caches, slow); it normalises
+  a media's patches once (float32, the processor's values) for all its questions.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
+import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from vlbatch.operators.errors import InputError
+from vlbatch.operators.errors import InputError, VlbatchError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Prepared
 
-
-@dataclass(frozen=True)
-class ReqOut:
-    """What the backend returns for one request (backend-neutral)."""
-
-    answer: str | None
-    thinking: str | None
-    finish_reason: str | None
-    prompt_tokens: int | None
-    generated_tokens: int | None
-    cached_tokens: int | None
-    error_type: str | None = None
-    error_message: str | None = None
+if TYPE_CHECKING:
+    import torch
 
 
 def request_seed(base: int, rid: str) -> int:
     return (int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) ^ base) & 0x7FFFFFFF
 
 
-def processor_dict(row: Prepared, i: int) -> dict[str, np.ndarray]:
-    """Prompt i of a Prepared row in the processor's output layout (batch of one)."""
-    ids = np.asarray(row.input_ids[i], np.int64)[None]
-    out = {
-        "input_ids": ids,
-        "attention_mask": np.ones_like(ids),
-        "mm_token_type_ids": np.asarray(row.mm_token_type_ids[i], np.int64)[None],
-        "position_ids": np.asarray(row.position_ids[i], np.int64).reshape(3, 1, -1),
-        "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
-    }
-    grid = np.asarray(row.grid_thw, np.int64)[None]
-    pixels = np.require(row.pixel_values, requirements=["W"])  # Arrow buffers are read-only; torch wants writable
-    if row.media_type == "image":
-        out["pixel_values"], out["image_grid_thw"] = pixels, grid
-    else:
-        out["pixel_values_videos"], out["video_grid_thw"] = pixels, grid
+def media_tables(model_dir: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's normalisation tables, float32 [3, 256] per media kind (the ones the
+    CPU stage's processor hashes with: the job overrides only its pixel budgets)."""
+    import torch
+
+    from vlbatch.operators.preprocess.config import load_image_config, load_video_config
+
+    return {"image": torch.from_numpy(load_image_config(model_dir).norm.lut(3)),
+            "video": torch.from_numpy(load_video_config(model_dir).norm.lut(3))}
+
+
+def shared_patches(row: Prepared) -> torch.Tensor:
+    """uint8 [N, D] tensor over the row's Arrow buffer (no copy; it is only ever read)."""
+    import torch
+
+    with warnings.catch_warnings():  # the buffer is read-only; torch warns about writes never made
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(row.patches)
+
+
+def media_requests(row: Prepared, table: torch.Tensor, sampling, thinking: bool) -> dict[str, object]:
+    """{request id: engine `Request` (or the `InputError` that refused it)} for every prompt of
+    `row`, all around one pixel tensor and the row's content hash (prompts with equal spans
+    share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams."""
+    import torch
+
+    from vlbatch.operators.engine import MediaItem, Request
+
+    pixels = shared_patches(row)
+    items: dict[tuple, MediaItem] = {}
+    out: dict[str, object] = {}
+    for i, rid in enumerate(row.ids):
+        try:
+            spans = row.prompt_spans(i)
+            if spans not in items:
+                items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans,
+                                         content_hash=row.content_hash, table=table)
+            pos = torch.tensor(row.position_ids[i], dtype=torch.int64).view(3, -1)
+            out[rid] = Request(id=rid, prompt_token_ids=row.input_ids[i], position_ids=pos,
+                               rope_delta=row.rope_deltas[i], media=(items[spans],), sampling=sampling(rid),
+                               group=row.media_uri, thinking=thinking)
+        except InputError as e:  # bad shapes / spans: permanent
+            out[rid] = e
     return out
 
 
@@ -107,6 +129,7 @@ class EngineBackend:
                                              dtype=cfg.model.dtype,
                                              **cfg.model.engine.engine_kwargs())
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
+        self.tables = media_tables(cfg.model.path)
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -118,26 +141,12 @@ class EngineBackend:
                               temperature=1.0 if greedy else s.temperature, top_k=s.top_k,
                               top_p=None if s.top_p == 1.0 else s.top_p, seed=request_seed(s.seed, rid))
 
-    def generate(self, rows: list[Prepared]) -> dict[str, ReqOut]:
-        from vlbatch.operators.engine.request import Request
-
-        out: dict[str, ReqOut] = {}
-        reqs = []
+    def generate(self, rows: list[Prepared]) -> dict[str, object]:
+        out: dict[str, object] = {}
         for r in rows:
-            for i, rid in enumerate(r.ids):
-                try:
-                    reqs.append(Request.from_processor(rid, processor_dict(r, i), 0, sampling=self._sampling(rid),
-                                                       group=r.media_uri, thinking=self.cfg.task.thinking))
-                except InputError as e:
-                    out[rid] = ReqOut(None, None, None, None, None, None, e.error_type, str(e))
-        results = self.loop.run(reqs, visual_tokens=sum(r.visual_tokens for r in rows))
-        for res in results.values():
-            if res.finish_reason == "error":
-                etype = res.error_type or "EngineError"
-                out[res.id] = ReqOut(None, None, None, res.prompt_tokens, 0, res.cached_tokens, etype, res.error)
-            else:
-                out[res.id] = ReqOut(res.text, res.thinking, res.finish_reason, res.prompt_tokens,
-                                     res.generated_tokens, res.cached_tokens)
+            out.update(media_requests(r, self.tables[r.media_type], self._sampling, self.cfg.task.thinking))
+        reqs = [q for q in out.values() if not isinstance(q, VlbatchError)]
+        out.update(self.loop.run(reqs))  # visual tokens: each media once (`pinned_visual_tokens`)
         return out
 
     def take_usage(self) -> Usage:
@@ -160,19 +169,19 @@ class TransformersBackend:
         self.model = AutoModelForImageTextToText.from_pretrained(cfg.model.path, dtype=torch_dtype(cfg.model.dtype))
         self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.tables = media_tables(cfg.model.path)
         self.torch = torch
         self._lock = threading.Lock()  # one generate() at a time
         self._busy_s = 0.0
         self._meter = _UsageMeter()
 
-    def generate(self, rows: list[Prepared]) -> dict[str, ReqOut]:
+    def generate(self, rows: list[Prepared]) -> dict[str, object]:
         out = {}
         with self._lock:
             t0 = time.perf_counter()
             try:
                 for r in rows:
-                    for i, rid in enumerate(r.ids):
-                        out[rid] = self.generate_one(processor_dict(r, i), rid)
+                    out.update(self.generate_media(r))
             finally:
                 self._busy_s += time.perf_counter() - t0
         return out
@@ -180,21 +189,38 @@ class TransformersBackend:
     def take_usage(self) -> Usage:
         return self._meter.take(lambda: Usage(self._busy_s, self._busy_s))  # no vision cache counters
 
-    def generate_one(self, inputs: dict[str, np.ndarray], rid: str) -> ReqOut:
-        from vlbatch.operators.engine.request import split_thinking
+    def generate_media(self, row: Prepared) -> dict[str, object]:
+        """Every prompt of one media; its patches are normalised once (float32, the processor's
+        values bit for bit) and moved to the device once."""
+        from vlbatch.operators.model.pixels import normalize_patches
+
+        torch = self.torch
+        pixels = normalize_patches(shared_patches(row), self.tables[row.media_type]).to(self.device, self.model.dtype)
+        grid = torch.tensor([row.grid_thw], dtype=torch.long, device=self.device)
+        pv_key, grid_key = (("pixel_values", "image_grid_thw") if row.media_type == "image"
+                            else ("pixel_values_videos", "video_grid_thw"))
+        type_id = 1 if row.media_type == "image" else 2
+        out: dict[str, object] = {}
+        for i, rid in enumerate(row.ids):
+            ids = torch.tensor([row.input_ids[i]], dtype=torch.long)
+            types = torch.zeros_like(ids)
+            for s, e in row.prompt_spans(i):
+                types[0, s:e] = type_id
+            kw = {"input_ids": ids.to(self.device), "attention_mask": torch.ones_like(ids).to(self.device),
+                  "mm_token_type_ids": types.to(self.device), pv_key: pixels, grid_key: grid}
+            out[rid] = self.generate_one(kw, rid, row.visual_tokens)
+        return out
+
+    def generate_one(self, kw: dict, rid: str, visual_tokens: int):
+        from vlbatch.operators.engine.request import Result, Timings, split_thinking
 
         torch = self.torch
         s = self.cfg.sampling
-        keep = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw",
-                "pixel_values_videos", "video_grid_thw")
-        kw = {k: torch.as_tensor(v).to(self.device) for k, v in inputs.items() if k in keep}
-        for k in ("pixel_values", "pixel_values_videos"):
-            if k in kw:
-                kw[k] = kw[k].to(self.model.dtype)
         gen = {"max_new_tokens": s.max_tokens, "do_sample": s.temperature > 0}
         if s.temperature > 0:
             torch.manual_seed(request_seed(s.seed, rid))
             gen.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        t0 = time.perf_counter()
         with torch.no_grad():
             seq = self.model.generate(**kw, **gen)
         L = kw["input_ids"].shape[1]
@@ -206,4 +232,7 @@ class TransformersBackend:
         thinking = None
         if self.cfg.task.thinking:  # the engine's reading of the same output (`split_thinking`)
             thinking, text = split_thinking(text)
-        return ReqOut(text, thinking, finish, L, len(new), 0)
+        dt = time.perf_counter() - t0
+        return Result(id=rid, token_ids=tuple(new), text=text, thinking=thinking, finish_reason=finish,
+                      prompt_tokens=L, visual_tokens=visual_tokens, generated_tokens=len(new), cached_tokens=0,
+                      timings=Timings(0.0, dt, dt))

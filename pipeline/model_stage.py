@@ -10,6 +10,9 @@ done while the engine goes on with the others': small Ray batches (`batch_size` 
 commit early without draining the engine. What the engine holds is bounded by *visual
 tokens* (`resources.model.batch_visual_tokens` in flight per actor), not rows.
 
+The backend's per-request outcomes (engine `Result`s, or the typed error that kept a request
+from being built) map straight to the output columns (`_columns`).
+
 Errors: a request that cannot be built (bad shapes) is a permanent error row; an engine
 failure turns every request it held into a transient `EngineError` row (retried on
 resume), as does an exception from the backend for a whole call; rows in error pass through.
@@ -22,7 +25,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, VlbatchError
-from vlbatch.pipeline.backends import EngineBackend, ReqOut, TransformersBackend
+from vlbatch.pipeline.backends import EngineBackend, TransformersBackend
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
 
@@ -59,14 +62,13 @@ class ModelStage:
             out.append(g)
         return to_table(out, Generated)
 
-    def _run(self, rows: list[Prepared]) -> dict[str, ReqOut]:
+    def _run(self, rows: list[Prepared]) -> dict[str, object]:
         """One engine batch; a backend exception becomes EngineError rows for all of it."""
         try:
             return self.backend.generate(rows)
         except Exception as e:  # the whole batch failed (OOM, device error): transient
             err = e if isinstance(e, VlbatchError) else EngineError(f"{type(e).__name__}: {e}")
-            fail = ReqOut(None, None, None, None, None, None, err.error_type, str(err)[:2000])
-            return {rid: fail for r in rows for rid in r.ids}
+            return {rid: err for r in rows for rid in r.ids}
 
     def _base(self, r: Prepared) -> dict:
         return {"media_uri": r.media_uri, "media_type": r.media_type, "ids": r.ids,
@@ -81,11 +83,20 @@ class ModelStage:
                          finish_reasons=(None,) * n, prompt_tokens=(None,) * n, generated_tokens=(None,) * n,
                          cached_tokens=(None,) * n, visual_tokens=r.visual_tokens)
 
-    def _generated(self, r: Prepared, outs: list[ReqOut], model_s: float) -> Generated:
+    def _generated(self, r: Prepared, outs: list, model_s: float) -> Generated:
+        cols = list(zip(*(_columns(o) for o in outs), strict=True))
+        names = ("answers", "thinking", "finish_reasons", "prompt_tokens", "generated_tokens", "cached_tokens",
+                 "req_error_types", "req_error_messages")
         g = Generated(**self._base(r), visual_tokens=r.visual_tokens, model_s=model_s)
-        return replace(
-            g, answers=tuple(o.answer for o in outs), thinking=tuple(o.thinking for o in outs),
-            statuses=tuple("ok" if o.error_type is None else "error" for o in outs),
-            req_error_types=tuple(o.error_type for o in outs), req_error_messages=tuple(o.error_message for o in outs),
-            finish_reasons=tuple(o.finish_reason for o in outs), prompt_tokens=tuple(o.prompt_tokens for o in outs),
-            generated_tokens=tuple(o.generated_tokens for o in outs), cached_tokens=tuple(o.cached_tokens for o in outs))
+        return replace(g, **dict(zip(names, map(tuple, cols), strict=True)),
+                       statuses=tuple("ok" if e is None else "error" for e in cols[6]))
+
+
+def _columns(o) -> tuple:
+    """One request's output columns (answer, thinking, finish_reason, prompt / generated / cached
+    tokens, error type, error message) from its engine `Result` or the error that stopped it."""
+    if isinstance(o, VlbatchError):
+        return None, None, None, None, None, None, o.error_type, str(o)[:2000]
+    if o.finish_reason == "error":
+        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, o.error_type or "EngineError", o.error
+    return o.text, o.thinking, o.finish_reason, o.prompt_tokens, o.generated_tokens, o.cached_tokens, None, None

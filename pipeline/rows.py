@@ -5,7 +5,7 @@ every question about a media travels together: decoded and preprocessed once, se
 one model actor in one batch (its vision and prefix caches hit), and split into one
 output row per request only by the writer. Each stage maps one row to one row.
 
-Tensor fields (`frames`, `pixel_values`) travel as plain Arrow struct columns
+Tensor fields (`frames`, `patches`) travel as plain Arrow struct columns
 (`TENSOR_TYPE`: shape, numpy dtype string, the C-order bytes), never as pickled Python
 objects; reading one back is zero-copy (a read-only numpy view of the Arrow buffer). An error row keeps its request
 fields, carries `status="error"`, `error_type`, `error_message`, and empty tensors.
@@ -56,19 +56,30 @@ class Decoded(MediaTask):
 
 @dataclass(frozen=True)
 class Prepared(MediaTask):
-    """pixel_values: [N_patch, C*T*P*P] float32 shared by all prompts; per prompt i:
-    input_ids[i] [L_i], mm_token_type_ids[i] [L_i], position_ids[i] [3*L_i] (flattened
-    [3, L_i]), rope_deltas[i]. grid_thw: (t, h, w) of the media in patches."""
+    """The engine-ready input of one media, built once for all its prompts.
 
-    pixel_values: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    patches: [N_patch, C*T*P*P] uint8, the resized levels in block-major patch order (the
+    model side normalises them with the checkpoint's table, `normalize_patches`: 4x fewer
+    bytes than float32); grid_thw: (t, h, w) in patches; content_hash: `media_hash` of
+    kind, patches, grid and table (computed once here). Per prompt i: input_ids[i] [L_i],
+    spans[i] the placeholder runs flattened (s0, e0, s1, e1, ...), position_ids[i] [3*L_i]
+    (flattened [3, L_i]), rope_deltas[i]."""
+
+    patches: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint8))
     grid_thw: tuple[int, ...] = ()
+    content_hash: str = ""
     input_ids: tuple[tuple[int, ...], ...] = ()
-    mm_token_type_ids: tuple[tuple[int, ...], ...] = ()
+    spans: tuple[tuple[int, ...], ...] = ()
     position_ids: tuple[tuple[int, ...], ...] = ()
     rope_deltas: tuple[int, ...] = ()
     visual_tokens: int = 0
     decode_s: float = 0.0
     preprocess_s: float = 0.0
+
+    def prompt_spans(self, i: int) -> tuple[tuple[int, int], ...]:
+        """Prompt i's placeholder runs as (start, end) pairs."""
+        flat = self.spans[i]
+        return tuple(zip(flat[0::2], flat[1::2], strict=True))
 
 
 @dataclass(frozen=True)
@@ -104,8 +115,8 @@ ARROW_TYPES: dict[type, dict[str, Any]] = {
     MediaTask: _BASE,
     Decoded: {**_BASE, "frames": TENSOR, "source_fps": pa.float64(), "total_frames": pa.int64(),
               "frame_indices": _LI, "decode_s": pa.float64()},
-    Prepared: {**_BASE, "pixel_values": TENSOR, "grid_thw": _LI, "input_ids": pa.list_(_LI),
-               "mm_token_type_ids": pa.list_(_LI), "position_ids": pa.list_(_LI), "rope_deltas": _LI,
+    Prepared: {**_BASE, "patches": TENSOR, "grid_thw": _LI, "content_hash": pa.string(), "input_ids": pa.list_(_LI),
+               "spans": pa.list_(_LI), "position_ids": pa.list_(_LI), "rope_deltas": _LI,
                "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64()},
     Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
                 "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,

@@ -103,9 +103,11 @@ def chat_messages(prompt: str, media_type: str, system_prompt: str | None) -> li
 class PreprocessStage:
     """Decoded -> Prepared: chat template, tokenisation, resize + patchify, MRoPE positions.
 
-    The processor runs once per prompt (the text differs); the pixel values of the
-    media are kept once per row. `visual_tokens` is the number of placeholder tokens
-    the media fills (`t * h * w / merge**2`), the unit model batches are sized by.
+    The media's pixel work runs once per row, in the processor's uint8 mode (the resized
+    levels in block-major order; the model side normalises them); its content hash is
+    computed once here; the processor's text half runs once per prompt and gives each
+    prompt's placeholder spans. `visual_tokens` is the number of placeholder tokens the
+    media fills (`t * h * w / merge**2`), the unit model batches are sized by.
     """
 
     def __init__(self, cfg: JobConfig):
@@ -141,19 +143,24 @@ class PreprocessStage:
         return {"videos": [clip]}
 
     def _prepare(self, row: Decoded) -> Prepared:
+        from vlbatch.operators.engine.media_spans import media_hash, placeholder_runs
+
         t0 = time.perf_counter()
+        kind = row.media_type
         texts = [self.processor.apply_chat_template(
-            chat_messages(prompt, row.media_type, self.cfg.task.system_prompt),
+            chat_messages(prompt, kind, self.cfg.task.system_prompt),
             add_generation_prompt=True, enable_thinking=self.cfg.task.thinking) for prompt in row.prompts]
-        visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row))
-        key = "image_grid_thw" if row.media_type == "image" else "video_grid_thw"
-        pv_key = "pixel_values" if row.media_type == "image" else "pixel_values_videos"
-        types = tuple(tuple(o["mm_token_type_ids"][0].tolist()) for o in outs)
-        visual_tokens = sum(1 for t in types[0] if t != 0)  # placeholder tokens the media fills
-        return replace(Prepared(**_base(row)), pixel_values=visual[pv_key], grid_thw=tuple(visual[key][0].tolist()),
-                       input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs), mm_token_type_ids=types,
+        visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row), uint8=True)
+        patches = visual["pixel_values" if kind == "image" else "pixel_values_videos"]
+        grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
+        spans = [placeholder_runs(o["mm_token_type_ids"][0]) for o in outs]
+        return replace(Prepared(**_base(row)), patches=patches, grid_thw=grid,
+                       content_hash=media_hash(kind, patches, grid, self.processor.norm_table(kind)),
+                       input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs),
+                       spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
                        position_ids=tuple(tuple(o["position_ids"][:, 0].reshape(-1).tolist()) for o in outs),
-                       rope_deltas=tuple(int(o["rope_deltas"][0]) for o in outs), visual_tokens=visual_tokens,
+                       rope_deltas=tuple(int(o["rope_deltas"][0]) for o in outs),
+                       visual_tokens=sum(e - s for s, e in spans[0]),  # placeholder tokens the media fills
                        decode_s=row.decode_s, preprocess_s=time.perf_counter() - t0)
 
 
@@ -177,17 +184,18 @@ class PrepareStage:
             return to_table([self.preprocess.prepare_one(self.decode.decode_one(r)) for r in rows], Prepared)
 
 
-def process_prompts(proc, texts: list[str], images: list[np.ndarray] | None = None,
-                    videos: list | None = None) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+def process_prompts(proc, texts: list[str], images: list[np.ndarray] | None = None, videos: list | None = None, *,
+                    uint8: bool = False) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """`[proc(text=t, images=..., videos=...) for t in texts]` with the pixel work done once.
 
     Returns (visual, per_text): `visual` holds the prompt-independent outputs
     (`pixel_values` [N, D] / `image_grid_thw` [M, 3], or the `_videos` pair), computed once
-    for the media; `per_text[i]` holds text i's `input_ids`, `attention_mask`,
-    `mm_token_type_ids` [1, L_i], `position_ids` [3, 1, L_i] and `rope_deltas` [1], the
-    values `proc(text=texts[i], ...)` returns (`process_prompts_naive` is that loop).
+    for the media (uint8 levels with `uint8`, `Processor.encode_media`); `per_text[i]` holds
+    text i's `input_ids`, `attention_mask`, `mm_token_type_ids` [1, L_i], `position_ids`
+    [3, 1, L_i] and `rope_deltas` [1], the values `proc(text=texts[i], ...)` returns
+    (`process_prompts_naive` is that loop).
     """
-    media = proc.encode_media(images, videos)
+    media = proc.encode_media(images, videos, uint8=uint8)
     return media.arrays, [proc.encode_text(text, media) for text in texts]
 
 

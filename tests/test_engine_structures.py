@@ -236,3 +236,32 @@ def test_state_pool_views_for_consecutive_slots_equal_copies():
         assert torch.equal(c_view, c_copy) and torch.equal(r_view, r_copy)
         pool.scatter(0, t, c_copy + 1, r_copy * 2, run)
         assert torch.equal(pool.gather(0, t)[0], c_copy + 1) and torch.equal(pool.gather(0, t)[1], r_copy * 2)
+
+
+def test_uint8_media_item_needs_its_table_and_hashes_it():
+    from vlbatch.operators.engine.loop import pinned_visual_tokens
+    from vlbatch.operators.engine.media_spans import media_hash
+    from vlbatch.operators.engine.request import Request
+    from vlbatch.operators.model.pixels import normalize_patches
+    from vlbatch.operators.preprocess.patchify import Normalization
+
+    u8 = torch.from_numpy(np.random.default_rng(5).integers(0, 256, (8, 12), dtype=np.uint8))
+    table = torch.from_numpy(Normalization().lut(3))
+    with pytest.raises(InputError):  # levels without a table
+        MediaItem("image", u8, (1, 2, 4), ((0, 2),))
+    with pytest.raises(InputError):  # float values with a table
+        MediaItem("image", u8.float(), (1, 2, 4), ((0, 2),), table=table)
+    item = MediaItem("image", u8, (1, 2, 4), ((0, 2),), table=table)
+    assert item.content_hash == media_hash("image", u8.numpy(), (1, 2, 4), table.numpy())  # numpy == torch input
+    other = torch.from_numpy(Normalization(do_normalize=False).lut(3))
+    assert MediaItem("image", u8, (1, 2, 4), ((0, 2),), table=other).content_hash != item.content_hash
+    assert media_hash("image", u8, (1, 2, 4)) != item.content_hash
+    assert torch.equal(item.model_input("cpu", torch.float32), normalize_patches(u8, table))
+    assert item.model_input("cpu", torch.bfloat16).dtype == torch.bfloat16
+    # requests sharing one media (one hash) pin its visual tokens once; another media adds its own
+    pos = torch.zeros(3, 4, dtype=torch.long)
+    reqs = [Request(f"q{k}", (1, 2, 3, 4), pos, media=(MediaItem("image", u8, (1, 2, 4), ((k % 2, k % 2 + 2),),
+                                                                 content_hash=item.content_hash, table=table),))
+            for k in range(8)]
+    assert pinned_visual_tokens(reqs) == 2
+    assert pinned_visual_tokens(reqs + [Request("x", (1, 2, 3, 4), pos, media=(_item(0, ((0, 2),)),))]) == 4

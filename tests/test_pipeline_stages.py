@@ -89,13 +89,14 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
     assert [r.status for r in fused] == ["ok", "error", "error", "error"]
     assert [r.error_type for r in fused] == [None, "MediaError", "MediaError", "ValueError"]
     for a, b in zip(fused, two, strict=True):
-        assert np.array_equal(a.pixel_values, b.pixel_values) and a.pixel_values.dtype == np.float32
-        same = ("ids", "prompts", "status", "error_type", "grid_thw", "input_ids", "mm_token_type_ids",
+        assert np.array_equal(a.patches, b.patches) and a.patches.dtype == np.uint8
+        same = ("ids", "prompts", "status", "error_type", "grid_thw", "content_hash", "input_ids", "spans",
                 "position_ids", "rope_deltas", "visual_tokens")
         assert [k for k in same if getattr(a, k) != getattr(b, k)] == []
         assert (a.error_message or "").split(" at 0x")[0] == (b.error_message or "").split(" at 0x")[0]
     ok = fused[0]
-    assert len(ok.input_ids) == 2 and ok.visual_tokens == sum(1 for t in ok.mm_token_type_ids[0] if t)
+    t, h, w = ok.grid_thw
+    assert len(ok.input_ids) == 2 and ok.visual_tokens == t * h * w // 4 == sum(e - s for s, e in ok.prompt_spans(1))
     assert ok.decode_s > 0 and ok.preprocess_s > 0
 
 
@@ -198,3 +199,61 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
     assert busy > 0 and abs(busy - stage.backend.loop.busy_s) < 1e-9
     cpu = sum(g.batch_model_cpu_s for g in got)
     assert 0 < cpu <= busy + 0.05 and abs(cpu - stage.backend.loop.busy_cpu_s) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt, kind):
+    """The CPU stage's uint8 row, read back from Arrow, builds requests equal to the processor's
+    float32 path (`Request.from_processor`, normalised values bit for bit), all around the one
+    Arrow buffer (no per-question copy) with the hash computed once; the engine's answers equal."""
+    from dataclasses import replace
+
+    import torch
+
+    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.model.pixels import normalize_patches
+    from vlbatch.operators.preprocess import Processor
+    from vlbatch.operators.types import VideoClip
+    from vlbatch.pipeline.backends import media_requests, media_tables
+    from vlbatch.pipeline.rows import Decoded
+    from vlbatch.pipeline.stages import PreprocessStage
+
+    rng = np.random.default_rng(4)
+    prompts = ("Describe.", "What colour is it?", "Count things.")
+    if kind == "image":
+        row = Decoded("u", "image", ("a", "b", "c"), (0, 1, 2), prompts, frames=rng.integers(0, 256, (1, 50, 70, 3),
+                                                                                             dtype=np.uint8))
+        media = {"images": [row.frames[0]]}
+    else:
+        row = Decoded("u", "video", ("a", "b", "c"), (0, 1, 2), prompts, frames=rng.integers(0, 256, (5, 48, 64, 3),
+                                                                                             dtype=np.uint8),
+                      source_fps=2.0, total_frames=10, frame_indices=(0, 2, 4, 6, 8))
+        media = {"videos": [VideoClip(row.frames, 2.0, 10, row.frame_indices)]}
+    ckpt = tiny_ckpt("dense")
+    cfg = validate_config(_job(tmp_path, ckpt))
+    prep = from_table(to_table([PreprocessStage(cfg).prepare_one(row)], Prepared), Prepared)[0]
+    assert prep.status == "ok" and prep.patches.dtype == np.uint8
+    built = media_requests(prep, media_tables(str(ckpt))[kind], lambda rid: SamplingParams(max_new_tokens=5), False)
+    reqs = [built[rid] for rid in prep.ids]
+    proc = Processor.from_pretrained(ckpt)
+    proc.image_config = replace(proc.image_config, max_pixels=cfg.image.max_pixels)
+    pv_key = "pixel_values" if kind == "image" else "pixel_values_videos"
+    for req, prompt in zip(reqs, prompts, strict=True):
+        ref = Request.from_processor(req.id, proc(_chat(proc, kind, prompt, "Be brief."), **media), 0,
+                                     sampling=SamplingParams(max_new_tokens=5))
+        (m,), (r,) = req.media, ref.media
+        assert req.prompt_token_ids == ref.prompt_token_ids and req.rope_delta == ref.rope_delta
+        assert torch.equal(req.position_ids, ref.position_ids) and m.spans == r.spans and m.grid_thw == r.grid_thw
+        assert torch.equal(m.model_input("cpu", torch.float32).view(torch.int32), r.pixel_values.view(torch.int32))
+        assert m.pixel_values.data_ptr() == prep.patches.ctypes.data  # the Arrow buffer itself
+        assert m.content_hash == prep.content_hash == reqs[0].media[0].content_hash
+    assert len({id(r.media[0]) for r in reqs}) == 1  # equal spans: one shared MediaItem
+    assert np.array_equal(normalize_patches(torch.from_numpy(prep.patches.copy()), reqs[0].media[0].table).numpy(),
+                          proc(_chat(proc, kind, "x"), **media)[pv_key])
+    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+    refs = [Request.from_processor(r.id, proc(_chat(proc, kind, p, "Be brief."), **media), 0,
+                                   sampling=SamplingParams(max_new_tokens=5)) for r, p in zip(reqs, prompts, strict=True)]
+    want = {r.id: r.token_ids for r in engine.generate(refs)}
+    engine2 = Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+    got = {r.id: r.token_ids for r in engine2.generate(reqs)}
+    assert got == want and engine2.stats()["vision_encodes"] == 1

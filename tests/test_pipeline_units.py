@@ -61,11 +61,14 @@ def test_rows_round_trip_through_arrow_with_variable_tensors():
     for a, b in zip(d, back, strict=True):
         assert np.array_equal(a.frames, b.frames) and a.frames.shape == b.frames.shape
         assert (a.ids, a.frame_indices, a.status, a.error_type) == (b.ids, b.frame_indices, b.status, b.error_type)
-    p = Prepared("u", "image", ("i", "j"), (0, 1), ("p", "q"), pixel_values=np.random.rand(8, 12).astype(np.float32),
-                 grid_thw=(1, 2, 4), input_ids=((1, 2, 3), (4, 5)), position_ids=((0,) * 9, (1,) * 6),
-                 rope_deltas=(-3, -2), visual_tokens=2)
+    p = Prepared("u", "image", ("i", "j"), (0, 1), ("p", "q"),
+                 patches=np.random.default_rng(0).integers(0, 256, (8, 12), dtype=np.uint8), grid_thw=(1, 2, 4),
+                 content_hash="h", input_ids=((1, 2, 3), (4, 5)), spans=((1, 3), (0, 1, 2, 3)),
+                 position_ids=((0,) * 9, (1,) * 6), rope_deltas=(-3, -2), visual_tokens=2)
     q = from_table(to_table([p], Prepared), Prepared)[0]
-    assert np.array_equal(q.pixel_values, p.pixel_values) and q.input_ids == p.input_ids and q.rope_deltas == (-3, -2)
+    assert np.array_equal(q.patches, p.patches) and q.patches.dtype == np.uint8
+    assert q.input_ids == p.input_ids and q.rope_deltas == (-3, -2) and q.content_hash == "h"
+    assert q.prompt_spans(0) == ((1, 3),) and q.prompt_spans(1) == ((0, 1), (2, 3))
     g = Generated("u", "image", ("i",), (0,), ("p",), answers=(None,), statuses=("error",))
     assert from_table(to_table([g], Generated), Generated)[0].answers == (None,)
     assert to_table([MediaTask("u", "image", ("i",), (0,), ("p",))], MediaTask).num_rows == 1

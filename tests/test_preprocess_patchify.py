@@ -100,3 +100,66 @@ def test_bad_shapes_are_rejected():
     with pytest.raises(ValueError, match="expected"):
         patchify_into(np.zeros((3, 1536), np.float32), np.zeros((1, 32, 32, 3), np.uint8), NORMS["qwen"].lut(),
                       patch=16, merge=2, temporal=2)
+
+
+# -- uint8 mode and the model-side normalisation ----------------------------------------------
+SHAPES = [(1, 1, 1, 16, 2, 2), (1, 3, 5, 16, 2, 2), (1, 7, 2, 4, 3, 2), (1, 2, 3, 5, 2, 3), (3, 2, 1, 16, 2, 2),
+          (4, 1, 2, 4, 1, 3), (1, 2, 2, 3, 2, 1)]
+
+
+@pytest.mark.parametrize("frames, bh, bw, patch, merge, temporal", SHAPES)
+def test_uint8_mode_is_the_naive_layout_of_the_levels(frames, bh, bw, patch, merge, temporal):
+    rng = np.random.default_rng(frames * 100 + bh * 10 + bw + 7)
+    h, w = bh * merge * patch, bw * merge * patch
+    x = rng.integers(0, 256, (frames, h, w, 3), dtype=np.uint8)
+    n = -(-frames // temporal) * (h // patch) * (w // patch)
+    out = np.zeros((n, 3 * temporal * patch * patch), np.uint8)
+    grid = patchify_into(out, x, None, patch=patch, merge=merge, temporal=temporal)
+    naive = patchify_naive(torch.from_numpy(x).permute(0, 3, 1, 2), NORMS["raw"], patch=patch, merge=merge,
+                           temporal=temporal).numpy()
+    assert grid == (-(-frames // temporal), h // patch, w // patch)
+    np.testing.assert_array_equal(out, naive.astype(np.uint8))
+    assert np.array_equal(out.astype(np.float32), naive)  # every level exact (no clipping, no rounding)
+
+
+@pytest.mark.parametrize("norm", sorted(NORMS))
+@pytest.mark.parametrize("frames, bh, bw, patch, merge, temporal", SHAPES)
+def test_normalising_uint8_patches_equals_the_float32_path_bitwise(norm, frames, bh, bw, patch, merge, temporal):
+    from vlbatch.operators.model.pixels import normalize_patches, normalize_patches_naive
+
+    rng = np.random.default_rng(frames * 31 + bh * 7 + bw)
+    h, w = bh * merge * patch, bw * merge * patch
+    x = rng.integers(0, 256, (frames, h, w, 3), dtype=np.uint8)
+    f32, _ = _fast(x, NORMS[norm], patch, merge, temporal)
+    u8 = np.zeros(f32.shape, np.uint8)
+    patchify_into(u8, x, None, patch=patch, merge=merge, temporal=temporal)
+    lut = NORMS[norm].lut(3)
+    fast = normalize_patches(torch.from_numpy(u8), torch.from_numpy(lut)).numpy()
+    naive = normalize_patches_naive(u8, lut)
+    assert fast.dtype == np.float32 and naive.dtype == np.float32
+    np.testing.assert_array_equal(fast.view(np.uint32), f32.view(np.uint32))  # bit for bit
+    np.testing.assert_array_equal(naive.view(np.uint32), f32.view(np.uint32))
+
+
+def test_normalising_in_the_model_dtype_is_the_float32_values_cast():
+    from vlbatch.operators.model.pixels import normalize_patches
+
+    u8 = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (37, 5 * 12), dtype=np.uint8))
+    table = torch.from_numpy(np.random.default_rng(4).standard_normal((5, 256)).astype(np.float32))  # C = 5
+    f32 = normalize_patches(u8, table)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert torch.equal(normalize_patches(u8, table.to(dtype)), f32.to(dtype))
+    assert torch.equal(f32[:, 12:24], table[1][u8[:, 12:24].long()])  # column block 1 is channel 1
+
+
+def test_uint8_mode_rejects_mismatched_outputs():
+    from vlbatch.operators.errors import InputError
+    from vlbatch.operators.model.pixels import normalize_patches
+
+    with pytest.raises(ValueError, match="uint8"):  # a float buffer without a table
+        patchify_into(np.zeros((4, 1536), np.float32), np.zeros((1, 32, 32, 3), np.uint8), None,
+                      patch=16, merge=2, temporal=2)
+    with pytest.raises(InputError):
+        normalize_patches(torch.zeros(4, 10, dtype=torch.uint8), torch.zeros(3, 256))  # 3 does not divide 10
+    with pytest.raises(InputError):
+        normalize_patches(torch.zeros(4, 12), torch.zeros(3, 256))  # float input

@@ -6,7 +6,9 @@ sampling, one and several media per prompt, system prompt and thinking on/off,
 batches with padding. input_ids, attention_mask, mm_token_type_ids, grids and
 position ids (vs `Qwen3_5Model.get_rope_index`) must be identical; pixel values
 are compared exactly (our resize is the reference's op; see resize.py) and the
-largest difference is printed.
+largest difference is printed. Every case also runs the pipeline's uint8 mode
+(`encode_media(..., uint8=True)`): its levels normalised by the model-side op
+(`normalize_patches` with `norm_table`) must equal the float32 values bit for bit.
 """
 from __future__ import annotations
 
@@ -84,11 +86,33 @@ def compare(ref_proc, ours_proc, texts, images=(), clips=(), **ref_kw):
             diff = float(np.abs(ours[key] - ref[key]).max()) if ref[key].size else 0.0
             MAX_DIFF[key] = max(MAX_DIFF.get(key, 0.0), diff)
             assert diff == 0.0, f"{key}: max |diff| {diff}"
+    check_uint8_mode(ours_proc, ours, images, clips)
     pos, deltas = reference_rope(ref["mm_token_type_ids"], ref.get("image_grid_thw"), ref.get("video_grid_thw"),
                                  ref["attention_mask"], ours_proc.spatial_merge_size)
     np.testing.assert_array_equal(ours["position_ids"], pos)
     np.testing.assert_array_equal(ours["rope_deltas"], deltas)
     return ours
+
+
+def check_uint8_mode(ours_proc, ours: dict, images: list, clips: list) -> None:
+    """The pipeline's uint8 mode on the same media: same grids, and its levels normalised with
+    `norm_table` (the model-side op) equal the float32 output bit for bit."""
+    import torch
+
+    from vlbatch.operators.model.pixels import normalize_patches
+
+    media = ours_proc.encode_media(images or None, clips or None, uint8=True)
+    for key, grid, kind in (("pixel_values", "image_grid_thw", "image"), ("pixel_values_videos", "video_grid_thw",
+                                                                         "video")):
+        assert (key in media.arrays) == (key in ours), key
+        if key not in ours:
+            continue
+        u8 = media.arrays[key]
+        assert u8.dtype == np.uint8 and u8.shape == ours[key].shape, key
+        np.testing.assert_array_equal(media.arrays[grid], ours[grid])
+        table = torch.from_numpy(ours_proc.norm_table(kind))
+        got = normalize_patches(torch.from_numpy(u8), table).numpy()
+        np.testing.assert_array_equal(got.view(np.uint32), ours[key].view(np.uint32), err_msg=key)
 
 
 def random_size(rng):
@@ -157,6 +181,7 @@ def test_every_image_mode_in_one_prompt(procs):
     got = ours(text, images=images)
     for key in ("input_ids", "mm_token_type_ids", "image_grid_thw", "pixel_values"):
         np.testing.assert_array_equal(got[key], expect[key], err_msg=key)
+    check_uint8_mode(ours, got, images, [])
 
 
 def random_clip(rng, by_fps: bool) -> VideoClip:

@@ -8,9 +8,11 @@ prefill. Calling `Engine.generate` per batch instead drains the batch to zero se
 the end of every call (the slowest request of each batch holds the engine back).
 
 Contract:
-- `run(requests, visual_tokens)` returns `{request id: Result}` for every request given,
+- `run(requests, visual_tokens=None)` returns `{request id: Result}` for every request given,
   each exactly once, errors included (`finish_reason == "error"`). Requests of one call are
-  submitted together (one `Engine.submit`, so siblings are planned together).
+  submitted together (one `Engine.submit`, so siblings are planned together). A call's
+  visual tokens default to `pinned_visual_tokens(requests)`: each distinct media (content
+  hash) once, however many of the call's requests ask about it (they share its pixels).
 - Back-pressure: a call waits before its requests enter the engine while the calls
   already in hold more than `max_visual_tokens` visual tokens (the pixel values they pin);
   a call that finds the loop empty always goes in, whatever its size.
@@ -40,6 +42,16 @@ class _Call:
     results: dict[str, Result] = field(default_factory=dict)
 
 
+def pinned_visual_tokens(requests: list[Request]) -> int:
+    """Visual tokens of the distinct media of `requests`: a media shared by several requests
+    (one content hash) counts once, as its pixels are held once and encoded once."""
+    seen: dict[str, int] = {}
+    for r in requests:
+        for m in r.media:
+            seen.setdefault(m.content_hash, m.num_tokens)
+    return sum(seen.values())
+
+
 class EngineLoop:
     def __init__(self, engine, max_visual_tokens: int):
         self.engine = engine
@@ -53,11 +65,13 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def run(self, requests: list[Request], visual_tokens: int = 0) -> dict[str, Result]:
+    def run(self, requests: list[Request], visual_tokens: int | None = None) -> dict[str, Result]:
         """Every request's `Result` (blocks until all of them finished)."""
         ids = [r.id for r in requests]
         if len(set(ids)) != len(ids):
             raise ValueError("request ids of one call must be distinct")
+        if visual_tokens is None:
+            visual_tokens = pinned_visual_tokens(requests)
         call = _Call(list(requests), visual_tokens, set(ids))
         if not call.pending:
             return {}

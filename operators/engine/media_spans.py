@@ -1,5 +1,10 @@
-"""`MediaItem` (one image or video of a prompt) and the split of a processor output's
-packed pixel values into per-prompt `MediaItem`s.
+"""`MediaItem` (one image or video of a prompt), its content hash, placeholder runs, and the
+split of a processor output's packed pixel values into per-prompt `MediaItem`s.
+
+A media asked several questions is one pixel tensor shared by the items of all its
+requests (the pipeline builds them so: no copy, no re-hash per question); the engine keys
+vision features and prefix-cache media ids by `content_hash`, so sharing changes nothing
+there.
 
 The processor concatenates every image's patches (and separately every video's) over
 the whole batch in prompt order; `mm_token_type_ids` marks placeholders (1 image, 2
@@ -10,22 +15,32 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
+from vlbatch.operators.model.pixels import normalize_patches
 
 MEDIA_KINDS = ("image", "video")
 
 
-def media_hash(kind: str, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> str:
-    """sha256 over kind, grid, dtype, shape and the raw pixel bytes: equal iff the vision input is equal."""
+def media_hash(kind: str, pixel_values, grid_thw: tuple[int, int, int], table=None) -> str:
+    """sha256 over kind, grid, dtype, shape, the raw pixel bytes (torch or numpy) and, for uint8
+    levels, the normalisation table `[C, 256]`: equal iff the vision input is equal."""
     h = hashlib.sha256()
+    if not isinstance(pixel_values, torch.Tensor):
+        with warnings.catch_warnings():  # read-only buffers (Arrow) are only read here
+            warnings.simplefilter("ignore", UserWarning)
+            pixel_values = torch.from_numpy(np.ascontiguousarray(pixel_values))
     pv = pixel_values.detach().contiguous().cpu()
-    h.update(f"{kind}|{tuple(grid_thw)}|{pv.dtype}|{tuple(pv.shape)}|".encode())
-    h.update(pv.view(torch.uint8).numpy().tobytes() if pv.numel() else b"")
+    h.update(f"{kind}|{tuple(int(v) for v in grid_thw)}|{pv.dtype}|{tuple(pv.shape)}|".encode())
+    h.update(pv.reshape(-1).view(torch.uint8).numpy().data if pv.numel() else b"")  # the buffer itself, no copy
+    if table is not None:
+        t = table.detach().cpu().numpy() if isinstance(table, torch.Tensor) else np.asarray(table)
+        h.update(b"|table|" + np.ascontiguousarray(t, dtype=np.float32).tobytes())
     return h.hexdigest()
 
 
@@ -33,11 +48,14 @@ def media_hash(kind: str, pixel_values: torch.Tensor, grid_thw: tuple[int, int, 
 class MediaItem:
     """One image or video of a prompt.
 
-    pixel_values: [N_patch, C * T_p * P * P] as the processor packs them.
+    pixel_values: [N_patch, C * T_p * P * P] as the processor packs them: float32 values, or
+                  uint8 levels with `table`.
     grid_thw:     (t, h, w) in patches; the item fills t * h * w / merge**2 placeholders.
     spans:        placeholder runs [start, end) in the prompt, in order (a video has one
                   run per temporal group, separated by timestamp text).
     content_hash: `media_hash(...)`; equal hashes mean interchangeable features.
+    table:        float32 [C, 256] (`Processor.norm_table`) when pixel_values are uint8
+                  levels; they are normalised on the model's device (`model_input`).
     """
 
     kind: str
@@ -45,6 +63,7 @@ class MediaItem:
     grid_thw: tuple[int, int, int]
     spans: tuple[tuple[int, int], ...]
     content_hash: str = ""
+    table: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.kind not in MEDIA_KINDS:
@@ -53,8 +72,12 @@ class MediaItem:
         if self.pixel_values.shape[0] != t * h * w:
             raise InputError(f"{self.kind} pixel_values has {self.pixel_values.shape[0]} patches, grid "
                              f"{self.grid_thw} needs {t * h * w}")
+        if (self.pixel_values.dtype == torch.uint8) != (self.table is not None):
+            raise InputError(f"{self.kind} pixel_values are {self.pixel_values.dtype}: uint8 levels need a "
+                             "normalisation table, float values none")
         if not self.content_hash:
-            object.__setattr__(self, "content_hash", media_hash(self.kind, self.pixel_values, self.grid_thw))
+            object.__setattr__(self, "content_hash",
+                               media_hash(self.kind, self.pixel_values, self.grid_thw, self.table))
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +86,18 @@ class MediaItem:
     def positions(self) -> np.ndarray:
         """[num_tokens] prompt positions of the placeholders, feature row order."""
         return np.concatenate([np.arange(s, e) for s, e in self.spans]) if self.spans else np.zeros(0, np.int64)
+
+    def model_input(self, device, dtype: torch.dtype) -> torch.Tensor:
+        """[N_patch, D] on `device`: float pixel values as they are (the tower casts), uint8
+        levels moved as uint8 (4x fewer bytes) then normalised there in `dtype`."""
+        if self.table is None:
+            return self.pixel_values.to(device)
+        return normalize_patches(self.pixel_values.to(device), self.table.to(device=device, dtype=dtype))
+
+
+def placeholder_runs(types) -> tuple[tuple[int, int], ...]:
+    """[start, end) runs of the non-zero entries of a 1-D `mm_token_type_ids` row (numpy or torch)."""
+    return tuple((s, e) for _, s, e in _runs(as_tensor(types)))
 
 
 def as_tensor(x) -> torch.Tensor:

@@ -7,7 +7,8 @@ Owns the KV tensors `[n_attn, 2, num_blocks, bs, H_kv, D]` (model dtype) and the
    `position_ids`, generated token i at `i + rope_delta` on all three axes;
 3. embeddings, with vision features written over placeholder rows. Features come from
    the sequence (already fetched for an earlier chunk), the vision cache, or the vision
-   tower — one item per call, so an item's features never depend on what else ran. A
+   tower — one item per call, so an item's features never depend on what else ran (uint8
+   patches are normalised on the device first, `MediaItem.model_input`). A
    prefix hit that covers an item never reaches this point for it: no tower call;
 4. `model.forward_packed` -> logits for the chunks that end at their last token; its
    attention layers call `self.attention` (`operators/kernels/attention`, chosen once).
@@ -161,7 +162,8 @@ class ModelRunner:
             self.stats.vision_cache_hits += 1
         else:
             grid = torch.tensor([item.grid_thw], dtype=torch.long, device=self.device)
-            (feats,) = self.model.encode_media(item.pixel_values.to(self.device), grid)
+            # uint8 levels travel to the device as uint8 and are normalised there (`MediaItem.model_input`)
+            (feats,) = self.model.encode_media(item.model_input(self.device, self.dtype), grid)
             self.stats.vision_encodes += 1
             if feats.shape[0] != item.num_tokens:
                 raise InputError(f"request {seq.id!r}: {item.kind} grid {item.grid_thw} gives {feats.shape[0]} "

@@ -17,6 +17,11 @@ Owns the public preprocessing API (contract in ARCHITECTURE.md):
     position_ids          int64 [3, B, L]   (= Qwen3_5Model.get_rope_index)
     rope_deltas           int64 [B]
 
+`encode_media(..., uint8=True)` is the pipeline's second output mode: the same arrays with
+the pixel values left as the resized uint8 levels (same block-major layout, 4x fewer
+bytes); `vlbatch.operators.model.pixels.normalize_patches(patches, norm_table(kind))`
+gives the float32 values above bit for bit.
+
 Videos are `VideoClip`s whose frames are already sampled (the decoder applied
 `sample_frame_indices`); the processor never resamples. Media are consumed in
 placeholder order across the batch. Rows are padded on the tokenizer's
@@ -83,6 +88,12 @@ class Processor:
             self._luts[norm] = norm.lut(3)
         return self._luts[norm]
 
+    def norm_table(self, kind: str) -> np.ndarray:
+        """float32 `[3, 256]`: the normalised value of every uint8 level of an "image" / "video"."""
+        if kind not in ("image", "video"):
+            raise InputError(f"media kind must be 'image' or 'video', got {kind!r}")
+        return self._lut((self.image_config if kind == "image" else self.video_config).norm)
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             enable_thinking: bool = False, **template_kwargs) -> str:
         """Render `messages` ({"role", "content"} dicts; content a string or a list of
@@ -100,22 +111,23 @@ class Processor:
                 "mm_token_type_ids": texts_out["mm_token_type_ids"], **media.arrays,
                 "position_ids": texts_out["position_ids"], "rope_deltas": texts_out["rope_deltas"]}
 
-    def encode_media(self, images: list[np.ndarray] | None = None,
-                     videos: list[VideoClip] | None = None) -> MediaInputs:
+    def encode_media(self, images: list[np.ndarray] | None = None, videos: list[VideoClip] | None = None, *,
+                     uint8: bool = False) -> MediaInputs:
         """The prompt-independent half of `__call__`: pixels, grids and placeholder sizes of the media.
 
         Several prompts about the same media (`encode_text` each) share one `encode_media`.
+        uint8: pixel values as the resized uint8 levels (see the module docstring).
         """
         arrays: dict[str, np.ndarray] = {}
         img_tokens: list[int] = []
         vid_parts: list[tuple[int, tuple[float, ...]]] = []
         if images:
-            batch = process_images(list(images), self.image_config, self._lut(self.image_config.norm))
+            batch = process_images(list(images), self.image_config, self._lut(self.image_config.norm), uint8=uint8)
             arrays["pixel_values"], arrays["image_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.image_config.merge_size ** 2  # the reference counts with the processor's merge size
             img_tokens = [int(g.prod()) // merge2 for g in batch.grid_thw]
         if videos:
-            batch = process_videos(list(videos), self.video_config, self._lut(self.video_config.norm))
+            batch = process_videos(list(videos), self.video_config, self._lut(self.video_config.norm), uint8=uint8)
             arrays["pixel_values_videos"], arrays["video_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.video_config.merge_size ** 2
             vid_parts = [(int(g[1] * g[2]) // merge2, ts)

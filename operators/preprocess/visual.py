@@ -1,4 +1,5 @@
-"""Images and video clips -> `pixel_values [N, C*tp*p*p]` float32 and `grid_thw [M, 3]` int64.
+"""Images and video clips -> `pixel_values [N, C*tp*p*p]` float32 (or the uint8 levels in the
+same layout, `uint8=True`) and `grid_thw [M, 3]` int64.
 
 Owns input validation of decoded media and the per-item resize + patchify loop.
 Pixels stay in their decoded `[F, H, W, 3]` layout throughout: the resize op
@@ -31,7 +32,7 @@ from vlbatch.operators.types import VideoClip
 
 @dataclass(frozen=True)
 class VisualBatch:
-    """pixel_values float32 `[N, D]`; grid_thw int64 `[M, 3]`; timestamps: per item, seconds per temporal group."""
+    """pixel_values float32 `[N, D]` (uint8 levels with `uint8=True`); grid_thw int64 `[M, 3]`; timestamps: per item, seconds per temporal group."""
 
     pixel_values: np.ndarray
     grid_thw: np.ndarray
@@ -65,7 +66,8 @@ def _resized(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return resize_frames(view, *size).permute(0, 2, 3, 1).numpy()
 
 
-def _fill(out: np.ndarray, frames: np.ndarray, size: tuple[int, int], cfg, lut: np.ndarray) -> tuple[int, int, int]:
+def _fill(out: np.ndarray, frames: np.ndarray, size: tuple[int, int], cfg,
+          lut: np.ndarray | None) -> tuple[int, int, int]:
     return patchify_into(out, _resized(frames, size), lut, patch=cfg.patch_size, merge=cfg.merge_size,
                          temporal=cfg.temporal_patch_size)
 
@@ -84,16 +86,18 @@ def image_sizes(images: list[np.ndarray], cfg: ImageConfig) -> list[tuple[int, i
     return sizes
 
 
-def process_images(images: list[np.ndarray], cfg: ImageConfig, lut: np.ndarray | None = None) -> VisualBatch:
+def process_images(images: list[np.ndarray], cfg: ImageConfig, lut: np.ndarray | None = None, *,
+                   uint8: bool = False) -> VisualBatch:
     """uint8 `[H, W, 3]` images -> pixel_values `[sum N_i, C*tp*p*p]`, image_grid_thw `[M, 3]`.
 
     lut: `cfg.norm.lut(3)`, passed in by callers that process many items.
+    uint8: keep the resized levels (uint8, same layout; `lut` unused).
     """
     sizes = image_sizes(images, cfg)
     p, tp = cfg.patch_size, cfg.temporal_patch_size
     counts = [(h // p) * (w // p) for h, w in sizes]
-    out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.float32)
-    lut = cfg.norm.lut(3) if lut is None else lut
+    out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.uint8 if uint8 else np.float32)
+    lut = None if uint8 else cfg.norm.lut(3) if lut is None else lut
     grids, off = [], 0
     for img, size, n in zip(images, sizes, counts, strict=True):
         grids.append(_fill(out[off:off + n], img[None], size, cfg, lut))
@@ -127,15 +131,17 @@ def video_size(i: int, clip: VideoClip, cfg: VideoConfig) -> tuple[int, int]:
         raise InputError(f"video {i}: {e}") from None
 
 
-def process_videos(clips: list[VideoClip], cfg: VideoConfig, lut: np.ndarray | None = None) -> VisualBatch:
-    """Sampled clips -> pixel_values_videos `[sum N_i, D]`, video_grid_thw `[M, 3]`, group timestamps."""
+def process_videos(clips: list[VideoClip], cfg: VideoConfig, lut: np.ndarray | None = None, *,
+                   uint8: bool = False) -> VisualBatch:
+    """Sampled clips -> pixel_values_videos `[sum N_i, D]`, video_grid_thw `[M, 3]`, group timestamps
+    (`lut`, `uint8` as in `process_images`)."""
     for i, clip in enumerate(clips):
         _check_clip(i, clip)
     sizes = [video_size(i, c, cfg) for i, c in enumerate(clips)]
     p, tp = cfg.patch_size, cfg.temporal_patch_size
     counts = [-(-c.frames.shape[0] // tp) * (h // p) * (w // p) for c, (h, w) in zip(clips, sizes, strict=True)]
-    out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.float32)
-    lut = cfg.norm.lut(3) if lut is None else lut
+    out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.uint8 if uint8 else np.float32)
+    lut = None if uint8 else cfg.norm.lut(3) if lut is None else lut
     grids, stamps, off = [], [], 0
     for clip, size, n in zip(clips, sizes, counts, strict=True):
         grids.append(_fill(out[off:off + n], clip.frames, size, cfg, lut))
