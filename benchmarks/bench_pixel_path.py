@@ -107,8 +107,8 @@ def _median_cpu(fn, iters: int) -> float:
 
 def _runners(stage, ref, row):
     """(our float32, our uint8, AutoProcessor) zero-argument callables for one media + prompt."""
-    from vlbatch.operators.engine.media_spans import media_hash, placeholder_runs
-    from vlbatch.pipeline.stages import chat_messages
+    from vlbatch.operators.engine.media_spans import placeholder_runs
+    from vlbatch.pipeline.stages import chat_messages, media_key
 
     proc, kind = stage.processor, row.media_type
     text = proc.apply_chat_template(chat_messages(row.prompts[0], kind, None))
@@ -120,7 +120,7 @@ def _runners(stage, ref, row):
         m = proc.encode_media(**media, uint8=True)
         placeholder_runs(proc.encode_text(text, m)["mm_token_type_ids"][0])
         grid = tuple(m.arrays[grid_key][0].tolist())
-        return media_hash(kind, m.arrays[pv_key], grid, proc.norm_table(kind))
+        return media_key(proc, kind, m.arrays[pv_key], grid)
 
     if kind == "image":
         def run_ref():

@@ -143,7 +143,7 @@ class PreprocessStage:
         return {"videos": [clip]}
 
     def _prepare(self, row: Decoded) -> Prepared:
-        from vlbatch.operators.engine.media_spans import media_hash, placeholder_runs
+        from vlbatch.operators.engine.media_spans import placeholder_runs
 
         t0 = time.perf_counter()
         kind = row.media_type
@@ -155,7 +155,7 @@ class PreprocessStage:
         grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
         spans = [placeholder_runs(o["mm_token_type_ids"][0]) for o in outs]
         return replace(Prepared(**_base(row)), patches=patches, grid_thw=grid,
-                       content_hash=media_hash(kind, patches, grid, self.processor.norm_table(kind)),
+                       content_hash=media_key(self.processor, kind, patches, grid),
                        input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs),
                        spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
                        position_ids=tuple(tuple(o["position_ids"][:, 0].reshape(-1).tolist()) for o in outs),
@@ -203,3 +203,11 @@ def process_prompts_naive(proc, texts: list[str], **media) -> list[dict[str, np.
     """The reference for `process_prompts`: the whole processor once per text."""
     return [proc(text=t, **media) for t in texts]
 
+
+def media_key(processor, kind: str, patches: np.ndarray, grid: tuple[int, int, int]) -> str:
+    """The content hash of a media's uint8 patches, computed once on the CPU stage (images hash
+    their first temporal slot only: the processor repeats a still image in every slot)."""
+    from vlbatch.operators.engine.media_spans import media_hash
+
+    slots = processor.image_config.temporal_patch_size if kind == "image" else None
+    return media_hash(kind, patches, grid, processor.norm_table(kind), still_slots=slots)

@@ -257,3 +257,26 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     engine2 = Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
     got = {r.id: r.token_ids for r in engine2.generate(reqs)}
     assert got == want and engine2.stats()["vision_encodes"] == 1
+
+
+def test_media_key_of_a_still_image_hashes_one_slot_and_tells_images_apart(proc):
+    """The CPU stage hashes a still image's first temporal slot only: that is sound only if the
+    processor repeats the image in every slot, which this checks, and the key must still change
+    with any pixel of the image and differ from the full hash of the same patches."""
+    from vlbatch.operators.engine.media_spans import media_hash
+    from vlbatch.pipeline.stages import media_key
+
+    rng = np.random.default_rng(3)
+    img = rng.integers(0, 256, (70, 90, 3), dtype=np.uint8)
+    m = proc.encode_media([img], None, uint8=True)
+    patches, grid = m.arrays["pixel_values"], tuple(m.arrays["image_grid_thw"][0].tolist())
+    tp = proc.image_config.temporal_patch_size
+    slots = patches.reshape(patches.shape[0], 3, tp, -1)
+    assert all(np.array_equal(slots[:, :, 0], slots[:, :, t]) for t in range(1, tp))  # the premise
+    key = media_key(proc, "image", patches, grid)
+    assert key == media_key(proc, "image", patches.copy(), grid)
+    assert key != media_hash("image", patches, grid, proc.norm_table("image"))
+    changed = img.copy()
+    changed[35, 45] = 255 - changed[35, 45]  # one pixel, far from its old value (survives the resize)
+    m2 = proc.encode_media([changed], None, uint8=True)
+    assert media_key(proc, "image", m2.arrays["pixel_values"], grid) != key

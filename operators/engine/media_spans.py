@@ -27,9 +27,16 @@ from vlbatch.operators.model.pixels import normalize_patches
 MEDIA_KINDS = ("image", "video")
 
 
-def media_hash(kind: str, pixel_values, grid_thw: tuple[int, int, int], table=None) -> str:
+def media_hash(kind: str, pixel_values, grid_thw: tuple[int, int, int], table=None, *,
+               still_slots: int | None = None) -> str:
     """sha256 over kind, grid, dtype, shape, the raw pixel bytes (torch or numpy) and, for uint8
-    levels, the normalisation table `[C, 256]`: equal iff the vision input is equal."""
+    levels, the normalisation table `[C, 256]`: equal iff the vision input is equal.
+
+    `still_slots` = tp: the caller knows the patches `[N, C * tp * p * p]` are a processor's
+    still image, whose tp temporal slots all hold the same frame (`patchify`), so slot 0
+    determines the rest and only it is hashed (half the bytes; the pipeline's CPU stage). The key then
+    differs from the full hash of the same patches: a cache miss if the two ever met, never
+    a false hit."""
     h = hashlib.sha256()
     if not isinstance(pixel_values, torch.Tensor):
         with warnings.catch_warnings():  # read-only buffers (Arrow) are only read here
@@ -37,6 +44,9 @@ def media_hash(kind: str, pixel_values, grid_thw: tuple[int, int, int], table=No
             pixel_values = torch.from_numpy(np.ascontiguousarray(pixel_values))
     pv = pixel_values.detach().contiguous().cpu()
     h.update(f"{kind}|{tuple(int(v) for v in grid_thw)}|{pv.dtype}|{tuple(pv.shape)}|".encode())
+    if still_slots is not None and pv.numel():
+        h.update(f"|slot 0 of {still_slots}|".encode())
+        pv = pv.reshape(pv.shape[0], 3, still_slots, -1)[:, :, 0].contiguous()  # [N, C, p * p]
     h.update(pv.reshape(-1).view(torch.uint8).numpy().data if pv.numel() else b"")  # the buffer itself, no copy
     if table is not None:
         t = table.detach().cpu().numpy() if isinstance(table, torch.Tensor) else np.asarray(table)
