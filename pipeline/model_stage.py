@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import EngineError, VlbatchError
+from vlbatch.operators.errors import EngineError, VlbatchError, stable_message
 from vlbatch.pipeline.backends import EngineBackend, ReqOut, TransformersBackend
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
@@ -86,6 +86,7 @@ class ModelStage:
         return replace(
             g, answers=tuple(o.answer for o in outs), thinking=tuple(o.thinking for o in outs),
             statuses=tuple("ok" if o.error_type is None else "error" for o in outs),
-            req_error_types=tuple(o.error_type for o in outs), req_error_messages=tuple(o.error_message for o in outs),
+            req_error_types=tuple(o.error_type for o in outs),
+            req_error_messages=tuple(stable_message(o.error_message) for o in outs),  # every engine error path
             finish_reasons=tuple(o.finish_reason for o in outs), prompt_tokens=tuple(o.prompt_tokens for o in outs),
             generated_tokens=tuple(o.generated_tokens for o in outs), cached_tokens=tuple(o.cached_tokens for o in outs))

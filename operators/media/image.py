@@ -35,7 +35,7 @@ import warnings
 import numpy as np
 from PIL import ExifTags, Image, UnidentifiedImageError
 
-from vlbatch.operators.errors import InputError, MediaError
+from vlbatch.operators.errors import InputError, MediaError, stable_message
 
 MAX_ASPECT_RATIO = 200  # the processor's limit (smart_resize refuses beyond it); checked here first
 
@@ -55,9 +55,12 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
-        raise MediaError(f"image rejected as a decompression bomb: {e}") from e
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise MediaError(f"bytes are not a decodable image ({len(data)} bytes): {e}") from e
+        raise MediaError(f"image rejected as a decompression bomb: {stable_message(str(e))}") from e
+    except UnidentifiedImageError as e:  # its text names the file object, a per-run address
+        raise MediaError(f"bytes are not a decodable image ({len(data)} bytes starting "
+                         f"{bytes(data[:8]).hex()}): no image format recognises them") from e
+    except (OSError, SyntaxError, ValueError) as e:
+        raise MediaError(f"bytes are not a decodable image ({len(data)} bytes): {stable_message(str(e))}") from e
     w, h = img.size
     if w * h > max_pixels:
         raise MediaError(
@@ -187,7 +190,7 @@ def load_image(
         img.seek(0)  # first frame of an animation (Pillow opens there; explicit for clarity)
         out = _decode_rgb(img, data, scale_high_bit_depth)
     except Image.DecompressionBombError as e:
-        raise MediaError(f"image rejected as a decompression bomb: {e}") from e
+        raise MediaError(f"image rejected as a decompression bomb: {stable_message(str(e))}") from e
     except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise MediaError(f"image data is truncated or corrupt: {e}") from e
+        raise MediaError(f"image data is truncated or corrupt: {stable_message(str(e))}") from e
     return np.ascontiguousarray(out, dtype=np.uint8)

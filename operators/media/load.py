@@ -75,7 +75,8 @@ def load_media(
     Pass a long-lived `worker` when loading many videos (one child process reused).
     """
     if media_type not in (None, "image", "video"):
-        raise ConfigError(f"media_type must be 'image' or 'video', got {media_type!r}")
+        got = repr(media_type) if isinstance(media_type, str) else type(media_type).__name__  # no object repr
+        raise ConfigError(f"media_type must be 'image' or 'video', got {got}")
     data = read_bytes(uri, storage)
     kind = media_type or media_type_of(uri, data[:16])
     if kind == "image":
