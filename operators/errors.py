@@ -13,8 +13,15 @@ permanent failures (kept on resume) from transient ones (retried on resume).
 - `StorageError`: object storage failed after retries (transient).
 - `EngineError`: the model stage failed for this request (transient by default).
 - `ConfigError`: a job config is invalid; names the field. Raised before work starts.
+
+`stable_message` is the last step before a message goes into an output row: it
+drops object addresses (`<_io.BytesIO object at 0x7f...>`), which differ per run.
 """
 from __future__ import annotations
+
+import re
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 class VlbatchError(Exception):
@@ -58,3 +65,9 @@ class EngineError(VlbatchError):
 
 class ConfigError(VlbatchError):
     """Invalid job configuration; the message names the field."""
+
+
+def stable_message(text: str | None, limit: int = 2000) -> str | None:
+    """`text` without object addresses (`<X object at 0x7f..>` -> `<X object>`), at most `limit`
+    characters; None stays None. The same failure then reads the same in every run."""
+    return None if text is None else _ADDRESS.sub("", text)[:limit]

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import EngineError, VlbatchError
+from vlbatch.operators.errors import EngineError, VlbatchError, stable_message
 from vlbatch.pipeline.backends import EngineBackend, TransformersBackend
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
@@ -96,7 +96,7 @@ def _columns(o) -> tuple:
     """One request's output columns (answer, thinking, finish_reason, prompt / generated / cached
     tokens, error type, error message) from its engine `Result` or the error that stopped it."""
     if isinstance(o, VlbatchError):
-        return None, None, None, None, None, None, o.error_type, str(o)[:2000]
+        return None, None, None, None, None, None, o.error_type, stable_message(str(o))
     if o.finish_reason == "error":
-        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, o.error_type or "EngineError", o.error
+        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, o.error_type or "EngineError", stable_message(o.error)
     return o.text, o.thinking, o.finish_reason, o.prompt_tokens, o.generated_tokens, o.cached_tokens, None, None

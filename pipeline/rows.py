@@ -39,8 +39,10 @@ class MediaTask:
     error_message: str | None = None
 
     def failed(self, err: BaseException) -> Any:
-        """The same row as an error row (`err`'s class name and message)."""
-        return replace(self, status="error", error_type=type(err).__name__, error_message=str(err)[:2000])
+        """The same row as an error row (`err`'s class name and message, without object addresses)."""
+        from vlbatch.operators.errors import stable_message
+
+        return replace(self, status="error", error_type=type(err).__name__, error_message=stable_message(str(err)))
 
 
 @dataclass(frozen=True)

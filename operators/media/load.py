@@ -77,7 +77,8 @@ def load_media(
     `max_bytes`: a larger file is an `InputError`, found before it is read (`read_bytes`).
     """
     if media_type not in (None, "image", "video"):
-        raise ConfigError(f"media_type must be 'image' or 'video', got {media_type!r}")
+        got = repr(media_type) if isinstance(media_type, str) else type(media_type).__name__  # no object repr
+        raise ConfigError(f"media_type must be 'image' or 'video', got {got}")
     data = read_bytes(uri, storage, max_bytes=max_bytes)
     kind = media_type or media_type_of(uri, data[:16])
     if kind == "image":

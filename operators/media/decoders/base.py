@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlbatch.operators.errors import MediaError
+from vlbatch.operators.errors import MediaError, stable_message
 
 
 @dataclass(frozen=True)
@@ -192,5 +192,14 @@ def probe_container(container, stream, index: PacketIndex, first_frame) -> Video
 
 
 def _short(e: BaseException, limit: int = 200) -> str:
-    text = str(e).replace("\n", " ")
+    """`e`'s message on one line, without object addresses, cut at `limit`. An FFmpeg error reads
+    as its reason and FFmpeg's last log line, without the errno and the '<none>' file name that
+    in-memory input gets."""
+    strerror, log = getattr(e, "strerror", None), getattr(e, "log", None)
+    if strerror and hasattr(e, "log"):  # av.FFmpegError
+        last = log[-1] if isinstance(log, tuple) and log else log
+        text = f"{strerror} ({str(last).strip()})" if last else strerror
+    else:
+        text = str(e)
+    text = stable_message(text.replace("\n", " "))
     return text if len(text) <= limit else text[:limit] + "..."
