@@ -78,3 +78,21 @@ def test_source_refuses_an_input_that_is_not_there(tmp_path, kind):
     uri = str(tmp_path / ("none/*.png" if kind == "glob" else f"none.{kind}"))
     with pytest.raises(ConfigError, match="input.uri"):
         open_source(_cfg(kind, uri, tmp_path)).read()
+
+
+def test_jsonl_rows_missing_a_key_read_as_null(one_cpu_ray, tmp_path):
+    """Ray Data's JSON reader hands a key missing from some lines over as NaN (through pandas):
+    those cells must read as missing (null questions, null media_type), not as a float."""
+    from vlbatch.pipeline.sources import open_source
+
+    lines = [{"media_uri": "a.png"}, {"media_uri": None}, {"media_uri": "b.png", "questions": ["x", "y"],
+                                                           "media_type": "image"}, {"media_uri": ""}]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = _cfg("jsonl", str(path), tmp_path)
+    cfg = cfg.model_copy(update={"input": cfg.input.model_copy(update={"columns": cfg.input.columns.model_copy(
+        update={"media_type": "media_type"})})})
+    rows = open_source(cfg).read(num_cpus=0.25).take_all()
+    got = {r["media_uri"]: (r["media_type"], None if r["questions"] is None else list(r["questions"])) for r in rows}
+    assert got == {str(tmp_path / "a.png"): (None, None), None: (None, None),
+                   str(tmp_path / "b.png"): ("image", ["x", "y"]), "": (None, None)}

@@ -14,6 +14,7 @@ and expansion turns it into an `InputError` row.
 """
 from __future__ import annotations
 
+import math
 import posixpath
 
 import pyarrow as pa
@@ -43,14 +44,14 @@ def normalise(table: pa.Table, cfg: JobConfig, base_uri: str) -> pa.Table:
     if cols.media not in table.column_names:
         raise InputError(f"manifest has no column {cols.media!r} (input.columns.media); "
                          f"columns are: {', '.join(table.column_names)}")
-    uris = [_resolve(u, base_uri) for u in table.column(cols.media).to_pylist()]
+    uris = [_resolve(_cell(u), base_uri) for u in table.column(cols.media).to_pylist()]
     n = len(uris)
-    mtype = table.column(cols.media_type).to_pylist() if cols.media_type in table.column_names else [None] * n
+    mtype = [_cell(m) for m in table.column(cols.media_type).to_pylist()] \
+        if cols.media_type in table.column_names else [None] * n
     if cols.questions:
         if cols.questions not in table.column_names:
             raise InputError(f"manifest has no column {cols.questions!r} (input.columns.questions)")
-        qs = [_json_list(q) if isinstance(q, str) else (None if q is None else [str(x) for x in q])
-              for q in table.column(cols.questions).to_pylist()]
+        qs = [_questions(_cell(q)) for q in table.column(cols.questions).to_pylist()]
     else:
         qs = [None] * n
     return pa.table({
@@ -58,6 +59,24 @@ def normalise(table: pa.Table, cfg: JobConfig, base_uri: str) -> pa.Table:
         "media_type": pa.array([None if m is None else str(m) for m in mtype], pa.string()),
         "questions": pa.array(qs, pa.list_(pa.string())),
     })
+
+
+def _cell(v):
+    """A manifest value, with a missing one as None: JSON lines that lack a key can reach us as
+    NaN (a float) when Ray Data's JSON reader goes through pandas."""
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _questions(q) -> list[str] | None:
+    """A questions cell -> list of strings: a list, a JSON list in a string, one question as a
+    string, or a scalar (one question); None when missing."""
+    if q is None:
+        return None
+    if isinstance(q, str):
+        return _json_list(q)
+    if isinstance(q, (list, tuple)):
+        return [str(x) for x in q]
+    return [str(q)]
 
 
 def _json_list(s: str) -> list[str]:
