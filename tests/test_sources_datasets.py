@@ -104,7 +104,8 @@ def _read_parquet(cfg, path: str, keep=None) -> pa.Table:
 
 
 def test_parquet_written_by_hf_datasets_image_feature(tmp_path):
-    from datasets import Dataset, Image as HFImage
+    from datasets import Dataset
+    from datasets import Image as HFImage
 
     pil = [Image.open(io.BytesIO(_png(i))) for i in range(3)]
     ds = Dataset.from_dict({"image": pil, "caption": ["a", "b", "c"], "score": [0.5, 1.5, 2.5],
