@@ -47,20 +47,20 @@ def _run(cfg: str, home) -> subprocess.CompletedProcess:
 
 def test_webdataset_questions_keep_and_resume(tmp_path, tiny_ckpt):
     write_shard(tmp_path / "train-000000.tar", 3)
-    write_shard(tmp_path / "train-000001.tar", 2)
+    write_shard(tmp_path / "train-000001.tar", 2, first=3)
     cfg = _job(tmp_path, tiny_ckpt("dense"),
                f"{{uri: '{tmp_path}/train-{{000000..000001}}.tar', format: webdataset, columns: {{keep: [txt]}}}}",
                "{mode: questions, questions: ['What is it?', 'Which colour?']}")
     _run(cfg, tmp_path)
     rows = read_output(tmp_path / "out" / "r1")
     ok = [r for r in rows if r["status"] == "ok"]
-    assert len(ok) == 2 * 5 and len(rows) == 2 * 5 + 2  # two samples without media: InputError rows
+    assert len(ok) == 2 * 5 and len(rows) == 2 * 5 + 2 * 2  # two samples without media: InputError rows
     assert {r["error_type"] for r in rows if r["status"] != "ok"} == {"InputError"}
     assert {r["media_uri"] for r in ok} == {f"{tmp_path}/train-00000{s}.tar#sample{i:04d}.png"
-                                            for s, n in ((0, 3), (1, 2)) for i in range(n)}
+                                            for s, keys in ((0, range(3)), (1, range(3, 5))) for i in keys}
     assert all(r["txt"] == f"caption {int(r['media_uri'].rsplit('#sample', 1)[1][:4])}" for r in ok)
     again = _run(cfg, tmp_path)
-    assert "0 ok, 0 error, 12 skipped" in again.stdout
+    assert "0 ok, 0 error, 14 skipped" in again.stdout
     rows2 = read_output(tmp_path / "out" / "r1")
     assert sorted(r["id"] for r in rows2) == sorted(r["id"] for r in rows)  # exactly once
 

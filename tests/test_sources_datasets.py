@@ -37,14 +37,15 @@ def _cfg(tmp_path, **inp) -> object:
                             "output": {"uri": str(tmp_path / "out")}})
 
 
-def write_shard(path: Path, n: int) -> list[bytes]:
+def write_shard(path: Path, n: int, first: int = 0) -> list[bytes]:
+    """Samples `sample<first>`.. (keys unique across shards, as WebDataset datasets have them)."""
     import webdataset as wds
 
-    images = [_png(i) for i in range(n)]
+    images = [_png(i) for i in range(first, first + n)]
     with wds.TarWriter(str(path)) as w:
-        for i, png in enumerate(images):
+        for i, png in enumerate(images, start=first):
             w.write({"__key__": f"sample{i:04d}", "png": png, "txt": f"caption {i}", "json": {"i": i}})
-        w.write({"__key__": "nomedia", "txt": "only text"})
+        w.write({"__key__": f"nomedia{first}", "txt": "only text"})
     return images
 
 
@@ -61,7 +62,7 @@ def test_webdataset_shard_written_by_webdataset(tmp_path):
     shard = tmp_path / "train-000000.tar"
     images = write_shard(shard, 3)
     rows = list(read_shard(str(shard), StorageOptions(), keep=("txt", "json")))
-    assert [r.get("identity") for r in rows] == ["sample0000", "sample0001", "sample0002", "nomedia"]
+    assert [r.get("identity") for r in rows] == ["sample0000", "sample0001", "sample0002", "nomedia0"]
     assert [r["media_uri"] for r in rows[:3]] == [f"{shard}#sample{i:04d}.png" for i in range(3)]
     assert [r["media_bytes"] for r in rows[:3]] == images
     assert rows[1]["kept"]["txt"] == "caption 1" and json.loads(rows[1]["kept"]["json"]) == {"i": 1}

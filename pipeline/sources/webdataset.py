@@ -12,7 +12,8 @@ path up to the first '.' of its file name) form a sample, the rest of the name i
 extension. A sample's media is its first member whose extension is in `IMAGE_EXTS` (an image)
 or `VIDEO_EXTS` (a video); its row: `media_uri` = `<shard>#<key>.<ext>`, the bytes in
 `media_bytes`, `identity` = the key (request ids hash the key, so they survive moving the
-shards). `input.columns.keep` names member extensions (`txt`, `json`, `cls`) kept as strings.
+shards; keys must be unique across the dataset, as WebDataset writers make them: two samples
+with one key are one media to resume and to duplicate dropping). `input.columns.keep` names member extensions (`txt`, `json`, `cls`) kept as strings.
 
 Errors are rows, not task failures: a sample without a media member, a member that cannot be
 read (a corrupt header) and a shard that ends early (truncated) give `error` rows
