@@ -120,12 +120,19 @@ class _UsageMeter:
                      total.vision_cache_hits - last.vision_cache_hits, total.vision_encodes - last.vision_encodes)
 
 
+def local_model_path(cfg: JobConfig) -> str:
+    """`model.path` on this node: itself when local, else downloaded once per node (s3://...)."""
+    from vlbatch.operators.storage.checkpoint_cache import resolve_model_path
+
+    return resolve_model_path(cfg.model.path, cfg.storage.options(), cfg.model.cache_dir)
+
+
 class EngineBackend:
     def __init__(self, cfg: JobConfig):
         from vlbatch.operators.engine import Engine, EngineLoop
 
         self.cfg = cfg
-        self.engine = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
+        self.engine = Engine.from_pretrained(local_model_path(cfg), device=resolve_device(cfg.model.device),
                                              dtype=cfg.model.dtype,
                                              **cfg.model.engine.engine_kwargs())
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
@@ -166,10 +173,11 @@ class TransformersBackend:
 
         self.cfg = cfg
         self.device = resolve_device(cfg.model.device)
-        self.model = AutoModelForImageTextToText.from_pretrained(cfg.model.path, dtype=torch_dtype(cfg.model.dtype))
+        path = local_model_path(cfg)
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(cfg.model.dtype))
         self.model.to(self.device).eval()
-        self.tok = AutoTokenizer.from_pretrained(cfg.model.path)
-        self.tables = media_tables(cfg.model.path)
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.tables = media_tables(path)
         self.torch = torch
         self._lock = threading.Lock()  # one generate() at a time
         self._busy_s = 0.0

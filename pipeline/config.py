@@ -13,7 +13,8 @@ are taken as given (relative to the current directory), as is everything `valida
 gets directly. `check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
 starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the
 model folder holds config.json, *.safetensors and tokenizer.json, and the input matches at
-least one file. s3:// and other remote URIs are left to run time (checking them needs the
+least one file. s3:// and other remote URIs (a remote `model.path` is downloaded by each node
+at run time: `operators/storage/checkpoint_cache.py`) are left to run time (checking them needs the
 storage settings and the network). `export_schema(path)` writes ``configs/job.schema.json`` for editors
 (``python -m vlbatch.pipeline.config --schema configs/job.schema.json``).
 """
@@ -67,8 +68,11 @@ class EngineBudgets(_Section):
 
 
 class ModelConfig(_Section):
-    path: str = Field(..., min_length=1, description="local directory of a checkpoint in the Hugging Face layout "
-                                                     "(relative: to the config file's folder)")
+    path: str = Field(..., min_length=1, description="checkpoint folder in the Hugging Face layout: a local path "
+                                                     "(relative: to the config file's folder) or an fsspec URI "
+                                                     "(s3://...), downloaded once per node into cache_dir")
+    cache_dir: str | None = Field(None, description="node-local folder for downloaded checkpoints; None = "
+                                                    "$VLBATCH_CACHE or ~/.cache/vlbatch/checkpoints")
     backend: Literal["engine", "transformers"] = Field(
         "engine", description="engine: our batch engine; transformers: reference generate() (slow, for baselines)"
     )
@@ -78,18 +82,23 @@ class ModelConfig(_Section):
 
 
 class InputColumns(_Section):
-    media: str = Field("media_uri", min_length=1, description="column with the media URI (path or s3://)")
+    media: str = Field("media_uri", min_length=1, description="column with the media: a URI (path, s3://, "
+                                                              "http(s)://), binary bytes, or a struct of `bytes` "
+                                                              "and `path` (Hugging Face datasets Image / Video)")
     media_type: str | None = Field(
         "media_type", description="column with 'image'/'video'; missing column or null -> inferred from extension"
     )
     questions: str | None = Field(None, description="list<string> column of questions (task.mode=questions)")
+    keep: tuple[str, ...] = Field((), description="columns copied into every output row of their media, with "
+                                                  "their Arrow types (webdataset: member extensions, as strings)")
 
 
 class InputConfig(_Section):
     uri: str = Field(..., min_length=1, description="manifest file, folder or glob; local path (relative: to the "
                                                     "config file's folder) or s3://")
-    format: Literal["parquet", "jsonl", "csv", "glob"] = Field(
-        "parquet", description="glob: `uri` is a glob of media files, one request set per file"
+    format: Literal["parquet", "jsonl", "csv", "glob", "webdataset"] = Field(
+        "parquet", description="glob: `uri` is a glob of media files, one request set per file; webdataset: `uri` "
+                               "names tar shards (a glob or brace notation: shards/train-{000000..000127}.tar)"
     )
     columns: InputColumns = InputColumns()
     limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
@@ -195,6 +204,7 @@ class StorageConfig(_Section):
     region: str | None = None
     anonymous: bool = False
     retries: int = Field(5, ge=0, le=50)
+    http_per_host: int = Field(8, ge=1, description="http(s) media requests in flight per host, per decode actor")
 
     def options(self):
         """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
@@ -236,8 +246,10 @@ class JobConfig(_Section):
     def _task_input_agree(self) -> JobConfig:
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
-        if self.input.format == "glob" and self.input.columns.questions:
-            raise ValueError("input.format=glob has no columns; use task.questions")
+        if self.input.format in ("glob", "webdataset") and self.input.columns.questions:
+            raise ValueError(f"input.format={self.input.format} has no questions column; use task.questions")
+        if self.input.format == "glob" and self.input.columns.keep:
+            raise ValueError("input.format=glob has no columns to keep")
         return self
 
     def resolved_run_id(self) -> str:
@@ -369,6 +381,11 @@ def _model_problem(path: str) -> str | None:
 
 def _input_problem(uri: str, fmt: str) -> str | None:
     path = uri.removeprefix("file://")
+    if fmt == "webdataset":
+        from vlbatch.pipeline.sources.webdataset import expand_braces
+
+        shards = [m for p in expand_braces(path) for m in glob.glob(p)]
+        return None if any(os.path.isfile(m) for m in shards) else f"{uri!r} matches no shards"
     if fmt == "glob" or glob.has_magic(path):
         if not any(os.path.isfile(m) for m in glob.iglob(path, recursive=True)):
             return f"the glob {uri!r} matches no files"

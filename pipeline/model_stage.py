@@ -74,7 +74,7 @@ class ModelStage:
         return {"media_uri": r.media_uri, "media_type": r.media_type, "ids": r.ids,
                 "request_indices": r.request_indices, "prompts": r.prompts, "status": r.status,
                 "error_type": r.error_type, "error_message": r.error_message,
-                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s}
+                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s, "keep": r.keep}
 
     def _passthrough(self, r: Prepared) -> Generated:
         n = len(r.ids)

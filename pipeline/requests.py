@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
@@ -76,9 +77,14 @@ def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, Inp
         return "unknown", e
 
 
-def expand(media_uri: str | None, media_type: str | None, questions, task: TaskConfig) -> MediaTask:
-    """One manifest row -> its MediaTask (all requests, none filtered)."""
+def expand(media_uri: str | None, media_type: str | None, questions, task: TaskConfig, media_bytes=None,
+           identity: str | None = None, error: str | None = None, keep: bytes | None = None) -> MediaTask:
+    """One manifest row -> its MediaTask (all requests, none filtered). Request ids hash
+    `identity` when the source gives one (a WebDataset key), else `media_uri`; `error`: the
+    source's own failure for this row (an `InputError` row)."""
     kind, err = _media_kind(media_uri, media_type)
+    if error is not None:
+        kind, err = (kind if err is None else "unknown"), InputError(error)
     if task.mode == "caption":
         prompt = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
         prompts = [prompt]
@@ -87,8 +93,10 @@ def expand(media_uri: str | None, media_type: str | None, questions, task: TaskC
         if not prompts and err is None:
             err = InputError(f"{media_uri}: no questions (task.mode=questions)")
         prompts = prompts or [""]
-    ids = tuple(request_id(media_uri, i, p) for i, p in enumerate(prompts))
-    row = MediaTask(media_uri, kind, ids, tuple(range(len(prompts))), tuple(prompts))
+    key = media_uri if identity is None else identity
+    ids = tuple(request_id(key, i, p) for i, p in enumerate(prompts))
+    row = MediaTask(media_uri, kind, ids, tuple(range(len(prompts))), tuple(prompts),
+                    media_bytes=None if err is not None else media_bytes, keep=keep)
     return row.failed(err) if err is not None else row
 
 
@@ -100,8 +108,7 @@ def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None
     if len(keep) == len(row.ids):
         return row
     pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
-    return MediaTask(row.media_uri, row.media_type, pick(row.ids), pick(row.request_indices), pick(row.prompts),
-                     row.status, row.error_type, row.error_message)
+    return replace(row, ids=pick(row.ids), request_indices=pick(row.request_indices), prompts=pick(row.prompts))
 
 
 def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[MediaTask], int]:
@@ -118,6 +125,7 @@ def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[Med
 
 
 def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> tuple[list[MediaTask], int]:
-    """[(uri, media_type, questions)] -> (pending MediaTasks, duplicate requests dropped)."""
-    rows = (pending(expand(uri, mtype, qs, task), done) for uri, mtype, qs in records)
+    """[(uri, media_type, questions[, media_bytes, identity, error, keep])] -> (pending MediaTasks,
+    duplicate requests dropped)."""
+    rows = (pending(expand(*rec[:3], task, *rec[3:]), done) for rec in records)
     return drop_duplicates((r for r in rows if r is not None), set())

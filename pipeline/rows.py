@@ -37,6 +37,8 @@ class MediaTask:
     status: str = "ok"
     error_type: str | None = None
     error_message: str | None = None
+    media_bytes: bytes | None = None  # the media itself when the input carries it (not read again); dropped after decode
+    keep: bytes | None = None  # input.columns.keep values of the media (pipeline/keep.py), carried to the writer
 
     def failed(self, err: BaseException) -> Any:
         """The same row as an error row (`err`'s class name and message, without object addresses)."""
@@ -112,6 +114,7 @@ class Generated(MediaTask):
 _BASE = {
     "media_uri": pa.string(), "media_type": pa.string(), "ids": _LS, "request_indices": _LI, "prompts": _LS,
     "status": pa.string(), "error_type": pa.string(), "error_message": pa.string(),
+    "media_bytes": pa.large_binary(), "keep": pa.large_binary(),
 }
 ARROW_TYPES: dict[type, dict[str, Any]] = {
     MediaTask: _BASE,

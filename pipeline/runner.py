@@ -97,7 +97,9 @@ def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Tab
     """One manifest block -> its pending MediaTask rows, identical requests once (the ids of one
     block are remembered, so memory is bounded by the block); `duplicates_dropped` (an extra
     column the stages ignore) holds the count on the first row, for `count_pending`."""
-    records = zip(*(batch.column(c).to_pylist() for c in ("media_uri", "media_type", "questions")), strict=True)
+    from vlbatch.pipeline.sources import COLUMNS
+
+    records = zip(*(batch.column(c).to_pylist() for c in COLUMNS), strict=True)
     rows, dropped = expand_all(records, cfg.task, done)
     table = to_table(rows, MediaTask)
     counts = [dropped] + [0] * (len(rows) - 1) if rows else []

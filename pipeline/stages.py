@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
+from vlbatch.operators.errors import InputError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
 
@@ -28,7 +29,7 @@ def _error_fields(row: MediaTask) -> dict:
 
 def _base(row: MediaTask) -> dict:
     return {"media_uri": row.media_uri, "media_type": row.media_type, "ids": row.ids,
-            "request_indices": row.request_indices, "prompts": row.prompts, **_error_fields(row)}
+            "request_indices": row.request_indices, "prompts": row.prompts, **_error_fields(row), "keep": row.keep}
 
 
 def _catch(row: MediaTask, fn, err_cls):
@@ -42,7 +43,9 @@ def _catch(row: MediaTask, fn, err_cls):
 
 
 class DecodeStage:
-    """MediaTask -> Decoded: read the bytes (local / s3://), decode the image or sampled video frames.
+    """MediaTask -> Decoded: the row's own bytes (`media_bytes`: WebDataset, embedded Parquet) or
+    read them (local / s3:// / http(s)://, at most `storage.http_per_host` requests per host from
+    this actor), decode the image or sampled video frames.
 
     Videos decode in a long-lived killable subprocess per actor (`DecodeWorker`), killed
     and restarted when a file exceeds `video.decode_timeout_s` (-> MediaTimeoutError).
@@ -59,6 +62,9 @@ class DecodeStage:
                                       max_frames=v.max_frames)
         self.worker = DecodeWorker(timeout_s=v.decode_timeout_s)
         self.lock = threading.Lock()
+        from vlbatch.operators.storage.http import HostLimiter
+
+        self.limiter = HostLimiter(cfg.storage.http_per_host)
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, MediaTask)
@@ -76,7 +82,13 @@ class DecodeStage:
         t0 = time.perf_counter()
         limit = self.cfg.image.max_bytes if row.media_type == "image" else self.cfg.video.max_bytes
         # the size is checked before reading, and at most limit + 1 bytes are read (InputError over it)
-        data = read_bytes(row.media_uri, self.storage, max_bytes=limit, limit_name=f"{row.media_type}.max_bytes")
+        name = f"{row.media_type}.max_bytes"
+        if row.media_bytes is not None:
+            data = row.media_bytes
+            if len(data) > limit:
+                raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {name} limit of {limit}")
+        else:
+            data = read_bytes(row.media_uri, self.storage, max_bytes=limit, limit_name=name, limiter=self.limiter)
         if row.media_type == "image":
             from vlbatch.operators.media.image import load_image
 
@@ -112,10 +124,11 @@ class PreprocessStage:
 
     def __init__(self, cfg: JobConfig):
         from vlbatch.operators.preprocess import Processor
+        from vlbatch.pipeline.backends import local_model_path
 
         self.cfg = cfg
         self.lock = threading.Lock()
-        self.processor = Processor.from_pretrained(cfg.model.path)
+        self.processor = Processor.from_pretrained(local_model_path(cfg))
         # the job's budgets override the checkpoint's preprocessor configs (None = keep)
         for attr, over in (("image_config", cfg.image), ("video_config", cfg.video)):
             kw = {k: getattr(over, k) for k in ("min_pixels", "max_pixels") if getattr(over, k) is not None}

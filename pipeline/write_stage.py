@@ -15,9 +15,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.sink import OutputRow, ParquetSink, Sink, Timings, rows_to_table
+from vlbatch.operators.sink import OUTPUT_SCHEMA, OutputRow, ParquetSink, Sink, Timings, rows_to_table
 from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.keep import decode as decode_keep
+from vlbatch.pipeline.keep import output_schema
 from vlbatch.pipeline.rows import Generated, from_table
 
 STATS_SCHEMA = pa.schema([
@@ -58,10 +60,26 @@ def check_output(cfg: JobConfig) -> None:
                           "credentials cannot see it); buckets are never created: create it, or fix output.uri")
 
 
+def keep_schema(cfg: JobConfig) -> pa.Schema | None:
+    """The run's schema of `input.columns.keep` (from the input's schema; None: nothing kept)."""
+    if not cfg.input.columns.keep:
+        return None
+    from vlbatch.pipeline.sources import open_source
+
+    return open_source(cfg).keep_schema()
+
+
 def open_sink(cfg: JobConfig, run_uri: str) -> Sink:
     """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the one place that names the
-    implementation (Parquet)."""
-    return ParquetSink(run_uri, cfg.storage.options())
+    implementation (Parquet). Its schema: `OUTPUT_SCHEMA` plus the kept input columns."""
+    return ParquetSink(run_uri, cfg.storage.options(), output_schema(keep_schema(cfg)))
+
+
+def keep_schema_of(sink: Sink) -> pa.Schema | None:
+    """The kept columns of `sink`'s schema (those past `OUTPUT_SCHEMA`), None if none."""
+    schema = getattr(sink, "schema", OUTPUT_SCHEMA)
+    extra = [f for f in schema if f.name not in OUTPUT_SCHEMA.names]
+    return pa.schema(extra) if extra else None
 
 
 class WriteStage:
@@ -84,7 +102,13 @@ def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, s
     gens = from_table(batch, Generated)
     rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
     sink = sink if sink is not None else open_sink(cfg, run_dir)
-    path = sink.commit(rows_to_table(rows))  # durable before any stats row
+    table = rows_to_table(rows)
+    kept = keep_schema_of(sink)
+    if kept is not None:  # the media's kept values, once per request
+        extra = decode_keep([g.keep for g in gens], [len(g.ids) for g in gens], kept)
+        for f in kept:
+            table = table.append_column(f, extra.column(f.name))
+    path = sink.commit(table)  # durable before any stats row
     cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
     # media-level figures go on the media's first request only, so sums over stats rows are exact
     media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,

@@ -67,10 +67,11 @@ class ParquetSink(Sink):
     """Parquet part files under `uri` (module docstring). `fs` / `root`: the fsspec filesystem
     and the run directory's path inside it; `uri` is made absolute (local paths)."""
 
-    def __init__(self, uri: str, storage: StorageOptions = DEFAULT_STORAGE):
+    def __init__(self, uri: str, storage: StorageOptions = DEFAULT_STORAGE, schema: pa.Schema = OUTPUT_SCHEMA):
         fs, root = filesystem(uri, storage)
         super().__init__(with_protocol(uri, root), storage)
         self.fs, self.root = fs, root
+        self.schema = schema  # OUTPUT_SCHEMA, then the run's kept input columns (pipeline/keep.py)
 
     def _retry(self, fn, what: str):
         return with_retries(fn, what=what, storage=self.storage)
@@ -98,11 +99,11 @@ class ParquetSink(Sink):
         return self._retry(go, f"reading {path}")
 
     def commit(self, table: pa.Table) -> str | None:
-        """Commit `table` (OUTPUT_SCHEMA) as one part file; its path (None if empty)."""
+        """Commit `table` (the sink's schema) as one part file; its path (None if empty)."""
         if table.num_rows == 0:
             return None
-        if not table.schema.equals(OUTPUT_SCHEMA):
-            table = table.select(OUTPUT_SCHEMA.names).cast(OUTPUT_SCHEMA)
+        if not table.schema.equals(self.schema):
+            table = table.select(self.schema.names).cast(self.schema)
         final = join(self.root, part_name(table.column("id").to_pylist()))
         put_atomic(self.fs, final, table_bytes(table), self.storage, tmp_dir=join(self.root, TMP_DIR))
         return final
@@ -132,7 +133,7 @@ class ParquetSink(Sink):
     def read(self) -> pa.Table:
         tables = [self.read_part(p) for p in self.parts()]
         if not tables:
-            return OUTPUT_SCHEMA.empty_table()
+            return self.schema.empty_table()
         t = pa.concat_tables(tables)
         return t.take(pc.sort_indices(t, [("id", "ascending")]))
 

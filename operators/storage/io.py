@@ -6,7 +6,9 @@
   that outlast the retries, or an unclassified failure: `StorageError`. The size is checked
   before the bytes are read (local: `fstat` of the descriptor, opened with `O_NONBLOCK` so a
   FIFO never blocks; s3: the object's size from HEAD) and at most `max_bytes + 1` bytes are
-  read (an object that grew in between): over the limit is `InputError`.
+  read (an object that grew in between): over the limit is `InputError`. http(s):// URLs go
+  to `http.read_http` (its own retry rules: 429 Retry-After, 404/403/410 permanent), with the
+  caller's per-host `HostLimiter`.
 - `open_input(fs, path, storage)`: a seekable binary stream (manifests, part files) whose
   reads are ranged requests, each retried on its own, so a transient failure in the middle
   of a large file costs one range, not the file.
@@ -34,13 +36,18 @@ STREAM_BUFFER = 8 << 20  # bytes per ranged request of `open_input` (sequential 
 
 
 def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes: int | None = None,
-               limit_name: str = "max_bytes") -> bytes:
+               limit_name: str = "max_bytes", limiter=None) -> bytes:
     """All bytes of the object or file at `uri`, at most `max_bytes` (None: no limit).
 
     Raises `MediaError` (permanent: not found, denied, a directory, a symlink loop, not a
     regular file), `InputError` (over `max_bytes`; the message names `limit_name`) or
     `StorageError` (transient failures outlasted every attempt, or an unclassified failure).
+    `limiter`: an `http.HostLimiter` for http(s):// URLs (None: no per-host limit).
     """
+    from vlbatch.operators.storage.http import is_http, read_http
+
+    if is_http(uri):
+        return read_http(uri, storage, max_bytes=max_bytes, limit_name=limit_name, limiter=limiter)
     fs, path = filesystem(uri, storage)
     read = _read_local if _is_local(fs) else _read_remote
     try:

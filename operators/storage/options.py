@@ -1,7 +1,8 @@
 """Where and how to reach storage: `StorageOptions` and one fsspec filesystem per URI.
 
 Local paths (`/a/b.mp4`, relative paths, `file:///a/b.mp4`) and `s3://bucket/key` (`s3a://`
-too) are supported; `memory://` for tests. `s3://` uses s3fs with the options' endpoint URL,
+too) are supported; `memory://` for tests; `http(s)://` URLs are read by `storage.http`
+(urllib, no listing: `filesystem` gives fsspec's HTTP filesystem only for completeness). `s3://` uses s3fs with the options' endpoint URL,
 region, profile and anonymous flag. Credentials are never part of the options: botocore finds
 them in the standard places (AWS_* environment variables, shared credentials / config files
 and profiles, instance metadata), and nothing here logs them.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from vlbatch.operators.errors import ConfigError
 
-SUPPORTED_PROTOCOLS = ("file", "local", "s3", "s3a", "memory")
+SUPPORTED_PROTOCOLS = ("file", "local", "s3", "s3a", "memory", "http", "https")  # http(s): storage/http.py
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def filesystem(uri: str, storage: StorageOptions = DEFAULT_STORAGE):
 
     protocol = protocol_of(uri)
     if protocol not in SUPPORTED_PROTOCOLS:
-        raise ConfigError(f"unsupported storage scheme {protocol!r} in {uri!r}: use a local path or s3://")
+        raise ConfigError(f"unsupported storage scheme {protocol!r} in {uri!r}: use a local path, s3:// or http(s)://")
     protocol = "s3" if protocol == "s3a" else protocol
     fs = fsspec.filesystem(protocol, **storage.fsspec_kwargs(protocol))
     if protocol == "s3":

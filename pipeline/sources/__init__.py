@@ -1,7 +1,9 @@
 """Input sources: one `Source` per input format (the contract is `base.py`).
 
-- `manifest.ManifestSource`: Parquet / JSONL / CSV manifests of media URIs (local, s3://);
-- `glob.GlobSource`: a glob of media files.
+- `manifest.ManifestSource`: Parquet / JSONL / CSV manifests of media URIs (local, s3://, http(s)://)
+  or of embedded media bytes (Parquet);
+- `glob.GlobSource`: a glob of media files;
+- `webdataset.WebDatasetSource`: WebDataset tar shards (local, s3://, http(s)://).
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ def open_source(cfg: JobConfig) -> Source:
         from vlbatch.pipeline.sources.glob import GlobSource
 
         return GlobSource(cfg)
+    if cfg.input.format == "webdataset":
+        from vlbatch.pipeline.sources.webdataset import WebDatasetSource
+
+        return WebDatasetSource(cfg)
     from vlbatch.pipeline.sources.manifest import ManifestSource
 
     return ManifestSource(cfg)

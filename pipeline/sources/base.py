@@ -6,7 +6,15 @@ media, with exactly the columns of `MANIFEST_SCHEMA`:
   media's identity in the output and, for sources that do not carry bytes, where the
   decode stage reads them from (through `vlbatch.operators.storage`);
 - `media_type` ("image" / "video", or null: from the extension, then the bytes' signature);
-- `questions` (list<string> or null: `task.questions` then apply).
+- `questions` (list<string> or null: `task.questions` then apply);
+- `media_bytes` (large_binary or null): the media's bytes when the input carries them
+  (WebDataset members, embedded Parquet bytes); the decode stage then reads nothing;
+- `identity` (string or null): what request ids hash instead of `media_uri` (a WebDataset
+  sample key); null: the `media_uri`;
+- `error` (string or null): the source could not produce this media (a truncated shard, a
+  corrupt tar member): the row becomes an `InputError` row with this message;
+- `keep` (large_binary or null): the `input.columns.keep` values of the row (`pipeline/keep.py`),
+  cast to `keep_schema()`.
 
 Rules every source keeps:
 - `read` never reads the whole input into the driver: listing happens in the driver, reading
@@ -16,6 +24,9 @@ Rules every source keeps:
   raises `ConfigError` naming the field before work starts where it can be seen from the
   driver, else `InputError` in the task.
 - `input.limit` is applied by the source (the first N rows in the source's order).
+- `keep_schema()` is the Arrow schema of `input.columns.keep`, fixed for the run from the
+  input's schema (None when nothing is kept); cheap (file metadata), called by the driver
+  and every write actor.
 - `count()` is the number of rows when the source knows it without reading the rows
   (file metadata), else None (the runner then counts beside the run for the ETA).
 
@@ -30,7 +41,8 @@ import ray
 from vlbatch.pipeline.config import JobConfig
 
 MANIFEST_SCHEMA = pa.schema([("media_uri", pa.string()), ("media_type", pa.string()),
-                             ("questions", pa.list_(pa.string()))])
+                             ("questions", pa.list_(pa.string())), ("media_bytes", pa.large_binary()),
+                             ("identity", pa.string()), ("error", pa.string()), ("keep", pa.large_binary())])
 COLUMNS = tuple(MANIFEST_SCHEMA.names)
 
 
@@ -44,6 +56,14 @@ class Source:
         """The manifest rows as a lazy Ray dataset (columns `COLUMNS`)."""
         raise NotImplementedError
 
+    def keep_schema(self) -> pa.Schema | None:
+        """The schema of `input.columns.keep` (None: nothing kept)."""
+        if self.cfg.input.columns.keep:
+            from vlbatch.operators.errors import ConfigError
+
+            raise ConfigError(f"input.columns.keep: input.format={self.cfg.input.format} has no columns to keep")
+        return None
+
     def count(self) -> int | None:
         """Rows, when known without reading them; None otherwise."""
         return None
@@ -52,6 +72,12 @@ class Source:
 def task_pool(size: int | None):
     """The compute strategy of a function stage: at most `size` tasks at once (None: Ray Data's choice)."""
     return ray.data.TaskPoolStrategy(size=size)
+
+
+def manifest_table(n: int, **cols) -> pa.Table:
+    """A block of `n` manifest rows: the given columns (lists or arrays), null for the rest."""
+    return pa.table({f.name: pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type)
+                     for f in MANIFEST_SCHEMA}, schema=MANIFEST_SCHEMA)
 
 
 def limit(ds: ray.data.Dataset, n: int | None) -> ray.data.Dataset:

@@ -1,13 +1,12 @@
 """`input.format: glob`: every file a glob matches is one media (no questions column)."""
 from __future__ import annotations
 
-import pyarrow as pa
 import ray
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import filesystem, with_retries
 from vlbatch.operators.storage.options import with_protocol
-from vlbatch.pipeline.sources.base import MANIFEST_SCHEMA, Source, limit
+from vlbatch.pipeline.sources.base import Source, limit, manifest_table
 
 
 class GlobSource(Source):
@@ -23,6 +22,5 @@ class GlobSource(Source):
 
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
         uris = self._uris()
-        table = pa.table({"media_uri": uris, "media_type": [None] * len(uris), "questions": [None] * len(uris)},
-                         schema=MANIFEST_SCHEMA)
+        table = manifest_table(len(uris), media_uri=uris)
         return limit(ray.data.from_arrow(table), self.cfg.input.limit)

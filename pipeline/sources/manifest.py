@@ -21,10 +21,13 @@ import pyarrow as pa
 import ray
 
 from vlbatch.operators.errors import ConfigError, InputError
+from vlbatch.operators.media.load import media_type_of
 from vlbatch.operators.storage import arrow_filesystem, filesystem, open_input, with_retries
 from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.sources.base import Source, limit, task_pool
+from vlbatch.pipeline.keep import encode as encode_keep
+from vlbatch.pipeline.keep import select as select_keep
+from vlbatch.pipeline.sources.base import Source, limit, manifest_table, task_pool
 
 
 def _resolve(uri, base: str) -> str | None:
@@ -38,27 +41,61 @@ def _resolve(uri, base: str) -> str | None:
     return posixpath.normpath(posixpath.join(base, uri))
 
 
-def normalise(table: pa.Table, cfg: JobConfig, base_uri: str) -> pa.Table:
-    """Any manifest block -> (media_uri, media_type, questions)."""
+def normalise(table: pa.Table, cfg: JobConfig, base_uri: str, *, file_uri: str | None = None,
+              row_offset: int | None = None, keep: pa.Schema | None = None) -> pa.Table:
+    """Any manifest block -> the manifest columns (`base.MANIFEST_SCHEMA`). `file_uri` and
+    `row_offset` (the block's first row in that file) name embedded media that have no path
+    (`<file>#<row>`); `keep`: the run's schema of `input.columns.keep`."""
     cols = cfg.input.columns
     if cols.media not in table.column_names:
         raise InputError(f"manifest has no column {cols.media!r} (input.columns.media); "
                          f"columns are: {', '.join(table.column_names)}")
-    uris = [_resolve(_cell(u), base_uri) for u in table.column(cols.media).to_pylist()]
-    n = len(uris)
+    n = table.num_rows
+    uris, data, identity = _media(table.column(cols.media), base_uri, file_uri, row_offset)
     mtype = [_cell(m) for m in table.column(cols.media_type).to_pylist()] \
         if cols.media_type in table.column_names else [None] * n
+    mtype = [None if m is None else str(m) for m in mtype]
+    if data is not None:  # embedded media: the type from the path's extension, else the bytes' signature
+        mtype = [m if m is not None or b is None else media_type_of(u or "", b[:16])
+                 for m, u, b in zip(mtype, uris, data, strict=True)]
     if cols.questions:
         if cols.questions not in table.column_names:
             raise InputError(f"manifest has no column {cols.questions!r} (input.columns.questions)")
         qs = [_questions(_cell(q)) for q in table.column(cols.questions).to_pylist()]
     else:
         qs = [None] * n
-    return pa.table({
-        "media_uri": pa.array(uris, pa.string()),
-        "media_type": pa.array([None if m is None else str(m) for m in mtype], pa.string()),
-        "questions": pa.array(qs, pa.list_(pa.string())),
-    })
+    extra = {} if data is None else {"media_bytes": data, "identity": identity}
+    if keep is not None:
+        extra["keep"] = encode_keep(select_keep(table, keep, f"manifest {file_uri or base_uri}"))
+    return manifest_table(n, media_uri=uris, media_type=mtype, questions=qs, **extra)
+
+
+def _media(col: pa.ChunkedArray, base_uri: str, file_uri: str | None,
+           row_offset: int | None) -> tuple[list, list | None, list | None]:
+    """(media URIs, embedded bytes or None, identities or None) of the media column: a string column of URIs, a
+    binary column of bytes, or a struct of `bytes` and `path` (Hugging Face `datasets` Image /
+    Video). Embedded media without a path are named `<file>#<row>`."""
+    t = col.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t):
+        return [_resolve(_cell(u), base_uri) for u in col.to_pylist()], None, None
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        data, paths = col.to_pylist(), [None] * len(col)
+    elif pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+        vals = col.to_pylist()
+        data = [None if v is None else v["bytes"] for v in vals]
+        paths = [None if v is None else v.get("path") for v in vals]
+    else:
+        raise InputError(f"media column of type {t}: expected strings (URIs), binary (bytes) or a struct "
+                         "with `bytes` and `path` fields (Hugging Face datasets Image / Video)")
+    if row_offset is None and any(b is not None and not p for b, p in zip(data, paths, strict=True)):
+        raise InputError("embedded media without a path need a Parquet manifest (a row number names them)")
+    where = file_uri or base_uri
+    uris = [(p if b is not None else _resolve(p, base_uri)) if p else
+            (None if b is None else f"{where}#{row_offset + i}")
+            for i, (b, p) in enumerate(zip(data, paths, strict=True))]
+    # identity: the row (`<file>#<row>`), not the path: exports often name every image alike
+    ids = [None if b is None or row_offset is None else f"{where}#{row_offset + i}" for i, b in enumerate(data)]
+    return uris, data, ids
 
 
 def _cell(v):
@@ -107,19 +144,59 @@ class ManifestSource(Source):
         pafs = None if protocol_of(inp.uri) == "file" else arrow_filesystem(fs, storage)
         base = path if retried(lambda: fs.isdir(path), "listing") else posixpath.dirname(path)
         base = with_protocol(inp.uri, base)
+        keep = self.keep_schema()
         if inp.format == "parquet":
             files = parquet_files(fs, path, inp.uri, retried)
             return limit(ray.data.from_items([{"path": f} for f in files]).map_batches(
                 _read_parquet_files, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus,
-                compute=task_pool(concurrency), fn_kwargs={"cfg": cfg, "base_uri": base}), inp.limit)
+                compute=task_pool(concurrency), fn_kwargs={"cfg": cfg, "base_uri": base, "keep": keep}), inp.limit)
         if inp.format == "jsonl":
             ds = ray.data.read_json(path, filesystem=pafs, lines=True, num_cpus=num_cpus,
                                     concurrency=concurrency)
         else:
             ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
-        ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base},
+        ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base, "keep": keep},
                             num_cpus=num_cpus, compute=task_pool(concurrency), zero_copy_batch=True)
         return limit(ds, inp.limit)
+
+    def keep_schema(self) -> pa.Schema | None:
+        """The kept columns' types from the first manifest file: the Parquet schema, or the types
+        pyarrow infers from the first block of a JSONL / CSV file."""
+        names = self.cfg.input.columns.keep
+        if not names:
+            return None
+        inp, storage = self.cfg.input, self.cfg.storage.options()
+        fs, path = filesystem(inp.uri, storage)
+        retried = lambda fn, what: with_retries(fn, what=f"{what} {inp.uri}", storage=storage)  # noqa: E731
+        if inp.format == "parquet":
+            first = parquet_files(fs, path, inp.uri, retried)[0]
+        else:
+            found = sorted(retried(lambda: fs.find(path) if fs.isdir(path) else fs.glob(path), "listing"))
+            if not found:
+                raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
+            first = with_protocol(inp.uri, found[0])
+        schema = _first_schema(first, inp.format, storage)
+        missing = [n for n in names if n not in schema.names]
+        if missing:
+            raise ConfigError(f"input.columns.keep: {first} has no column {', '.join(map(repr, missing))}; "
+                              f"columns are: {', '.join(schema.names)}")
+        return pa.schema([schema.field(n) for n in names])
+
+
+def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
+    fs, path = filesystem(uri, storage)
+    with open_input(fs, path, storage) as f:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(f).schema_arrow
+        if fmt == "jsonl":
+            import pyarrow.json as pj
+
+            return pj.open_json(f).schema
+        import pyarrow.csv as pcsv
+
+        return pcsv.open_csv(f).schema
 
 
 def parquet_files(fs, path: str, uri: str, retried) -> list[str]:
@@ -138,7 +215,7 @@ def parquet_files(fs, path: str, uri: str, retried) -> list[str]:
     return [with_protocol(uri, f) for f in files]
 
 
-def _read_parquet_files(batch: pa.Table, *, cfg: JobConfig, base_uri: str):
+def _read_parquet_files(batch: pa.Table, *, cfg: JobConfig, base_uri: str, keep: pa.Schema | None = None):
     """A batch of file URIs -> normalised manifest blocks, one per row group (bounded memory)."""
     import pyarrow.parquet as pq
 
@@ -147,5 +224,8 @@ def _read_parquet_files(batch: pa.Table, *, cfg: JobConfig, base_uri: str):
         fs, path = filesystem(uri, storage)
         with open_input(fs, path, storage) as f:
             pf = pq.ParquetFile(f)
+            offset = 0
             for i in range(pf.num_row_groups):
-                yield normalise(pf.read_row_group(i), cfg, base_uri)
+                group = pf.read_row_group(i)
+                yield normalise(group, cfg, base_uri, file_uri=uri, row_offset=offset, keep=keep)
+                offset += group.num_rows
