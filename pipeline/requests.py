@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
+from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.pipeline.config import TaskConfig
 from vlbatch.pipeline.rows import MediaTask
 
@@ -79,7 +80,7 @@ def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, Inp
 def expand(media_uri: str | None, media_type: str | None, questions, task: TaskConfig) -> MediaTask:
     """One manifest row -> its MediaTask (all requests, none filtered)."""
     kind, err = _media_kind(media_uri, media_type)
-    if task.mode == "caption":
+    if task.mode == "caption" or (task.mode == "scan" and not _questions(questions, task)):
         prompt = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
         prompts = [prompt]
     else:
@@ -117,7 +118,13 @@ def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[Med
     return out, dropped
 
 
-def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> tuple[list[MediaTask], int]:
-    """[(uri, media_type, questions)] -> (pending MediaTasks, duplicate requests dropped)."""
-    rows = (pending(expand(uri, mtype, qs, task), done) for uri, mtype, qs in records)
+def expand_all(records: Iterable[tuple], task: TaskConfig,
+               done: IdIndex | Collection[str] = frozenset()) -> tuple[list[MediaTask], int]:
+    """[(uri, media_type, questions)] -> (pending MediaTasks, duplicate requests dropped). `done`
+    (the committed ids; an `IdIndex` is looked up once for the whole block, vectorised)."""
+    rows = [expand(uri, mtype, qs, task) for uri, mtype, qs in records]
+    if isinstance(done, IdIndex):
+        ids = [rid for r in rows for rid in r.ids]
+        done = {rid for rid, hit in zip(ids, done.contains_many(ids), strict=True) if hit} if len(done) else set()
+    rows = (pending(r, done) for r in rows)
     return drop_duplicates((r for r in rows if r is not None), set())
