@@ -100,6 +100,7 @@ def plain_loop(cfg, uris: list[str], cpus: int) -> float:
 
 def one(args) -> dict:
     """One N in this process: the run, its parts, both resumes; driver peak RSS."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     import ray
 
