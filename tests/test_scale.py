@@ -153,3 +153,25 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
         assert g.statuses == ("ok", "ok") and g.visual_tokens == p.visual_tokens > 0
         assert g.prompt_tokens == tuple(len(x) for x in p.input_ids)
         assert g.prompt_tokens[1] > g.prompt_tokens[0] > g.visual_tokens
+
+
+def test_scan_totals_and_histograms_from_stats_rows():
+    from vlbatch.pipeline.progress import Progress, token_histogram
+    from vlbatch.pipeline.runner import RunSummary, scan_line
+    from vlbatch.pipeline.write_stage import STATS_SCHEMA
+
+    assert token_histogram([0, 1, 2, 3, 4, 255, 256, None]) == {"0": 1, "1-2": 1, "2-4": 2, "4-8": 1, "128-256": 1,
+                                                               "256-512": 1}
+    rows = [{"id": "a", "status": "ok", "prompt_tokens": 70, "visual_tokens": 64, "file": None},
+            {"id": "b", "status": "ok", "prompt_tokens": 75, "visual_tokens": 64, "file": None},
+            {"id": "c", "status": "error", "error_type": "MediaError", "file": None}]
+    p = Progress(total=None, stream=open("/dev/null", "w"))
+    p.update(pa.Table.from_pylist(rows, schema=STATS_SCHEMA))
+    assert (p.prompt_tokens, p.visual_tokens) == (145, 128)
+    assert dict(p.prompt_hist) == {"64-128": 2} and dict(p.visual_hist) == {"64-128": 2}
+    s = RunSummary("r", "o", 3, 0, processed_by_status=dict(p.status), error_types=dict(p.error_types),
+                   prompt_tokens=p.prompt_tokens, visual_tokens=p.visual_tokens,
+                   token_histogram={"prompt": dict(p.prompt_hist), "visual": dict(p.visual_hist)})
+    line = scan_line(s)
+    assert "3 requests, 1 errors" in line and "'MediaError': 1" in line and "prompt tokens 145" in line
+    assert "visual histogram 64-128:2" in line
