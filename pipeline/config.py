@@ -105,7 +105,11 @@ class InputConfig(_Section):
 
 
 class TaskConfig(_Section):
-    mode: Literal["caption", "questions"] = "caption"
+    mode: Literal["caption", "questions", "scan"] = Field(
+        "caption", description="scan: no model; every request is read, decoded and preprocessed as a real run "
+                               "would and gets its row (status, error, token counts; answer null): broken files "
+                               "and the job's token cost. Its requests: the questions where there are any, "
+                               "else the caption prompt")
     prompt: str = Field("Describe this image in detail.", min_length=1, description="caption prompt (mode=caption)")
     video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
     questions: tuple[str, ...] = Field(
@@ -188,7 +192,7 @@ class ResourcesConfig(_Section):
     decode: StageResources = StageResources()
     preprocess: StageResources = StageResources()
     model: ModelResources = ModelResources(min_actors=1, max_actors=1)
-    write: StageResources = StageResources(num_cpus=0.25, min_actors=1, max_actors=1, batch_size=256)  # rows per part file
+    write: StageResources = StageResources(num_cpus=0.25, min_actors=1, max_actors=4, batch_size=256)  # rows per call
 
 
 class OutputConfig(_Section):
@@ -197,6 +201,18 @@ class OutputConfig(_Section):
     run_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
+    part_mb: float | None = Field(32.0, gt=0.0, description="a writer publishes a part file once it holds this many "
+                                                            "MiB of rows (Arrow size; the zstd file is smaller)")
+    part_rows: int | None = Field(None, ge=1, description="... or this many rows (None: by size only)")
+    commit_interval_s: float = Field(
+        120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
+
+    def roll_policy(self):
+        """The writers' `RollPolicy` (vlbatch.operators.sink.rolling)."""
+        from vlbatch.operators.sink.rolling import RollPolicy
+
+        return RollPolicy(target_bytes=None if self.part_mb is None else int(self.part_mb * 2**20),
+                          target_rows=self.part_rows, interval_s=self.commit_interval_s)
 
 
 class StorageConfig(_Section):

@@ -23,6 +23,16 @@ def _fmt_eta(s: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
 
 
+def token_histogram(values, into: Counter | None = None) -> Counter:
+    """Counts per power-of-two bucket ('<lo>-<2lo>' holds lo <= v < 2lo; '0'); nulls skipped."""
+    out = Counter() if into is None else into
+    for v in values:
+        if v is not None:
+            v = int(v)
+            out["0" if v == 0 else f"{1 << (v.bit_length() - 1)}-{1 << v.bit_length()}"] += 1
+    return out
+
+
 @dataclass
 class Progress:
     total: int | None  # requests to do; None until known (a fresh run counts them beside the graph)
@@ -40,6 +50,8 @@ class Progress:
     status: Counter = field(default_factory=Counter)
     error_types: Counter = field(default_factory=Counter)
     files: set = field(default_factory=set)
+    prompt_hist: Counter = field(default_factory=Counter)  # prompt tokens per request (token_histogram)
+    visual_hist: Counter = field(default_factory=Counter)  # visual tokens per request
     stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
 
     def __post_init__(self):
@@ -71,7 +83,9 @@ class Progress:
         self.vision_encodes += sum(x or 0 for x in d.get("vision_encodes", []))
         for k in ("decode_s", "preprocess_s", "model_s", "model_cpu_s"):
             self.stage_s[k.removesuffix("_s")] += sum(x or 0.0 for x in d.get(k, []))
-        self.files.update(d["file"])
+        token_histogram(d["prompt_tokens"], self.prompt_hist)
+        token_histogram(d["visual_tokens"], self.visual_hist)
+        self.files.update(f for f in d["file"] if f)
         self.tick()
 
     @property

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
+from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.pipeline.config import TaskConfig
 from vlbatch.pipeline.rows import MediaTask
 
@@ -85,7 +86,7 @@ def expand(media_uri: str | None, media_type: str | None, questions, task: TaskC
     kind, err = _media_kind(media_uri, media_type)
     if error is not None:
         kind, err = (kind if err is None else "unknown"), InputError(error)
-    if task.mode == "caption":
+    if task.mode == "caption" or (task.mode == "scan" and not _questions(questions, task)):
         prompt = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
         prompts = [prompt]
     else:
@@ -124,8 +125,14 @@ def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[Med
     return out, dropped
 
 
-def expand_all(records: Iterable[tuple], task: TaskConfig, done: frozenset[str]) -> tuple[list[MediaTask], int]:
+def expand_all(records: Iterable[tuple], task: TaskConfig,
+               done: IdIndex | Collection[str] = frozenset()) -> tuple[list[MediaTask], int]:
     """[(uri, media_type, questions[, media_bytes, identity, error, keep])] -> (pending MediaTasks,
-    duplicate requests dropped)."""
-    rows = (pending(expand(*rec[:3], task, *rec[3:]), done) for rec in records)
+    duplicate requests dropped). `done`: the committed ids (an `IdIndex` is looked up once for
+    the whole block, vectorised)."""
+    rows = [expand(*rec[:3], task, *rec[3:]) for rec in records]
+    if isinstance(done, IdIndex):
+        ids = [rid for r in rows for rid in r.ids]
+        done = {rid for rid, hit in zip(ids, done.contains_many(ids), strict=True) if hit} if len(done) else set()
+    rows = (pending(r, done) for r in rows)
     return drop_duplicates((r for r in rows if r is not None), set())

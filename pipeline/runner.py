@@ -11,8 +11,18 @@
       -> model: engine generate, batches cut by visual tokens   actor pool (num_gpus, min..max)
       -> write: one atomic sink commit per batch           actor pool (small); stats rows back to the driver
 
-Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Parquet: part
-files and `_summary.json` beside them). Only the sink contract is used here
+With `task.mode: scan` the model stage is left out: one CPU pool decodes and preprocesses and
+emits scan rows (`pipeline/scan.py`); nothing asks for a GPU.
+
+Counting: a resumed run counts its pending requests while it expands (materialised); a fresh
+one takes the manifest's row count from the source (`Source.count()`: Parquet footers) and
+the expansion tasks' counts from a `Tally` actor, never a second read of the manifest.
+Resume memory: the committed ids are one `IdIndex` (16 B per id, sorted numpy), `ray.put`
+once and mapped zero-copy by each expansion task (no per-task copy of a Python set).
+
+Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Parquet: rolling
+part files and `_summary.json` beside them; `sink.seal()` after the graph publishes what the
+writers still held). Only the sink contract is used here
 (`vlbatch.operators.sink.base`): before the graph starts its committed index is read:
 committed ok / permanent-error rows are skipped, transient error rows purged and redone.
 After it finishes the index is read again to count the whole run (all attempts), and the
@@ -28,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -76,6 +85,9 @@ class RunSummary:
     max_error_fraction: float = 0.0
     files_written: int = 0
     stage_seconds: dict = field(default_factory=dict)  # summed busy time per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    prompt_tokens: int = 0  # this call, summed over requests (visual placeholders included)
+    visual_tokens: int = 0  # this call, per request (a media asked 3 questions counts 3 times)
+    token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
 
     @property
     def exceeded_error_fraction(self) -> bool:
@@ -93,14 +105,22 @@ class RunSummary:
         return json.dumps(d, indent=2, sort_keys=True)
 
 
-def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done: frozenset) -> pa.Table:
+def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Table:
     """One manifest block -> its pending MediaTask rows, identical requests once (the ids of one
     block are remembered, so memory is bounded by the block); `duplicates_dropped` (an extra
-    column the stages ignore) holds the count on the first row, for `count_pending`."""
+    column the stages ignore) holds the count on the first row, for `count_pending`.
+    `done`: the committed ids (`IdIndex`, or the `ObjectRef` of one: every task on a node maps
+    the same object-store copy, zero-copy); `tally`: a `Tally` actor told the block's counts."""
+    import ray
+
     from vlbatch.pipeline.sources import COLUMNS
 
+    if isinstance(done, ray.ObjectRef):
+        done = ray.get(done)
     records = zip(*(batch.column(c).to_pylist() for c in COLUMNS), strict=True)
     rows, dropped = expand_all(records, cfg.task, done)
+    if tally is not None:
+        tally.add.remote(batch.num_rows, sum(len(r.ids) for r in rows), dropped)
     table = to_table(rows, MediaTask)
     counts = [dropped] + [0] * (len(rows) - 1) if rows else []
     return table.append_column(DUPLICATES_COLUMN, pa.array(counts, pa.int64()))
@@ -117,13 +137,14 @@ STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
 DUPLICATES_COLUMN = "duplicates_dropped"
 
 
-def expanded(cfg: JobConfig, done: frozenset, num_cpus: float | None = None, concurrency: int | None = None):
-    """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped)."""
+def expanded(cfg: JobConfig, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
+    """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped;
+    `done`: an `IdIndex` or its ObjectRef, see `_expand_batch`)."""
     from vlbatch.pipeline.sources import open_source, task_pool
 
     return open_source(cfg).read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
         _expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),
-        fn_kwargs={"cfg": cfg, "done": done})
+        fn_kwargs={"cfg": cfg, "done": done, "tally": tally})
 
 
 def count_pending(tasks_ds) -> tuple[int, int]:
@@ -135,33 +156,29 @@ def count_pending(tasks_ds) -> tuple[int, int]:
     return requests, dropped
 
 
-class Counter:
-    """`fn()` on a daemon thread (the pending-request count of a fresh run, for the ETA);
-    `result()` is its value, or None while it runs or when it failed (logged unless abandoned:
-    a job shorter than the count leaves it behind, and Ray may be shut down under it)."""
+class Tally:
+    """Ray actor: the expansion tasks' counts (media rows read, requests expanded, duplicates
+    dropped), summed as the blocks are expanded, so a fresh run needs no second read of the
+    manifest for its total (the ETA) or its duplicate count."""
 
-    def __init__(self, fn):
-        self._value: int | None = None
-        self._abandoned = False
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="vlbatch-count")
-        self._thread.start()
+    def __init__(self):
+        self.media = self.requests = self.dropped = 0
 
-    def _run(self, fn) -> None:
-        try:
-            self._value = fn()
-        except Exception as e:  # only the ETA depends on it
-            if not self._abandoned:
-                log.warning("counting the pending requests failed (%s: %s); progress shows no total until the end",
-                            type(e).__name__, e)
+    def add(self, media: int, requests: int, dropped: int) -> None:
+        self.media, self.requests, self.dropped = self.media + media, self.requests + requests, self.dropped + dropped
 
-    def result(self) -> int | None:
-        return self._value
+    def get(self) -> tuple[int, int, int]:
+        return self.media, self.requests, self.dropped
 
-    def abandon(self, wait_s: float = 10.0) -> None:
-        """Stop caring about the value; wait up to `wait_s` for the thread, so a count still reading
-        the manifest is not cut off by Ray's shutdown (Ray Data then logs a traceback)."""
-        self._abandoned = True
-        self._thread.join(timeout=wait_s)
+
+def requests_per_media(cfg: JobConfig) -> int | None:
+    """Requests every manifest row expands to, when the config alone decides it (else None)."""
+    t = cfg.task
+    if t.mode == "caption":
+        return 1
+    if cfg.input.columns.questions:
+        return None
+    return len(t.questions) or 1
 
 
 def _init_ray(cfg: JobConfig) -> None:
@@ -200,8 +217,9 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
     moves at all. On a cluster of fixed size (a local Ray) that is refused (`ConfigError`
     naming resources); a remote cluster may add nodes, so there it is one warning line."""
     r = cfg.resources
-    pools = [r.preprocess] if r.fuse_cpu_stages else [r.decode, r.preprocess]
-    need = sum(p.num_cpus * p.min_actors for p in [*pools, r.model, r.write]) + STREAMED_EXPAND["num_cpus"]
+    pools = [r.preprocess] if r.fuse_cpu_stages or cfg.task.mode == "scan" else [r.decode, r.preprocess]
+    model = [] if cfg.task.mode == "scan" else [r.model]
+    need = sum(p.num_cpus * p.min_actors for p in [*pools, *model, r.write]) + STREAMED_EXPAND["num_cpus"]
     if not cluster_cpus or need <= cluster_cpus:
         return
     what = (f"resources: the actor pools at min_actors and the manifest read need {need:.2f} CPUs but the "
@@ -230,6 +248,14 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
         return kw
 
     check_cpus_fit(cfg, ray.cluster_resources().get("CPU", 0.0), fixed_size=cfg.ray.address is None)
+    write = {"fn_constructor_kwargs": {"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
+             "batch_size": r.write.batch_size, "batch_format": "pyarrow", **pool(r.write)}
+    if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows in one CPU pool (pipeline/scan.py)
+        from vlbatch.pipeline.scan import ScanStage
+
+        ds = tasks_ds.map_batches(ScanStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
+                                  batch_format="pyarrow", **pool(r.preprocess))
+        return ds.map_batches(WriteStage, **write)
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
         ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
                                   batch_format="pyarrow", **pool(r.preprocess))
@@ -243,17 +269,34 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
                         batch_format="pyarrow", num_gpus=model_gpus(cfg),
                         **pool(r.model, max_concurrent_calls_per_actor=r.model.max_concurrent_batches,
                                enable_true_multi_threading=True))
-    return ds.map_batches(WriteStage, fn_constructor_kwargs={"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
-                          batch_size=r.write.batch_size, batch_format="pyarrow", **pool(r.write))
+    return ds.map_batches(WriteStage, **write)
 
 
-def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
-    """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`."""
-    stream = stream or sys.stderr
-    t0 = time.monotonic()
-    run_id = cfg.resolved_run_id()
-    run_uri = join(cfg.output.uri.rstrip("/"), run_id)
-    check_output(cfg)  # a missing bucket: ConfigError now, never a new bucket
+def _stream_graph(cfg: JobConfig, tasks_ds, sink, run_id: str, progress: Progress, tally, known: int | None) -> None:
+    """Run the graph, feeding its stats rows to `progress`. A fresh run's total (`known`: from the
+    source's metadata count) is set at once when each media's request count is fixed, else when
+    the tally has seen every manifest row (the expansion finished)."""
+    import ray
+
+    k = requests_per_media(cfg)
+    if progress.total is None and known is not None and k is not None:
+        progress.total = known * k
+    pending = None
+    # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
+    for stats in build_graph(cfg, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
+                                                                          prefetch_batches=0):
+        if tally is not None and known is not None and pending is None:
+            pending = tally.get.remote()
+        if pending is not None and ray.wait([pending], timeout=0)[0]:
+            media, requests, dropped = ray.get(pending)
+            pending = None
+            if media >= known:  # every manifest row expanded: the exact total
+                progress.total, tally = requests, None
+        progress.update(stats)
+
+
+def _open_run(cfg: JobConfig, run_uri: str):
+    """(sink, index before the run, transient rows purged, committed ids to skip)."""
     sink = open_sink(cfg, run_uri)
     sink.prepare()
     index = sink.index()
@@ -262,54 +305,88 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
                           "set resume.enabled=true to continue that run or choose a new output.run_id")
     purged = sink.purge(index.purgeable_ids) if cfg.resume.retry_transient else 0
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
+    return sink, index, purged, done
+
+
+def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
+    """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`."""
+    import ray
+
+    stream = stream or sys.stderr
+    t0 = time.monotonic()
+    run_id = cfg.resolved_run_id()
+    run_uri = join(cfg.output.uri.rstrip("/"), run_id)
+    check_output(cfg)  # a missing bucket: ConfigError now, never a new bucket
+    sink, index, purged, done = _open_run(cfg, run_uri)
 
     _init_ray(cfg)
     t_expand = time.monotonic()
-    counter = None
-    if done:  # resuming: count what is left first, and start nothing when that is nothing
-        tasks_ds = expanded(cfg, done).materialize()
+    tally = known = None
+    if len(done):  # resuming: count what is left first, and start nothing when that is nothing
+        # one object-store copy of the committed ids, mapped zero-copy by every expansion task
+        tasks_ds = expanded(cfg, ray.put(done)).materialize()
         pending_n, dropped = count_pending(tasks_ds)
     else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
-        tasks_ds = expanded(cfg, done, **STREAMED_EXPAND)
+        from vlbatch.pipeline.sources import open_source
+
+        known = open_source(cfg).count()
+        tally = ray.remote(num_cpus=0)(Tally).remote()
+        tasks_ds = expanded(cfg, done, **STREAMED_EXPAND, tally=tally)
         pending_n = dropped = None
+    del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
     if pending_n is None or pending_n:
-        # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
-        for stats in build_graph(cfg, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
-                                                                              prefetch_batches=0):
-            if pending_n is None and counter is None:  # the total for the ETA, counted off the start-up path
-                counter = Counter(lambda: count_pending(expanded(cfg, done, **STREAMED_EXPAND)))
-            elif counter is not None and progress.total is None and counter.result() is not None:
-                progress.total = counter.result()[0]
-            progress.update(stats)
-    if counter is not None:
-        counter.abandon()  # the graph's stats rows counted every request; the count gives the duplicates
-        dropped = None if counter.result() is None else counter.result()[1]
-        if dropped is None:
-            log.warning("the duplicate requests dropped were not counted before the run ended")
+        _stream_graph(cfg, tasks_ds, sink, run_id, progress, tally, known)
+    policy = cfg.output.roll_policy()
+    sealed = sink.seal(policy.target_rows, policy.target_bytes)  # what writers still held at the end
+    if tally is not None:
+        dropped = ray.get(tally.get.remote())[2]
     elif dropped is None:  # nothing reached the writer: no duplicate was dropped either
         dropped = 0
     if pending_n is None:  # the graph completed: every pending request gave one stats row
         pending_n = progress.total = progress.done
     progress.tick(final=True)
     after = sink.index()
+    summary = _summary(cfg, run_id, run_uri, progress, index, after, purged, dropped, pending_n,
+                       elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand)
+    log.debug("sealed %d parts at the end", len(sealed))
+    sink.write_summary(summary.to_json())
+    sink.finish()
+    if cfg.task.mode == "scan":
+        stream.write(scan_line(summary) + "\n")
+    return summary
+
+
+def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pending_n, *, elapsed, expand_s):
     total = sum(after.status_counts.values())
     errors = after.status_counts.get("error", 0)
     rates = progress.rates()
-    summary = RunSummary(
-        run_id=run_id, output_dir=run_uri, requests_pending=pending_n, requests_skipped=len(done),
+    skipped = len(before.done_ids) if cfg.resume.retry_transient else len(before.done_ids | before.transient_ids)
+    return RunSummary(
+        run_id=run_id, output_dir=run_uri, requests_pending=pending_n, requests_skipped=skipped,
         processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
-        duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=time.monotonic() - t0, rows_per_s=rates["rows_per_s"],
-        visual_tokens_per_s=rates["visual_tokens_per_s"],
+        duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=elapsed,
+        rows_per_s=rates["rows_per_s"], visual_tokens_per_s=rates["visual_tokens_per_s"],
         time_to_first_row_s=rates["time_to_first_row_s"], steady_rows_per_s=rates["steady_rows_per_s"],
-        expand_s=round(t_graph - t_expand, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
+        expand_s=round(expand_s, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
         prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
-        error_fraction=(errors / total) if total else 0.0,
-        max_error_fraction=cfg.max_error_fraction, files_written=len(progress.files),
-        stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()})
-    sink.write_summary(summary.to_json())
-    sink.finish()
-    return summary
+        error_fraction=(errors / total) if total else 0.0, max_error_fraction=cfg.max_error_fraction,
+        files_written=len(set(after.files) - set(before.files)),
+        stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()},
+        prompt_tokens=progress.prompt_tokens, visual_tokens=progress.visual_tokens,
+        token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)})
 
+
+def _hist_text(h: dict) -> str:
+    key = lambda k: 0 if k == "0" else int(k.split("-")[0])  # noqa: E731
+    return " ".join(f"{k}:{h[k]}" for k in sorted(h, key=key)) or "-"
+
+
+def scan_line(s: RunSummary) -> str:
+    """The scan's final line: totals and the token histograms."""
+    return (f"vlbatch scan: {s.requests_pending} requests, {s.processed_by_status.get('error', 0)} errors "
+            f"{dict(sorted(s.error_types.items()))}; prompt tokens {s.prompt_tokens}, visual tokens {s.visual_tokens}; "
+            f"prompt histogram {_hist_text(s.token_histogram.get('prompt', {}))}; "
+            f"visual histogram {_hist_text(s.token_histogram.get('visual', {}))}")

@@ -1,10 +1,13 @@
-"""The write stage: Generated rows -> one sink commit per batch.
+"""The write stage: Generated rows -> rolling part files on the run's sink.
 
-Runs as a small Ray actor pool (`WriteStage`). Each call explodes its media rows into one
-`OutputRow` per request, commits them to the run's sink (`open_sink`; the contract, exactly
-once per batch, is `vlbatch.operators.sink.base`) and returns a small stats table, one row per request, that
-the driver aggregates for progress and the run summary. The rows are committed before
-the stats row exists, so whatever the driver counts is durable.
+Runs as a Ray actor pool (`WriteStage`, `resources.write`: min..max actors, so writers scale
+with throughput). Each call explodes its media rows into one `OutputRow` per request,
+hands them to the actor's `PartRoller` (`vlbatch.operators.sink.rolling`: staged durably at
+once, published in parts of `output.part_mb` / `output.part_rows`, at least every
+`output.commit_interval_s`; the exactly-once design is in `vlbatch.operators.sink.parquet`) and
+returns a small stats table, one row per request, that the driver aggregates for progress
+and the run summary. The rows are staged (durable, published by the writer or by the
+runner's `sink.seal()` at the end) before the stats row exists.
 
 A commit that fails after all storage retries raises `StorageError` and the job stops with
 that error; a rerun commits the rows (resume). A write actor that dies is restarted by Ray
@@ -16,6 +19,7 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.sink import OUTPUT_SCHEMA, OutputRow, ParquetSink, Sink, Timings, rows_to_table
+from vlbatch.operators.sink.rolling import PartRoller
 from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.keep import decode as decode_keep
@@ -89,16 +93,21 @@ class WriteStage:
     `run_dir`: the run's URI (`<output.uri>/<run_id>`)."""
 
     def __init__(self, cfg: JobConfig, run_dir: str, run_id: str):
+        import uuid
+
         self.cfg, self.run_id = cfg, run_id
         self.sink = open_sink(cfg, run_dir)
+        self.roller = PartRoller(self.sink, cfg.output.roll_policy(), group=f"w-{uuid.uuid4().hex[:16]}")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return write_batch(batch, cfg=self.cfg, run_dir=self.sink.uri, run_id=self.run_id, sink=self.sink)
+        return write_batch(batch, cfg=self.cfg, run_dir=self.sink.uri, run_id=self.run_id, sink=self.sink,
+                           roller=self.roller)
 
 
-def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, sink: Sink | None = None) -> pa.Table:
-    """Commit one batch of Generated rows to the run's sink (`run_dir`: its URI); the stats table
-    (one row per request)."""
+def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, sink: Sink | None = None,
+                roller: PartRoller | None = None) -> pa.Table:
+    """One batch of Generated rows to the run's sink (`run_dir`: its URI): committed as one part, or
+    handed to `roller`; the stats table (one row per request; `file`: the part, None when rolled)."""
     gens = from_table(batch, Generated)
     rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
     sink = sink if sink is not None else open_sink(cfg, run_dir)
@@ -108,7 +117,11 @@ def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, s
         extra = decode_keep([g.keep for g in gens], [len(g.ids) for g in gens], kept)
         for f in kept:
             table = table.append_column(f, extra.column(f.name))
-    path = sink.commit(table)  # durable before any stats row
+    if roller is None:
+        path = sink.commit(table)  # durable before any stats row
+    else:
+        roller.add(table)  # staged (durable) before any stats row
+        path = None
     cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
     # media-level figures go on the media's first request only, so sums over stats rows are exact
     media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,

@@ -112,7 +112,8 @@ def job(env, name: str, media: list[str], *, questions: dict | None = None, **ov
                       "preprocess": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
                       "model": {"num_cpus": 1, "batch_visual_tokens": 512, "batch_size": 4},
                       "write": {"num_cpus": 0.25, "batch_size": 4}},
-        "output": {"uri": "s3://out", "run_id": name},
+        # part_rows=1: every write batch is published as its own part at once (the kill tests wait on parts)
+        "output": {"uri": "s3://out", "run_id": name, "part_rows": 1},
         "storage": {"endpoint_url": env["endpoint"], "region": "us-east-1", "retries": 6},
         "max_error_fraction": 1.0,
     }

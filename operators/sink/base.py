@@ -17,6 +17,13 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
 - `purge(ids) -> int`: remove the transient error rows of `ids` (ok and permanent-error rows
   stay, whatever their id), so resume can compute those ids again; a crash part-way leaves
   rows that the next `index()` / `purge()` resolve the same way. Returns the rows removed.
+- `stage(table, group) -> str | None`: write the rows durably but invisibly (never in
+  `index()` / `read()`), under the writer `group`; a name derived from the ids.
+  `unstage(group, names)`: delete staged rows once published. `seal(target_rows,
+  target_bytes) -> [name]`: publish (commit, rolled at the targets) every staged row whose
+  id is not committed yet, then drop all staged rows. `prepare()` drops staged rows (a
+  killed run loses them; resume recomputes them). `sink/rolling.py` builds rolling part
+  files on these three and `commit` (the design is in `sink/parquet.py`).
 - `read() -> pa.Table`: every committed row, sorted by id.
 - `write_summary(text)`: the run summary (JSON) beside the output, written atomically.
 - `finish()`: called once at the end of a run, after the summary: drop what the commits left
@@ -34,9 +41,12 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import vlbatch.operators.errors as errors_mod
+from vlbatch.operators.sink.ids import KEY, IdIndex, id_keys
 from vlbatch.operators.sink.schema import STATUS_OK
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions
 
@@ -61,32 +71,63 @@ def is_retried(status: str, error_type: str | None) -> bool:
 
 @dataclass(frozen=True)
 class CommittedIndex:
-    """What is committed under one run."""
+    """What is committed under one run. The id sets are `IdIndex` (`sink/ids.py`: 16 B per id in one
+    sorted numpy array, shared zero-copy through Ray's object store), never Python sets of strings."""
 
-    done_ids: frozenset[str]  # ok or permanent error: never recomputed
-    transient_ids: frozenset[str]  # only transient error rows: redone when resume.retry_transient
-    purgeable_ids: frozenset[str]  # ids with any transient error row (transient_ids and strays beside a done row)
+    done_ids: IdIndex  # ok or permanent error: never recomputed
+    transient_ids: IdIndex  # only transient error rows: redone when resume.retry_transient
+    purgeable_ids: IdIndex  # ids with any transient error row (transient_ids and strays beside a done row)
     files: tuple[str, ...]  # the committed units, as `commit` names them
     status_counts: dict[str, int] = field(default_factory=dict)  # every committed row
     duplicate_ids: int = 0
 
 
+def retried_mask(status: pa.ChunkedArray | pa.Array, error_type: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """`[N] bool`: `is_retried` per row, decided once per distinct (status, error_type)."""
+    pairs = pa.table({"s": status, "e": error_type})
+    uniq = pairs.group_by(["s", "e"]).aggregate([]).to_pylist()
+    retried = [(u["s"], u["e"]) for u in uniq if is_retried(u["s"], u["e"])]
+    mask = np.zeros(pairs.num_rows, bool)
+    for st, et in retried:
+        m = pc.equal(pairs["s"], st)
+        m = pc.and_(m, pc.is_null(pairs["e"]) if et is None else pc.equal(pairs["e"], et))
+        mask |= np.asarray(m.combine_chunks().fill_null(False).to_numpy(zero_copy_only=False), bool)
+    return mask
+
+
+def _sorted_unique(chunks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, the keys that occur more than once) of the concatenated chunks
+    (sorted in place: ~33 B per key at the peak)."""
+    keys = np.concatenate(chunks) if chunks else np.zeros(0, KEY)
+    chunks.clear()
+    keys.sort()
+    first = np.ones(len(keys), bool)
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    repeated = keys[1:][~first[1:]]
+    return keys[first], np.unique(repeated)
+
+
 def build_index(units: Iterable[tuple[str, pa.Table]]) -> CommittedIndex:
-    """The index from (commit name, table with INDEX_COLUMNS) per committed unit."""
-    done: set[str] = set()
-    transient: set[str] = set()
-    seen: Counter = Counter()
+    """The index from (commit name, table with INDEX_COLUMNS) per committed unit; vectorised
+    (16 B per committed row kept, about 33 B at the peak while the keys are sorted)."""
+    done: list[np.ndarray] = []
+    transient: list[np.ndarray] = []
     status: Counter = Counter()
     names = []
     for name, t in units:
         names.append(name)
-        for rid, st, et in zip(*(t.column(c).to_pylist() for c in INDEX_COLUMNS), strict=True):
-            seen[rid] += 1
-            status[st] += 1
-            (transient if is_retried(st, et) else done).add(rid)
-    dups = sum(1 for c in seen.values() if c > 1)
-    return CommittedIndex(frozenset(done), frozenset(transient - done), frozenset(transient), tuple(names),
-                          dict(status), dups)
+        keys = id_keys(t.column("id"))
+        mask = retried_mask(t.column("status"), t.column("error_type"))
+        done.append(keys[~mask])
+        transient.append(keys[mask])
+        for v in t.column("status").value_counts().to_pylist():
+            status[v["values"]] += v["counts"]
+    done_u, done_rep = _sorted_unique(done)
+    trans_u, trans_rep = _sorted_unique(transient)
+    done_ix, trans_ix = IdIndex(done_u), IdIndex(trans_u)
+    both = trans_u[done_ix.contains_many(trans_u)]  # an id with a done row and a transient row
+    dups = len(np.unique(np.concatenate([done_rep, trans_rep, both])))
+    return CommittedIndex(done_ix, trans_ix - done_ix, trans_ix, tuple(names), dict(status), dups)
 
 
 class Sink(ABC):
@@ -106,6 +147,15 @@ class Sink(ABC):
 
     @abstractmethod
     def purge(self, ids: Collection[str]) -> int: ...
+
+    @abstractmethod
+    def stage(self, table: pa.Table, group: str) -> str | None: ...
+
+    @abstractmethod
+    def unstage(self, group: str, names: Collection[str]) -> None: ...
+
+    @abstractmethod
+    def seal(self, target_rows: int | None = None, target_bytes: int | None = None) -> list[str]: ...
 
     @abstractmethod
     def read(self) -> pa.Table: ...

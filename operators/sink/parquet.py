@@ -8,7 +8,27 @@ appears whole or not at all (`vlbatch.operators.storage.put_atomic`: one PUT on 
 removed by `prepare()`; an empty `_tmp/` is removed by `finish()`. On an object store no
 directory (and never a bucket) is created: keys need no parent. Every storage call follows the one retry policy (`operators/storage`).
 
-Resume reads the output itself: the `id`, `status`, `error_type` columns of every part.
+Rolling parts (exactly once, sized for object storage). A run's writers do not publish one
+part per batch: each writer (`sink/rolling.py:PartRoller`, one per write actor) *stages*
+every batch it receives as `_tmp/staged/<writer>/<part_name(batch ids)>` (durable, never
+read by `index()` / `read()`), keeps it in memory, and publishes the batches it holds as
+one part (`commit`: atomic, named by the hash of all its ids) when they reach the size
+target (`output.part_mb` of Arrow bytes, or `output.part_rows`) or the oldest is
+`output.commit_interval_s` old, then deletes those staged files. Publishing happens at
+the *start* of a call, before the new batch joins, so a part holds only batches whose
+calls have returned; a batch that alone reaches the target is published alone, so its
+retry lands on the same name. A writer killed mid-call: its batch is retried elsewhere
+and never was in a part. At the end of a run `seal()` publishes what is still staged
+(batches whose writer held them when the stream ended), skipping staged batches whose
+ids are already committed (published, then the writer died before deleting the staged
+file): detected as committed, never doubled. A killed run: `prepare()` of the rerun drops
+`_tmp/`, so at most the commit window (unpublished batches) is recomputed. The one case
+not covered: Ray re-executing an actor call that had already returned (lineage
+reconstruction after a node is lost) once its batch was published in a larger part; the
+index then reports it in `duplicate_ids`.
+
+Resume reads the output itself: the `id`, `status`, `error_type` columns of every part
+(`build_index`: vectorised, 16 B per committed id in the resulting `IdIndex`).
 Purging rewrites a part file without its transient error rows: the new file is committed
 first, then the old one deleted; a crash in between leaves two files whose shared rows are
 resolved the same way on the next start.
@@ -40,7 +60,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, is_retried
+from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, retried_mask
+from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, with_retries
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, with_protocol
@@ -48,6 +69,7 @@ from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, w
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 TMP_DIR = "_tmp"
+STAGED_DIR = "staged"  # under TMP_DIR: one folder per writer
 SUMMARY_NAME = "_summary.json"
 
 
@@ -102,33 +124,84 @@ class ParquetSink(Sink):
         """Commit `table` (the sink's schema) as one part file; its path (None if empty)."""
         if table.num_rows == 0:
             return None
-        if not table.schema.equals(self.schema):
-            table = table.select(self.schema.names).cast(self.schema)
+        table = self._conform(table)
         final = join(self.root, part_name(table.column("id").to_pylist()))
         put_atomic(self.fs, final, table_bytes(table), self.storage, tmp_dir=join(self.root, TMP_DIR))
         return final
 
+    def _conform(self, table: pa.Table) -> pa.Table:
+        """`table` in the sink's schema (its columns selected and cast)."""
+        return table if table.schema.equals(self.schema) else table.select(self.schema.names).cast(self.schema)
+
     def index(self) -> CommittedIndex:
         return build_index((p, self.read_part(p, INDEX_COLUMNS)) for p in self.parts())
 
-    def purge(self, ids: Collection[str]) -> int:
+    def purge(self, ids: Collection[str] | IdIndex) -> int:
         """Rewrite each part file holding transient error rows of `ids` without them (the kept
         rows are committed first, then the old file deleted; both idempotent)."""
-        ids = frozenset(ids)
-        if not ids:
+        ids = IdIndex.of(ids)
+        if not len(ids):
             return 0
         purged = 0
         for path in self.parts():
             cols = self.read_part(path, INDEX_COLUMNS)
-            drop = [rid in ids and is_retried(st, et)
-                    for rid, st, et in zip(*(cols.column(c).to_pylist() for c in INDEX_COLUMNS), strict=True)]
-            if not any(drop):
+            drop = ids.contains_many(cols.column("id")) & retried_mask(cols.column("status"), cols.column("error_type"))
+            if not drop.any():
                 continue
-            kept = self.read_part(path).filter(pa.array([not d for d in drop]))
-            purged += len(drop) - kept.num_rows
+            kept = self.read_part(path).filter(pa.array(~drop))
+            purged += int(drop.sum())
             if self.commit(kept) != path:
                 self._retry(lambda p=path: self.fs.rm_file(p), f"deleting {path}")
         return purged
+
+    def _staged_root(self) -> str:
+        return join(self.root, TMP_DIR, STAGED_DIR)
+
+    def stage(self, table: pa.Table, group: str) -> str | None:
+        """Write `table` durably under `_tmp/staged/<group>/` (invisible to `index` / `read`); its name."""
+        if table.num_rows == 0:
+            return None
+        table = self._conform(table)
+        folder = join(self._staged_root(), group)
+        name = part_name(table.column("id").to_pylist())
+        put_atomic(self.fs, join(folder, name), table_bytes(table), self.storage, tmp_dir=folder)
+        return name
+
+    def unstage(self, group: str, names: Collection[str]) -> None:
+        """Delete staged files of `group` (their rows were published)."""
+        for n in names:
+            path = join(self._staged_root(), group, n)
+            self._retry(lambda p=path: self.fs.rm_file(p) if self.fs.exists(p) else None, f"deleting {path}")
+
+    def seal(self, target_rows: int | None = None, target_bytes: int | None = None) -> list[str]:
+        """Publish every staged batch whose ids are not committed yet (parts rolled at the targets),
+        then drop the staged tree; the names committed."""
+        root = self._staged_root()
+        if not self._retry(lambda: self.fs.exists(root), f"listing {root}"):
+            return []
+        found = self._retry(lambda: self.fs.find(root), f"listing {root}")
+        by_name = {}
+        for p in sorted(found):
+            if p.endswith(PART_SUFFIX):
+                by_name.setdefault(p.rsplit("/", 1)[-1], p)  # a retried batch: the same name in two folders
+        committed = None
+        out, buf, rows, nbytes = [], [], 0, 0
+        for path in by_name.values():
+            t = self.read_part(path)
+            if committed is None:
+                idx = self.index()
+                committed = idx.done_ids | idx.transient_ids
+            t = t.filter(pa.array(~committed.contains_many(t.column("id"))))
+            if t.num_rows:
+                buf.append(t)
+                rows, nbytes = rows + t.num_rows, nbytes + t.nbytes
+            if buf and ((target_rows and rows >= target_rows) or (target_bytes and nbytes >= target_bytes)):
+                out.append(self.commit(pa.concat_tables(buf)))
+                buf, rows, nbytes = [], 0, 0
+        if buf:
+            out.append(self.commit(pa.concat_tables(buf)))
+        self._retry(lambda: self.fs.rm(root, recursive=True), f"deleting {root}")
+        return out
 
     def read(self) -> pa.Table:
         tables = [self.read_part(p) for p in self.parts()]

@@ -199,6 +199,29 @@ def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
         return pcsv.open_csv(f).schema
 
 
+    def count(self) -> int | None:
+        """Parquet: the rows in the files' footers (one small read per file, no row read); else None."""
+        inp = self.cfg.input
+        if inp.format != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        storage = self.cfg.storage.options()
+        fs, path = filesystem(inp.uri, storage)
+
+        def retried(fn, what: str):
+            return with_retries(fn, what=f"{what} {inp.uri}", storage=storage)
+
+        total = 0
+        for uri in parquet_files(fs, path, inp.uri, retried):
+            ffs, fpath = filesystem(uri, storage)
+            with open_input(ffs, fpath, storage) as f:
+                total += pq.ParquetFile(f).metadata.num_rows
+            if inp.limit is not None and total >= inp.limit:
+                return inp.limit
+        return total
+
+
 def parquet_files(fs, path: str, uri: str, retried) -> list[str]:
     """The Parquet files of a manifest (URIs, sorted), listed here in the driver: `path`
     itself, the `*.parquet` files under a folder (names starting with '_' or '.' skipped, as

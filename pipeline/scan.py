@@ -1,0 +1,46 @@
+"""`task.mode: scan`: the pipeline without a model.
+
+Every request is read, decoded and preprocessed exactly as a real run does it (the
+`PrepareStage` of `pipeline/stages.py`, in the same actor), and becomes a `Generated` row
+with the status and error of its media, its prompt token count (the processor's
+`input_ids`, visual placeholders included) and the media's visual tokens; answer,
+generated tokens and finish reason stay null. No model is loaded and no GPU is asked for;
+the pixel values never leave the actor. What a user runs before spending GPU hours (which
+files are broken, what the job costs in tokens), and how the pipeline's own machinery is
+benchmarked (`benchmarks/bench_scale.py`).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.rows import Generated, MediaTask, Prepared, from_table, to_table
+
+
+def scanned(p: Prepared) -> Generated:
+    """One preprocessed media row -> its scan row (one entry per request)."""
+    n = len(p.ids)
+    ok = p.status == "ok"
+    return Generated(
+        media_uri=p.media_uri, media_type=p.media_type, ids=p.ids, request_indices=p.request_indices,
+        prompts=p.prompts, status=p.status, error_type=p.error_type, error_message=p.error_message,
+        answers=(None,) * n, thinking=(None,) * n, statuses=(p.status,) * n,
+        req_error_types=(None if ok else p.error_type,) * n, req_error_messages=(None if ok else p.error_message,) * n,
+        finish_reasons=(None,) * n, prompt_tokens=tuple(len(x) for x in p.input_ids) if ok else (None,) * n,
+        generated_tokens=(None,) * n, cached_tokens=(None,) * n, visual_tokens=p.visual_tokens,
+        decode_s=p.decode_s, preprocess_s=p.preprocess_s, keep=p.keep)
+
+
+class ScanStage:
+    """Ray actor UDF: MediaTask rows -> Generated scan rows (decode + preprocess in this actor)."""
+
+    def __init__(self, cfg: JobConfig):
+        from vlbatch.pipeline.stages import PrepareStage
+
+        self.prepare = PrepareStage(cfg)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        p = self.prepare
+        with p.lock:
+            return to_table([scanned(p.preprocess.prepare_one(p.decode.decode_one(r)))
+                             for r in from_table(batch, MediaTask)], Generated)

@@ -1,0 +1,177 @@
+"""Scale machinery without Ray: the IdIndex resume index, rolling part files under kills, scan rows."""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from vlbatch.operators.sink import OutputRow, ParquetSink, rows_to_table
+from vlbatch.operators.sink.base import build_index
+from vlbatch.operators.sink.ids import IdIndex, id_keys
+from vlbatch.operators.sink.rolling import PartRoller, RollPolicy
+from vlbatch.pipeline.requests import expand_all, request_id
+
+
+def _rows(ids, status="ok", error_type=None):
+    return rows_to_table([OutputRow(id=i, request_index=0, media_uri=f"/m/{i}.jpg", media_type="image", prompt="p",
+                                    status=status, model="m", run_id="r", error_type=error_type) for i in ids])
+
+
+def test_id_keys_vectorised_path_matches_the_per_id_path():
+    ids = [request_id(f"/m/{i}.jpg", i % 3, "q") for i in range(1000)] + ["id007", "x" * 32]
+    arr = pa.chunked_array([pa.array(ids[:500]), pa.array(ids[500:1000])])
+    assert np.array_equal(id_keys(arr), id_keys(ids[:1000]))
+    assert [bytes(k).hex() for k in id_keys(arr)[:3].view(np.uint8).reshape(3, 16)] == ids[:3]
+    ix = IdIndex.of(ids[::2])
+    assert ix.contains_many(ids).tolist() == [i % 2 == 0 for i in range(len(ids))]
+    assert "id008" not in ix and (ix | ["id008"]) == set(ids[::2]) | {"id008"}
+
+
+def test_resume_index_of_1e5_committed_ids_in_bounded_memory():
+    """10^5 committed ids in 4 parts: the index holds 16 B per id, and building it peaks far below
+    the ~100 B per id a Python set of the id strings costs."""
+    n = 100_000
+    ids = [request_id(f"s3://b/{i}.jpg", i % 4, "question") for i in range(n)]
+    units = [(f"p{k}", pa.table({"id": pa.array(ids[k::4]), "status": pa.array(["ok"] * len(ids[k::4])),
+                                 "error_type": pa.array([None] * len(ids[k::4]), pa.string())})) for k in range(4)]
+    tracemalloc.start()
+    idx = build_index(units)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(idx.done_ids) == n and idx.done_ids.nbytes == 16 * n and idx.duplicate_ids == 0
+    assert peak < 48 * n, f"index build peaked at {peak / n:.0f} B per id"
+    probe = ids[:10] + [request_id("s3://b/new.jpg", 0, "question")]
+    assert idx.done_ids.contains_many(probe).tolist() == [True] * 10 + [False]
+    # expansion against it: committed requests dropped, the rest kept
+    class Task:
+        mode, prompt, video_prompt, questions = "caption", "question", None, ()
+    rows, dropped = expand_all([("s3://b/0.jpg", None, None), ("s3://b/new.jpg", None, None)], Task, idx.done_ids)
+    assert [r.media_uri for r in rows] == ["s3://b/new.jpg"] and dropped == 0
+
+
+def _ids(n, start=0):
+    return [f"{i:032x}" for i in range(start, start + n)]
+
+
+def test_rolling_writers_killed_then_sealed_or_resumed_lose_and_double_nothing(tmp_path):
+    sink = ParquetSink(str(tmp_path / "run"))
+    sink.prepare()
+    policy = RollPolicy(target_bytes=None, target_rows=6, interval_s=1e9)
+    a, b = PartRoller(sink, policy, "wa"), PartRoller(sink, policy, "wb")
+    batches = [_ids(2, 2 * k) for k in range(7)]  # 14 ids in batches of 2
+    for k, ids in enumerate(batches):
+        (a if k % 2 == 0 else b).add(_rows(ids))
+    # a: 4 batches (8 rows): 3 published at its 4th call, 1 held; b: 3 batches held (6 rows, not yet published)
+    published = sink.index()
+    assert len(published.done_ids) == 6 and len(sink.parts()) == 1
+    held = a.held_rows + b.held_rows
+    assert held == 8
+    # both writers die here (the objects are dropped). The end of the stream: seal publishes the held
+    # rows, exactly once
+    del a, b
+    sink.seal(target_rows=6)
+    every = sorted(i for ids in batches for i in ids)
+    assert sink.read().column("id").to_pylist() == every and sink.index().duplicate_ids == 0
+
+    # a killed *run*: the rerun's prepare() drops what was staged; only the held window is recomputed
+    sink2 = ParquetSink(str(tmp_path / "run2"))
+    sink2.prepare()
+    w = PartRoller(sink2, policy, "wa")
+    for ids in batches[:4]:
+        w.add(_rows(ids))
+    sink2.prepare()  # the rerun
+    done = sink2.index().done_ids
+    assert len(done) == 8 - w.held_rows == 6  # the 2 held rows are recomputed, nothing else
+    redo = [i for ids in batches[:4] for i in ids if i not in done]
+    w2 = PartRoller(sink2, policy, "wz")
+    w2.add(_rows(redo))
+    sink2.seal(target_rows=6)
+    assert sink2.read().column("id").to_pylist() == sorted(i for ids in batches[:4] for i in ids)
+
+
+def test_batch_retried_after_its_part_was_published_is_detected_at_seal(tmp_path):
+    sink = ParquetSink(str(tmp_path / "run"))
+    sink.prepare()
+    policy = RollPolicy(target_bytes=None, target_rows=4, interval_s=1e9)
+    a = PartRoller(sink, policy, "wa")
+    a.add(_rows(_ids(2)))
+    a.add(_rows(_ids(2, 2)))
+    a.add(_rows(_ids(1, 4)))  # publishes the first two batches, holds the third
+    sink.stage(_rows(_ids(2)), "wa")  # as if the writer had died before deleting a published batch's file
+    b = PartRoller(sink, policy, "wb")
+    b.add(_rows(_ids(1, 4)))  # the third batch retried on another writer (its first writer died)
+    sink.seal(target_rows=4)
+    assert sink.read().column("id").to_pylist() == _ids(5) and sink.index().duplicate_ids == 0
+
+
+def test_roller_commits_by_interval_and_alone_when_a_batch_fills_a_part(tmp_path):
+    sink = ParquetSink(str(tmp_path / "run"))
+    sink.prepare()
+    now = [0.0]
+    r = PartRoller(sink, RollPolicy(target_bytes=None, target_rows=5, interval_s=10.0), "w", clock=lambda: now[0])
+    assert r.add(_rows(_ids(1))) == [] and r.add(_rows(_ids(1, 1))) == []
+    now[0] = 11.0
+    assert len(r.add(_rows(_ids(1, 2)))) == 1  # the first two batches: older than the interval
+    big = _rows(_ids(5, 10))
+    out = r.add(big)  # held batch first, then the full batch alone under its own name
+    from vlbatch.operators.sink import part_name
+    assert len(out) == 2 and out[1].endswith(part_name(_ids(5, 10)))
+    assert len(sink.index().done_ids) == 8
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
+    from PIL import Image
+
+    from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.rows import MediaTask, from_table, to_table
+    from vlbatch.pipeline.scan import ScanStage
+    from vlbatch.pipeline.stages import PrepareStage
+
+    img = tmp_path / ("bad.png" if bad else "ok.png")
+    if bad:
+        img.write_bytes(b"\x89PNG not really")
+    else:
+        Image.new("RGB", (64, 48), (200, 10, 10)).save(img)
+    cfg = JobConfig.model_validate({"model": {"path": str(tiny_ckpt("dense"))}, "input": {"uri": str(tmp_path)},
+                                    "task": {"mode": "scan", "questions": ["a?", "what is in it?"]},
+                                    "output": {"uri": str(tmp_path / "out")}, "image": {"max_pixels": 65536}})
+    (task,), _ = expand_all([(str(img), None, None)], cfg.task)
+    assert task.prompts == ("a?", "what is in it?")
+    (g,) = from_table(ScanStage(cfg)(to_table([task], MediaTask)), __import__("vlbatch.pipeline.rows",
+                                                                             fromlist=["Generated"]).Generated)
+    prep = PrepareStage(cfg)
+    (p,) = from_table(prep(to_table([task], MediaTask)), __import__("vlbatch.pipeline.rows",
+                                                                    fromlist=["Prepared"]).Prepared)
+    assert g.answers == (None, None) and g.generated_tokens == (None, None)
+    if bad:
+        assert g.statuses == ("error", "error") and g.req_error_types == ("MediaError",) * 2
+        assert g.prompt_tokens == (None, None) and g.visual_tokens == 0
+    else:
+        assert g.statuses == ("ok", "ok") and g.visual_tokens == p.visual_tokens > 0
+        assert g.prompt_tokens == tuple(len(x) for x in p.input_ids)
+        assert g.prompt_tokens[1] > g.prompt_tokens[0] > g.visual_tokens
+
+
+def test_scan_totals_and_histograms_from_stats_rows():
+    from vlbatch.pipeline.progress import Progress, token_histogram
+    from vlbatch.pipeline.runner import RunSummary, scan_line
+    from vlbatch.pipeline.write_stage import STATS_SCHEMA
+
+    assert token_histogram([0, 1, 2, 3, 4, 255, 256, None]) == {"0": 1, "1-2": 1, "2-4": 2, "4-8": 1, "128-256": 1,
+                                                               "256-512": 1}
+    rows = [{"id": "a", "status": "ok", "prompt_tokens": 70, "visual_tokens": 64, "file": None},
+            {"id": "b", "status": "ok", "prompt_tokens": 75, "visual_tokens": 64, "file": None},
+            {"id": "c", "status": "error", "error_type": "MediaError", "file": None}]
+    p = Progress(total=None, stream=open("/dev/null", "w"))
+    p.update(pa.Table.from_pylist(rows, schema=STATS_SCHEMA))
+    assert (p.prompt_tokens, p.visual_tokens) == (145, 128)
+    assert dict(p.prompt_hist) == {"64-128": 2} and dict(p.visual_hist) == {"64-128": 2}
+    s = RunSummary("r", "o", 3, 0, processed_by_status=dict(p.status), error_types=dict(p.error_types),
+                   prompt_tokens=p.prompt_tokens, visual_tokens=p.visual_tokens,
+                   token_histogram={"prompt": dict(p.prompt_hist), "visual": dict(p.visual_hist)})
+    line = scan_line(s)
+    assert "3 requests, 1 errors" in line and "'MediaError': 1" in line and "prompt tokens 145" in line
+    assert "visual histogram 64-128:2" in line
