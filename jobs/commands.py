@@ -99,7 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_validate(args: argparse.Namespace) -> int:
-    from vlbatch.pipeline.config import check_paths, load_config
+    from vlbatch.pipeline.checks import check_paths
+    from vlbatch.pipeline.config import load_config
 
     config = load_config(args.config, args.overrides)
     check_paths(config)

@@ -58,7 +58,8 @@ def run_local(
     With a `slot` (cron / RayCronJob runs) the run id is ``vlb-<name>-<slot>`` unless the
     config pins one, so every retry of the same tick resumes the same output.
     """
-    from vlbatch.pipeline.config import check_paths, load_config
+    from vlbatch.pipeline.checks import check_paths
+    from vlbatch.pipeline.config import load_config
 
     config = load_config(config_path, list(overrides))
     job_name = name or Path(config_path).stem

@@ -10,7 +10,7 @@ for choices, the allowed values. Everything past this module uses the frozen
 local paths in the file (`model.path`, `input.uri`, `output.uri`) resolve against the config
 file's folder, so a config means the same from any working directory; ``--set`` overrides
 are taken as given (relative to the current directory), as is everything `validate_config`
-gets directly. `check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
+gets directly. `vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
 starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the
 model folder holds config.json, *.safetensors and tokenizer.json, and the input matches at
 least one file. s3:// and other remote URIs (a remote `model.path` is downloaded by each node
@@ -20,7 +20,6 @@ storage settings and the network). `export_schema(path)` writes ``configs/job.sc
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -347,7 +346,7 @@ def validate_config(data: dict) -> JobConfig:
 FILE_RELATIVE_PATHS = (("model", "path"), ("input", "uri"), ("output", "uri"))
 
 
-def _is_local(uri: str) -> bool:
+def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
@@ -378,51 +377,6 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     for ov in overrides:
         apply_override(data, ov)
     return validate_config(data)
-
-
-MODEL_FILES = ("config.json", "*.safetensors", "tokenizer.json")
-
-
-def _model_problem(path: str) -> str | None:
-    p = Path(path.removeprefix("file://"))
-    if not p.exists():
-        return f"{path} does not exist"
-    if not p.is_dir():
-        return f"{path} is not a directory (expected a checkpoint folder in the Hugging Face layout)"
-    missing = [m for m in MODEL_FILES if not any(p.glob(m))]
-    if missing:
-        return f"{path} has no {', '.join(missing)} (expected a checkpoint folder in the Hugging Face layout)"
-    return None
-
-
-def _input_problem(uri: str, fmt: str) -> str | None:
-    path = uri.removeprefix("file://")
-    if fmt == "webdataset":
-        from vlbatch.pipeline.sources.webdataset import expand_braces
-
-        shards = [m for p in expand_braces(path) for m in glob.glob(p)]
-        return None if any(os.path.isfile(m) for m in shards) else f"{uri!r} matches no shards"
-    if fmt == "glob" or glob.has_magic(path):
-        if not any(os.path.isfile(m) for m in glob.iglob(path, recursive=True)):
-            return f"the glob {uri!r} matches no files"
-        return None
-    if os.path.isdir(path):
-        if not any(e.is_file() and not e.name.startswith((".", "_")) for e in os.scandir(path)):
-            return f"{uri} is an empty folder (no manifest files)"
-        return None
-    return None if os.path.isfile(path) else f"{uri} does not exist"
-
-
-def check_paths(config: JobConfig) -> None:
-    """Local `model.path` and `input.uri` exist and hold what the run reads, else one
-    ConfigError naming each bad field; remote URIs (s3://...) are left to run time."""
-    problems = []
-    if _is_local(config.model.path) and (why := _model_problem(config.model.path)):
-        problems.append(f"model.path: {why}")
-    if _is_local(config.input.uri) and (why := _input_problem(config.input.uri, config.input.format)):
-        problems.append(f"input.uri: {why}")
-    if problems:
-        raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
 
 
 def job_schema() -> dict:
