@@ -1,7 +1,8 @@
 """Each real-dataset source end to end through `vlbatch run` (a subprocess, a new local Ray):
 a WebDataset shard written by `webdataset` (questions, kept members, resume exactly once),
 a Hugging Face `datasets` Parquet export (captions, kept columns, `model.path` on moto S3:
-the preprocess and model actors share one download) and http(s) media from loopback."""
+the preprocess and model actors share one download) and http(s) media from loopback (questions,
+kept columns, resume exactly once)."""
 from __future__ import annotations
 
 import json
@@ -88,17 +89,22 @@ def test_hf_parquet_captions_keep_and_model_on_s3(tmp_path, s3_ckpt):  # noqa: F
     assert "0 ok, 0 error, 3 skipped" in _run(cfg, tmp_path).stdout
 
 
-def test_http_media_captions(tmp_path, tiny_ckpt):
+def test_http_media_questions_keep_and_resume(tmp_path, tiny_ckpt):
     server = _Server()
     try:
         man = tmp_path / "m.jsonl"
         uris = [f"{server.url}/good.png", f"{server.url}/flaky.png", f"{server.url}/missing.png"]
         man.write_text("".join(json.dumps({"media_uri": u, "note": i}) + "\n" for i, u in enumerate(uris)))
         cfg = _job(tmp_path, tiny_ckpt("dense"), f"{{uri: {man}, format: jsonl, columns: {{keep: [note]}}}}",
-                   "{prompt: Describe.}", "storage: {retries: 3}")
+                   "{mode: questions, questions: ['What is it?', 'Which colour?']}", "storage: {retries: 3}")
         _run(cfg, tmp_path)
-        rows = {r["media_uri"]: r for r in read_output(tmp_path / "out" / "r1")}
-        assert [rows[u]["status"] for u in uris] == ["ok", "ok", "error"]
-        assert rows[uris[2]]["error_type"] == "MediaError" and [rows[u]["note"] for u in uris] == [0, 1, 2]
+        rows = read_output(tmp_path / "out" / "r1")
+        assert len(rows) == 2 * 3 and len({r["id"] for r in rows}) == 6
+        by = {(r["media_uri"], r["request_index"]): r for r in rows}
+        assert [by[(u, k)]["status"] for u in uris for k in (0, 1)] == ["ok"] * 4 + ["error"] * 2
+        assert by[(uris[2], 0)]["error_type"] == "MediaError"  # 404: permanent, kept on resume
+        assert [by[(u, 0)]["note"] for u in uris] == [0, 1, 2]
+        assert "0 ok, 0 error, 6 skipped" in _run(cfg, tmp_path).stdout  # exactly once
+        assert sorted(r["id"] for r in read_output(tmp_path / "out" / "r1")) == sorted(r["id"] for r in rows)
     finally:
         server.close()
