@@ -7,14 +7,16 @@ the typed error that kept the request from being built; greedy when
 `sampling.temperature == 0`; it may be called from several threads at once (the model
 stage runs concurrent calls on one actor). `backend.take_usage() -> Usage` gives the
 model's busy seconds and vision-tower counters since the previous take (so the figures
-of all calls sum to the actor's totals).
+of all calls sum to the actor's totals). `backend.close()` releases what it holds (the
+engine's thread; a tensor-parallel replica's followers and placement group).
 
 A row's uint8 patches are read once (a tensor over the Arrow buffer, never copied per
 question) and normalised with the checkpoint's table (`media_tables`).
 
 - `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product. All requests
-  of a media share one pixel tensor and the CPU stage's content hash.
+  of a media share one pixel tensor and the CPU stage's content hash. With
+  `model.tensor_parallel_size` > 1 the engine is rank 0's of a `pipeline/replica.py` replica.
 - `TransformersBackend`: transformers' `generate()`, one request at a time, calls
   serialised: the reference and the benchmark baseline (no caches, slow); it normalises
   a media's patches once (float32, the processor's values) for all its questions.
@@ -132,11 +134,17 @@ class EngineBackend:
         from vlbatch.operators.engine import Engine, EngineLoop
 
         self.cfg = cfg
-        self.engine = Engine.from_pretrained(local_model_path(cfg), device=resolve_device(cfg.model.device),
-                                             dtype=cfg.model.dtype,
-                                             **cfg.model.engine.engine_kwargs())
+        kw = {"device": resolve_device(cfg.model.device), "dtype": cfg.model.dtype, **cfg.model.engine.engine_kwargs()}
+        self.replica = None
+        if cfg.model.tensor_parallel_size > 1:  # this actor is rank 0 of a replica (pipeline/replica.py)
+            from vlbatch.pipeline.replica import Replica
+
+            self.replica = Replica(cfg, local_model_path(cfg), kw)
+            self.engine = self.replica.engine
+        else:
+            self.engine = Engine.from_pretrained(local_model_path(cfg), **kw)
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
-        self.tables = media_tables(cfg.model.path)
+        self.tables = media_tables(local_model_path(cfg))
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -162,6 +170,11 @@ class EngineBackend:
             return Usage(self.loop.busy_s, self.loop.busy_cpu_s, s["vision_cache_hits"], s["vision_encodes"])
 
         return self._meter.take(read)
+
+    def close(self) -> None:
+        self.loop.close()
+        if self.replica is not None:
+            self.replica.close()
 
 
 class TransformersBackend:
@@ -196,6 +209,9 @@ class TransformersBackend:
 
     def take_usage(self) -> Usage:
         return self._meter.take(lambda: Usage(self._busy_s, self._busy_s))  # no vision cache counters
+
+    def close(self) -> None:
+        pass
 
     def generate_media(self, row: Prepared) -> dict[str, object]:
         """Every prompt of one media; its patches are normalised once (float32, the processor's

@@ -78,6 +78,19 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
     engine: EngineBudgets = EngineBudgets()
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/replica.py); "
+                                    "resources.model.num_cpus / num_gpus are per rank")
+    expert_parallel: bool = Field(False, description="MoE experts split whole across the replica's ranks "
+                                                     "(else each expert's matrices are split)")
+
+    @model_validator(mode="after")
+    def _parallel(self) -> ModelConfig:
+        if self.tensor_parallel_size > 1 and self.backend != "engine":
+            raise ValueError("tensor_parallel_size > 1 needs backend=engine")
+        if self.expert_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("expert_parallel needs tensor_parallel_size > 1")
+        return self
 
 
 class InputColumns(_Section):
@@ -259,6 +272,10 @@ class JobConfig(_Section):
 
     @model_validator(mode="after")
     def _task_input_agree(self) -> JobConfig:
+        gpus = self.resources.model.num_gpus
+        if self.model.tensor_parallel_size > 1 and gpus != int(gpus):
+            raise ValueError("resources.model.num_gpus must be a whole number when model.tensor_parallel_size > 1 "
+                             "(each rank holds its own GPUs)")
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
         if self.input.format in ("glob", "webdataset") and self.input.columns.questions:
@@ -270,13 +287,14 @@ class JobConfig(_Section):
     def resolved_run_id(self) -> str:
         """The run id: `output.run_id`, else a hash of what determines the answers.
 
-        Resources, output and resume settings are excluded so the same job rerun
-        with more actors still resumes the same run.
+        Resources, output and resume settings (and how the model is split over ranks)
+        are excluded so the same job rerun with more actors still resumes the same run.
         """
         if self.output.run_id:
             return self.output.run_id
         basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
-        basis["model"].pop("engine", None)
+        for how in ("engine", "tensor_parallel_size", "expert_parallel"):  # how the model runs, not what it answers
+            basis["model"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return f"run-{digest[:12]}"
 

@@ -40,6 +40,11 @@ class ModelStage:
         self.cfg = cfg
         self.backend = EngineBackend(cfg) if cfg.model.backend == "engine" else TransformersBackend(cfg)
 
+    def __del__(self):  # Ray Data's graceful actor exit; frees a replica's followers
+        backend = getattr(self, "backend", None)
+        if backend is not None:
+            backend.close()
+
     def __call__(self, batch: pa.Table):  # may run on several threads at once (see the module docstring)
         return self._call(from_table(batch, Prepared))
 

@@ -218,8 +218,9 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
     naming resources); a remote cluster may add nodes, so there it is one warning line."""
     r = cfg.resources
     pools = [r.preprocess] if r.fuse_cpu_stages or cfg.task.mode == "scan" else [r.decode, r.preprocess]
-    model = [] if cfg.task.mode == "scan" else [r.model]
-    need = sum(p.num_cpus * p.min_actors for p in [*pools, *model, r.write]) + STREAMED_EXPAND["num_cpus"]
+    need = sum(p.num_cpus * p.min_actors for p in [*pools, r.write]) + STREAMED_EXPAND["num_cpus"]
+    if cfg.task.mode != "scan":  # every rank of a model replica
+        need += r.model.num_cpus * r.model.min_actors * cfg.model.tensor_parallel_size
     if not cluster_cpus or need <= cluster_cpus:
         return
     what = (f"resources: the actor pools at min_actors and the manifest read need {need:.2f} CPUs but the "
@@ -235,6 +236,7 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.replica import replica_resources
     from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
     from vlbatch.pipeline.write_stage import WriteStage
 
@@ -265,10 +267,11 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
         ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
                             batch_format="pyarrow", **pool(r.preprocess))
     # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
+    gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/replica.py
     ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.batch_size,
-                        batch_format="pyarrow", num_gpus=model_gpus(cfg),
-                        **pool(r.model, max_concurrent_calls_per_actor=r.model.max_concurrent_batches,
-                               enable_true_multi_threading=True))
+                        batch_format="pyarrow",
+                        **replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
+                                                            max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))
     return ds.map_batches(WriteStage, **write)
 
 

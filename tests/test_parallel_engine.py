@@ -61,3 +61,26 @@ def test_tp2_engine_equals_one_rank(tiny_ckpt):
 def test_tensor_parallel_needs_a_process_group(tiny_ckpt):
     with pytest.raises(ConfigError, match="torch.distributed"):
         Engine.from_pretrained(tiny_ckpt("dense"), tensor_parallel_size=2)
+
+
+def _rank_sized(rank: int, world: int, ckpt: str, reqs: list, kw: dict):
+    if rank == 0:
+        engine = Engine.from_pretrained(ckpt, tensor_parallel_size=world, **kw)
+        out = (_generate(engine, reqs), engine.config)
+        engine.close()
+        return out
+    return follow_pretrained(ckpt, world, **kw)
+
+
+def test_tp2_memory_fraction_sizes_every_rank_alike(tiny_ckpt):
+    """The sizing runs on every rank (the tightest rank's figures; CPU ranks split the host's
+    free memory) and the followers take rank 0's resolved budgets."""
+    ckpt = tiny_ckpt("dense")
+    reqs = [request(ckpt, f"r{i}", c, max_new_tokens=4) for i, c in enumerate(_contents()[:4])]
+    kw = {"memory_fraction": 0.5, "kv_budget_bytes": 8 << 20, "max_num_seqs": 4}
+    (tokens, config), steps = run_ranks(_rank_sized, 2, str(ckpt), reqs, kw)
+    assert tokens == _generate(Engine.from_pretrained(ckpt, **kw), reqs)
+    assert steps > 0
+    one = Engine.from_pretrained(ckpt, **kw).config
+    assert config.kv_budget_bytes == 8 << 20  # given: kept
+    assert 0 < config.prefix_cache_bytes < 0.75 * one.prefix_cache_bytes  # sized from half the host's free memory

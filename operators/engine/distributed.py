@@ -12,6 +12,11 @@ on each rank, through that rank's vision cache). The scheduler's state-pool oper
 (zeroing an allocated slot, prefix-cache snapshots, restoring one, dropping one) are
 recorded by `MirroredPool` on rank 0 and replayed, in order, before the step: each rank's
 snapshots are of its own heads, keyed by an id rank 0 hands out.
+
+Budgets: block tables and slots are broadcast as numbers, so every rank's pools must have
+rank 0's sizes. `LeaderEngine` broadcasts its resolved `EngineConfig` once, before any
+step, and `follow` builds its runner from that (a follower's own budget arguments only
+matter for `memory_fraction`, whose sizing runs on every rank: `memory.budgets_from_memory`).
 """
 from __future__ import annotations
 
@@ -92,6 +97,7 @@ class LeaderEngine(Engine):
     """`Engine` on rank 0 of a tensor-parallel replica; `close()` releases the followers."""
 
     def __init__(self, model, tokenizer, eos_ids, config: EngineConfig, comm):
+        comm.broadcast_object(config)  # the followers' pools take these sizes (`follow`)
         super().__init__(model, tokenizer, eos_ids, config)
         self.runner = LeaderRunner(model, self.blocks.num_blocks, config.block_size, config.max_num_seqs,
                                    self.runner.vision_cache, comm)
@@ -129,11 +135,12 @@ def _wire_plan(plan: StepPlan) -> StepPlan:
     return StepPlan(chunks, list(plan.copies))
 
 
-def follow(model, comm, config: EngineConfig) -> int:
-    """A follower rank's loop: replay each broadcast step on this rank's shard until the
-    leader's `close()`. -> the number of steps run."""
+def follow(model, comm) -> int:
+    """A follower rank's loop: take rank 0's `EngineConfig`, then replay each broadcast step
+    on this rank's shard until the leader's `close()`. -> the number of steps run."""
     from vlbatch.operators.engine.block_manager import blocks_for_budget, kv_bytes_per_block
 
+    config: EngineConfig = comm.broadcast_object(None)
     text = model.config.text
     elem = torch.empty(0, dtype=model.dtype).element_size()
     block_bytes = kv_bytes_per_block(config.block_size, len(text.full_layers), text.num_key_value_heads,
@@ -189,11 +196,16 @@ def load_rank(model_dir, tensor_parallel_size: int, expert_parallel: bool = Fals
 
 
 def follow_pretrained(model_dir, tensor_parallel_size: int, expert_parallel: bool = False, *, device="cpu",
-                      dtype=torch.float32, delta_kernels: str = "auto", **budgets) -> int:
+                      dtype=torch.float32, delta_kernels: str = "auto", memory_fraction: float | None = None,
+                      **budgets) -> int:
     """A non-zero rank's side of `Engine.from_pretrained(..., tensor_parallel_size=N)`, with the
-    same arguments: load this rank's shard, then `follow` until the leader closes."""
+    same arguments: load this rank's shard, join the memory sizing when `memory_fraction` is
+    set, then `follow` (with rank 0's budgets) until the leader closes."""
+    from vlbatch.operators.engine.memory import budgets_from_memory
     from vlbatch.operators.model.loader import torch_dtype
 
     model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=False, device=device,
                             dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
-    return follow(model, comm, EngineConfig(**budgets))
+    if memory_fraction is not None:  # its collectives need every rank; rank 0's result is broadcast
+        budgets_from_memory(model, memory_fraction, budgets, comm)
+    return follow(model, comm)

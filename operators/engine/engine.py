@@ -98,6 +98,7 @@ class Engine:
         from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
         model_dir = Path(model_dir)
+        comm = None  # the replica's ranks when tensor_parallel_size > 1
         if tensor_parallel_size > 1:
             from vlbatch.operators.engine.distributed import load_rank
 
@@ -109,7 +110,7 @@ class Engine:
         if memory_fraction is not None:
             from vlbatch.operators.engine.memory import budgets_from_memory
 
-            budgets = budgets_from_memory(model, memory_fraction, budgets)
+            budgets = budgets_from_memory(model, memory_fraction, budgets, comm)
         if tensor_parallel_size > 1:
             from vlbatch.operators.engine.distributed import LeaderEngine
 

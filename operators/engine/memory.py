@@ -14,6 +14,12 @@ the arithmetic, a pure function (tested with made-up free memory):
 
 Explicit byte budgets override their share. Vision features are not profiled: the vision
 cache keeps its own budget.
+
+Over a tensor-parallel replica (`comm` of N ranks) every rank calls `budgets_from_memory`
+(the profiling step is a sharded forward: its collectives need all ranks) and the sizes
+come from the tightest rank (least free memory, largest peak), so all ranks compute the
+same budgets. On the CPU the ranks share one host's memory (one node), so each takes 1/N
+of what is free.
 """
 from __future__ import annotations
 
@@ -86,16 +92,31 @@ def state_bytes_per_seq(text, dtype: torch.dtype) -> int:
     return len(text.linear_layers) * (conv + rec)
 
 
-def budgets_from_memory(model, fraction: float, budgets: dict) -> dict:
+def budgets_from_memory(model, fraction: float, budgets: dict, comm=None) -> dict:
     """`budgets` (EngineConfig fields) with the KV pool and prefix cache sized from free memory
-    after a profiling step; budgets given explicitly are kept."""
+    after a profiling step; budgets given explicitly are kept. `comm`: the replica's ranks,
+    all calling this with the same arguments (see the module docstring)."""
     from vlbatch.operators.engine.engine import EngineConfig
 
     defaults = EngineConfig(**{k: v for k, v in budgets.items() if k not in ("kv_budget_bytes", "prefix_cache_bytes")})
     activation = profile_step(model, defaults.max_num_batched_tokens)
-    sizes = size_pools(free_memory(model.device), fraction, activation_bytes=activation,
+    free = free_memory(model.device)
+    if comm is not None and comm.world > 1:
+        free, activation = tightest_rank(comm, free, activation, model.device)
+    sizes = size_pools(free, fraction, activation_bytes=activation,
                        max_num_seqs=defaults.max_num_seqs,
                        state_bytes_per_seq=state_bytes_per_seq(model.config.text, model.dtype),
                        kv_budget_bytes=budgets.get("kv_budget_bytes"),
                        prefix_cache_bytes=budgets.get("prefix_cache_bytes"))
     return {**budgets, "kv_budget_bytes": sizes.kv_budget_bytes, "prefix_cache_bytes": sizes.prefix_cache_bytes}
+
+
+def tightest_rank(comm, free: int, activation: int, device) -> tuple[int, int]:
+    """(least free bytes, largest activation peak) over the ranks; the free bytes of CPU
+    ranks (one host) split N ways."""
+    mine = torch.tensor([[free, activation]], dtype=torch.int64, device=device)
+    every = comm.all_gather(mine, 0)  # [world, 2]
+    least = int(every[:, 0].min())
+    if torch.device(device).type != "cuda":
+        least //= comm.world
+    return least, int(every[:, 1].max())

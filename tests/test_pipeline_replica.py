@@ -1,0 +1,115 @@
+"""Tensor-parallel model replicas in the pipeline: the config keys, and the pipeline end to end
+on a real local Ray (CPU bundles, gloo) giving the same rows with 2 ranks per replica as with 1."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from vlbatch.operators.errors import ConfigError
+from vlbatch.pipeline.config import validate_config
+
+BASE = {"model": {"path": "ckpt"}, "input": {"uri": "in.jsonl"}, "output": {"uri": "out"}}
+
+
+def _cfg(model: dict | None = None, **sections) -> dict:
+    return {**BASE, "model": {**BASE["model"], **(model or {})}, **sections}
+
+
+@pytest.mark.parametrize(("model", "sections", "field"), [
+    ({"tensor_parallel_size": 0}, {}, "model.tensor_parallel_size"),
+    ({"tensor_parallel_size": "two"}, {}, "model.tensor_parallel_size"),
+    ({"expert_parallel": True}, {}, "expert_parallel needs tensor_parallel_size > 1"),
+    ({"tensor_parallel_size": 2, "backend": "transformers"}, {}, "tensor_parallel_size > 1 needs backend=engine"),
+    ({"tensor_parallel_size": 2}, {"resources": {"model": {"num_gpus": 0.5}}}, "resources.model.num_gpus"),
+])
+def test_parallel_config_errors_name_the_field(model, sections, field):
+    with pytest.raises(ConfigError, match=field):
+        validate_config(_cfg(model, **sections))
+
+
+def test_parallel_config_keys_and_run_id():
+    one = validate_config(_cfg())
+    two = validate_config(_cfg({"tensor_parallel_size": 2, "expert_parallel": True},
+                               resources={"model": {"num_gpus": 1}}))
+    assert (one.model.tensor_parallel_size, one.model.expert_parallel) == (1, False)
+    assert (two.model.tensor_parallel_size, two.model.expert_parallel) == (2, True)
+    assert one.resolved_run_id() == two.resolved_run_id()  # how the model is split never changes the answers
+
+
+def test_rank_0_actor_reserves_the_whole_replica():
+    from vlbatch.pipeline.replica import replica_resources
+
+    pool = {"num_cpus": 2.0, "memory": 2**30, "compute": "pool"}
+    assert replica_resources(validate_config(_cfg()), 1.0, pool) == {**pool, "num_gpus": 1.0}
+    cfg = validate_config(_cfg({"tensor_parallel_size": 4}))
+    assert replica_resources(cfg, 1.0, pool) == {"num_cpus": 8.0, "memory": 2**32, "compute": "pool", "num_gpus": 4.0}
+    assert replica_resources(cfg, 0.0, {"num_cpus": 0.5})["num_cpus"] == 2.0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.shutdown()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+def _job(root, ckpt: str, run: str, tp: int) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    media = []
+    for i, (h, w) in enumerate([(64, 48), (40, 72), (56, 56)]):
+        path = root / f"img{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path)
+        media.append(str(path))
+    (root / "broken.png").write_bytes(b"not a png")
+    media.append(str(root / "broken.png"))
+    man = root / "manifest.jsonl"
+    man.write_text("".join(json.dumps({"media_uri": m}) + "\n" for m in media))
+    return {
+        "model": {"path": ckpt, "dtype": "float32", "device": "cpu", "tensor_parallel_size": tp,
+                  "engine": {"max_num_seqs": 4, "max_num_batched_tokens": 512, "kv_cache_mb": 16}},
+        "input": {"uri": str(man), "format": "jsonl", "columns": {"media_type": None}},
+        "task": {"mode": "questions", "questions": ["Describe.", "What colour dominates?"]},
+        "sampling": {"max_tokens": 6},
+        "image": {"max_pixels": 16384},
+        "resources": {"preprocess": {"num_cpus": 0.5, "batch_size": 2, "max_actors": 1},
+                      "model": {"num_cpus": 1, "batch_size": 2, "batch_visual_tokens": 256},
+                      "write": {"num_cpus": 0.25, "batch_size": 4}},
+        "output": {"uri": str(root / "out"), "run_id": run},
+        "max_error_fraction": 1.0,
+    }
+
+
+def _rows(cfg: dict) -> list[tuple]:
+    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.storage import StorageOptions
+
+    sink = ParquetSink(f"{cfg['output']['uri']}/{cfg['output']['run_id']}", StorageOptions())
+    keys = ("id", "media_uri", "prompt", "answer", "status", "error_type", "generated_tokens")
+    return sorted(tuple(r[k] for k in keys) for r in sink.read().to_pylist())
+
+
+@pytest.mark.slow
+def test_pipeline_with_2_rank_replicas_gives_the_rows_of_1_rank(ray_cluster, tiny_ckpt, tmp_path):
+    from vlbatch.pipeline.runner import run_job
+
+    ckpt = str(tiny_ckpt("dense"))
+    one, two = (_job(tmp_path, ckpt, f"tp{n}", n) for n in (1, 2))
+    s1 = run_job(validate_config(one))
+    s2 = run_job(validate_config(two))
+    rows1, rows2 = _rows(one), _rows(two)
+    assert len(rows1) == 8 and sum(r[4] == "ok" for r in rows1) == 6  # 3 images x 2 questions + 1 broken x 2
+    assert all(r[3] is not None and r[6] >= 1 for r in rows1 if r[4] == "ok")
+    assert rows2 == rows1
+    assert s1.committed_by_status == s2.committed_by_status == {"ok": 6, "error": 2}
+    end = time.monotonic() + 60  # the replicas' actors (rank 0 and its followers) give every CPU back
+    while time.monotonic() < end and ray_cluster.available_resources().get("CPU", 0) < 4:
+        time.sleep(0.2)
+    assert ray_cluster.available_resources().get("CPU", 0) == 4
