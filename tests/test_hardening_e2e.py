@@ -126,6 +126,7 @@ class PeakRss:
                 except (OSError, IndexError, ValueError):
                     continue
         me, mine = os.getpid(), set()
+        own = Path(f"/proc/{me}/cmdline").read_bytes()
         for pid in parent:
             q, seen = pid, 0
             while q in parent and q != me and seen < 64:
@@ -135,9 +136,12 @@ class PeakRss:
         for pid in mine:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
-                name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:80].decode(errors="replace")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
+            if cmd == own:  # forked from this process, not yet exec'd: its VmHWM is this process's
+                continue
+            name = cmd.replace(b"\0", b" ")[:80].decode(errors="replace")
             hwm = next((int(ln.split()[1]) << 10 for ln in status.splitlines() if ln.startswith("VmHWM")), 0)
             if hwm > self.peaks.get(pid, (0, ""))[0]:
                 self.peaks[pid] = (hwm, name)

@@ -179,8 +179,10 @@ def test_identical_manifest_rows_expand_to_one_request(tmp_path):
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
                            "task": {"mode": "questions", "questions": ["q1", "q2"]}})
-    batch = pa.table({"media_uri": ["/a.jpg", "/b.jpg", "/a.jpg", "/a.jpg"], "media_type": [None] * 4,
-                      "questions": pa.array([None, None, None, ["q1", "q3"]], pa.list_(pa.string()))})
+    from vlbatch.pipeline.sources.base import manifest_table
+
+    batch = manifest_table(4, media_uri=["/a.jpg", "/b.jpg", "/a.jpg", "/a.jpg"],
+                           questions=[None, None, None, ["q1", "q3"]])  # a block as every source gives it
     out = _expand_batch(batch, cfg=cfg, done=frozenset())
     ids = [i for row in out.column("ids").to_pylist() for i in row]
     assert len(ids) == len(set(ids)) == 5  # a:q1 a:q2 b:q1 b:q2 a:(1, q3); the copies of a:q1/q2 dropped
