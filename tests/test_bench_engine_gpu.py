@@ -41,7 +41,7 @@ def test_config_without_transformers_reads_the_same(tmp_path):
 def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
     ckpt = tmp_path / "ckpt"
     res = bench.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--requests", "3",
-                      "--new-tokens", "5", "--dir", str(ckpt)])
+                      "--new-tokens", "5", "--dir", str(ckpt), "--kv-gb", "0.0625"])  # (16 GiB by default: a GPU's)
     assert res["generated"] == 15 and res["kernels"] == "torch" and res["decode_steps"] >= 1
     # the weights a decode step reads, counted from the file: decoder (no embedding table) + LM head
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
