@@ -135,16 +135,17 @@ class EngineBackend:
 
         self.cfg = cfg
         kw = {"device": resolve_device(cfg.model.device), "dtype": cfg.model.dtype, **cfg.model.engine.engine_kwargs()}
+        model_dir = local_model_path(cfg)  # once: for s3:// it lists (and maybe fetches) the checkpoint
         self.replica = None
         if cfg.model.tensor_parallel_size > 1:  # this actor is rank 0 of a replica (pipeline/replica.py)
             from vlbatch.pipeline.replica import Replica
 
-            self.replica = Replica(cfg, local_model_path(cfg), kw)
+            self.replica = Replica(cfg, model_dir, kw)
             self.engine = self.replica.engine
         else:
-            self.engine = Engine.from_pretrained(local_model_path(cfg), **kw)
+            self.engine = Engine.from_pretrained(model_dir, **kw)
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
-        self.tables = media_tables(local_model_path(cfg))
+        self.tables = media_tables(model_dir)
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):

@@ -80,12 +80,10 @@ class MirroredPool(StatePool):
 class LeaderRunner(ModelRunner):
     """Rank 0's runner: broadcasts each step (pool ops + plan) before computing it."""
 
+    pool_class = MirroredPool
+
     def __init__(self, model, num_blocks, block_size, num_slots, vision_cache, comm):
         super().__init__(model, num_blocks, block_size, num_slots, vision_cache)
-        p = self.pool
-        self.pool = MirroredPool(num_slots, p.conv.shape[0], p.conv.shape[2], p.conv.shape[3],
-                                 p.recurrent.shape[2], p.recurrent.shape[3], p.recurrent.shape[4],
-                                 dtype=p.conv.dtype, device=p.conv.device)
         self.comm = comm
 
     def run(self, plan: StepPlan) -> torch.Tensor:
@@ -98,11 +96,13 @@ class LeaderEngine(Engine):
 
     def __init__(self, model, tokenizer, eos_ids, config: EngineConfig, comm):
         comm.broadcast_object(config)  # the followers' pools take these sizes (`follow`)
-        super().__init__(model, tokenizer, eos_ids, config)
-        self.runner = LeaderRunner(model, self.blocks.num_blocks, config.block_size, config.max_num_seqs,
-                                   self.runner.vision_cache, comm)
-        self.scheduler.pool = self.runner.pool
         self.comm = comm
+        super().__init__(model, tokenizer, eos_ids, config)
+
+    def _runner(self, model, num_blocks: int, vcache) -> LeaderRunner:
+        # the followers' runners use the default attention and no static decode: every rank must
+        # run the same shapes through the collectives, so the leader does too
+        return LeaderRunner(model, num_blocks, self.config.block_size, self.config.max_num_seqs, vcache, self.comm)
 
     def close(self) -> None:
         """Tell the followers to stop (call once, when done generating)."""

@@ -71,8 +71,7 @@ class Engine:
         num_blocks = blocks_for_budget(config.kv_budget_bytes, block_bytes)
         self.blocks = BlockManager(num_blocks, config.block_size)
         vcache = LRUVisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else NoVisionCache()
-        self.runner = ModelRunner(model, num_blocks, config.block_size, config.max_num_seqs, vcache,
-                                  select_attention(config.attention), static_decode=config.static_decode)
+        self.runner = self._runner(model, num_blocks, vcache)
         self.prefix_cache = (RadixPrefixCache(self.blocks, block_bytes, config.prefix_cache_bytes)
                              if config.prefix_cache_bytes > 0 else NoPrefixCache())
         self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache,
@@ -80,6 +79,12 @@ class Engine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    chunk_size=config.chunk_size)
         self.codec = KeyCodec()
+
+    def _runner(self, model, num_blocks: int, vcache) -> ModelRunner:
+        """The model runner over `num_blocks` KV blocks (a tensor-parallel leader builds its own)."""
+        c = self.config
+        return ModelRunner(model, num_blocks, c.block_size, c.max_num_seqs, vcache, select_attention(c.attention),
+                           static_decode=c.static_decode)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,

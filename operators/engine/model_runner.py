@@ -68,6 +68,8 @@ class RunnerStats:
 
 
 class ModelRunner:
+    pool_class = StatePool  # the DeltaNet state pool's class (a tensor-parallel leader logs its ops)
+
     def __init__(self, model, num_blocks: int, block_size: int, num_slots: int, vision_cache: VisionCache,
                  attention: PagedAttention | None = None, static_decode: bool = False,
                  buckets: tuple[int, ...] | None = None):
@@ -80,7 +82,7 @@ class ModelRunner:
         self.scratch_block = num_blocks if static_decode else None  # past the BlockManager's ids
         self.kv = torch.zeros(len(text.full_layers), 2, num_blocks + int(static_decode), block_size,
                               text.num_key_value_heads, text.head_dim, dtype=self.dtype, device=self.device)
-        self.pool = StatePool(num_slots, len(text.linear_layers), text.linear_conv_dim, text.linear_conv_kernel_dim,
+        self.pool = self.pool_class(num_slots, len(text.linear_layers), text.linear_conv_dim, text.linear_conv_kernel_dim,
                               text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim,
                               dtype=self.dtype, device=self.device, scratch=static_decode)
         self.vision_cache = vision_cache
