@@ -1,23 +1,25 @@
-"""Pixel path between the CPU stage and the model: float32 patches (before) vs uint8 (now), side by side.
+"""Pixel path between the CPU stage and the model: float32 patches (before) vs uint8 frames (now), side by side.
 
     python -m benchmarks.bench_pixel_path [--iters 5] [--threads 2] [--questions 8] [--model-dir DIR]
 
 One run, three tables (the tiny checkpoint's processor files: the 9B preprocessing values):
 1. bytes per media between the CPU and model stages: the Arrow size of the CPU stage's row
    for one question, with the float32 patches (+ the `mm_token_type_ids` column the old row
-   carried) vs the uint8 patches, for an image 640x480, an image 1920x1080 and a 16-frame
-   1280x720 clip; the check column says the uint8 levels normalised on the model side
-   equal the float32 values bit for bit;
-2. CPU stage cost per media (prompt already rendered; median process CPU time per call):
-   our float32 processor, our uint8 path (uint8 patches + text + the content hash it now
-   ships), transformers' AutoProcessor; CPU-time ratios against AutoProcessor;
+   carried) vs the resized uint8 frames it ships now (the uint8 patch layout, the step
+   between, for reference), for an image 640x480, an image 1920x1080 and a 16-frame
+   1280x720 clip; the check column says the frames made into normalised patches on the
+   model side (`normalize_frames`) equal the float32 values bit for bit;
+2. CPU stage cost per media (median process CPU time per call): our float32 processor and
+   transformers' AutoProcessor on the rendered prompt, against the CPU stage's whole
+   `prepare_one` now (chat template, resize, tokens, MRoPE, the content hash, the row);
+   CPU-time ratios against AutoProcessor;
 3. the model actor with one 1920x1080 image asked `--questions` questions: a fresh process
    per path reads the row's Arrow bytes (as the object store hands them over) and builds the
-   engine requests (the model is not run): before, one writable float32 copy and one sha256
+   engine requests (the model is not run): before, one writable float32 copy and one hash
    per question (`Request.from_processor` on the old processor dict); now, one tensor over
    the Arrow buffer shared by all requests. Peak RSS over the process's baseline, pixel
    bytes held (distinct buffers) against one copy of the shipped patches, CPU seconds.
-Targets: 4x fewer bytes; uint8 CPU time per 640x480 image >= 8x below AutoProcessor's; pixel
+Targets: 4x fewer bytes; CPU stage time per 640x480 image >= 8x below AutoProcessor's; pixel
 memory within 1.2x of one copy. On a shared machine the timings are noisy (the ratios less so).
 """
 from __future__ import annotations
@@ -71,28 +73,33 @@ def _float32_row(stage, row, prep):
         for s, e in prep.prompt_spans(i):
             t[s:e] = [1 if row.media_type == "image" else 2] * (e - s)
         types.append(t)
-    return replace(prep, patches=pv), types
+    return replace(prep, pixels=pv), types
 
 
 def _bytes_table(stage, cases) -> None:
     import pyarrow as pa
     import torch
 
-    from vlbatch.operators.model.pixels import normalize_patches
+    from vlbatch.operators.model.pixels import normalize_frames
     from vlbatch.pipeline.rows import Prepared, to_table
 
-    print(f"\n1. bytes per media, CPU stage -> model stage\n{'case':<20} {'float32 (before)':>17} {'uint8 (now)':>12} "
-          f"{'ratio':>7}   patches        check")
+    print(f"\n1. bytes per media, CPU stage -> model stage\n{'case':<20} {'float32 (before)':>17} "
+          f"{'uint8 patches':>14} {'uint8 frames (now)':>19} {'ratio':>7}   frames             check")
     for name, row in cases:
         prep = stage.prepare_one(row)
         old, types = _float32_row(stage, row, prep)
         before = to_table([old], Prepared).nbytes + pa.array(types, pa.list_(pa.int64())).nbytes
+        levels = stage.processor.encode_media(**stage.media_kwargs(row), uint8=True).arrays[
+            "pixel_values" if row.media_type == "image" else "pixel_values_videos"]
+        mid = to_table([replace(prep, pixels=levels)], Prepared).nbytes
         now = to_table([prep], Prepared).nbytes
+        cfg = stage.processor.image_config if row.media_type == "image" else stage.processor.video_config
+        patch, merge, temporal = cfg.layout
         table = torch.from_numpy(stage.processor.norm_table(row.media_type))
-        same = np.array_equal(normalize_patches(torch.from_numpy(prep.patches), table).numpy().view(np.uint32),
-                              old.patches.view(np.uint32))
-        print(f"{name:<20} {before / 1e6:>14.1f} MB {now / 1e6:>9.1f} MB {before / now:>6.2f}x   "
-              f"{str(prep.patches.shape):<14} normalised uint8 == float32 bit for bit: {same}")
+        made = normalize_frames(torch.from_numpy(prep.pixels), table, patch=patch, merge=merge, temporal=temporal)
+        same = np.array_equal(made.numpy().view(np.uint32), old.pixels.view(np.uint32))
+        print(f"{name:<20} {before / 1e6:>14.1f} MB {mid / 1e6:>11.1f} MB {now / 1e6:>16.1f} MB {before / now:>6.2f}x   "
+              f"{str(prep.pixels.shape):<18} normalised on the model side == float32 bit for bit: {same}")
 
 
 def _median_cpu(fn, iters: int) -> float:
@@ -106,21 +113,12 @@ def _median_cpu(fn, iters: int) -> float:
 
 
 def _runners(stage, ref, row):
-    """(our float32, our uint8, AutoProcessor) zero-argument callables for one media + prompt."""
-    from vlbatch.operators.engine.media_spans import placeholder_runs
-    from vlbatch.pipeline.stages import chat_messages, media_key
+    """(our float32 processor, the CPU stage now, AutoProcessor) zero-argument callables for one media."""
+    from vlbatch.pipeline.stages import chat_messages
 
     proc, kind = stage.processor, row.media_type
     text = proc.apply_chat_template(chat_messages(row.prompts[0], kind, None))
     media = stage.media_kwargs(row)
-    pv_key, grid_key = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos",
-                                                                                   "video_grid_thw")
-
-    def uint8_path():  # what the CPU stage computes per media now: uint8 patches, spans, the hash
-        m = proc.encode_media(**media, uint8=True)
-        placeholder_runs(proc.encode_text(text, m)["mm_token_type_ids"][0])
-        grid = tuple(m.arrays[grid_key][0].tolist())
-        return media_key(proc, kind, m.arrays[pv_key], grid)
 
     if kind == "image":
         def run_ref():
@@ -132,18 +130,18 @@ def _runners(stage, ref, row):
         def run_ref():
             return ref(text=[text], videos=[c.frames], video_metadata=meta, do_sample_frames=False,
                        cap_pixels_per_frame=False, return_tensors="np")
-    return (lambda: proc(text, **media)), uint8_path, run_ref
+    return (lambda: proc(text, **media)), (lambda: stage.prepare_one(row)), run_ref
 
 
 def _cpu_table(stage, ref, cases, iters: int) -> None:
     print(f"\n2. CPU stage per media, median CPU ms per call ({iters} calls)\n{'case':<20} {'float32':>9} "
-          f"{'uint8':>9} {'AutoProcessor':>14} {'ref/float32':>12} {'ref/uint8':>10}")
+          f"{'stage now':>10} {'AutoProcessor':>14} {'ref/float32':>12} {'ref/now':>8}")
     for name, row in cases:
-        run_f32, run_u8, run_ref = _runners(stage, ref, row)
+        run_f32, run_now, run_ref = _runners(stage, ref, row)
         f32 = _median_cpu(run_f32, iters)
-        u8 = _median_cpu(run_u8, iters)
+        now = _median_cpu(run_now, iters)
         r = _median_cpu(run_ref, max(2, iters // 2))
-        print(f"{name:<20} {f32 * 1e3:>9.1f} {u8 * 1e3:>9.1f} {r * 1e3:>14.1f} {r / f32:>11.2f}x {r / u8:>9.2f}x")
+        print(f"{name:<20} {f32 * 1e3:>9.2f} {now * 1e3:>10.2f} {r * 1e3:>14.2f} {r / f32:>11.2f}x {r / now:>7.2f}x")
 
 
 def _rss_kb(field: str) -> int:
@@ -159,17 +157,17 @@ def child(path: str, mode: str, model_dir: str) -> dict:
 
     from vlbatch.operators.engine import Request, SamplingParams
     from vlbatch.operators.engine.loop import pinned_visual_tokens
-    from vlbatch.pipeline.backends import media_requests, media_tables
+    from vlbatch.pipeline.backends import media_requests, pixel_specs
     from vlbatch.pipeline.rows import Prepared, from_table
 
-    tables = media_tables(model_dir)
+    specs = pixel_specs(model_dir)
     base = _rss_kb("VmRSS")
     c0 = time.process_time()
     data = Path(path).read_bytes()  # the object store's copy of the batch
     (row,) = from_table(pa.ipc.open_stream(pa.py_buffer(data)).read_all(), Prepared)
     del data
     if mode == "after":
-        reqs = list(media_requests(row, tables[row.media_type], lambda rid: SamplingParams(), False).values())
+        reqs = list(media_requests(row, specs[row.media_type], lambda rid: SamplingParams(), False).values())
     else:  # the old model stage: processor_dict (a writable copy) + Request.from_processor (split + sha256)
         reqs = []
         for i, rid in enumerate(row.ids):
@@ -180,17 +178,17 @@ def child(path: str, mode: str, model_dir: str) -> dict:
             out = {"input_ids": ids, "attention_mask": np.ones_like(ids), "mm_token_type_ids": types,
                    "position_ids": np.asarray(row.position_ids[i], np.int64).reshape(3, 1, -1),
                    "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
-                   "pixel_values": np.require(row.patches, requirements=["W"]),
+                   "pixel_values": np.require(row.pixels, requirements=["W"]),
                    "image_grid_thw": np.asarray(row.grid_thw, np.int64)[None]}
             reqs.append(Request.from_processor(rid, out, 0))
     cpu = time.process_time() - c0
-    arrow = (row.patches.ctypes.data, row.patches.nbytes)
+    arrow = (row.pixels.ctypes.data, row.pixels.nbytes)
     held = {arrow[0]: arrow[1]}
     for r in reqs:
         pv = r.media[0].pixel_values
         if not arrow[0] <= pv.data_ptr() < arrow[0] + arrow[1]:
             held[pv.untyped_storage().data_ptr()] = pv.untyped_storage().nbytes()
-    one = row.patches.nbytes
+    one = row.pixels.nbytes
     return {"peak_mb": (_rss_kb("VmHWM") - base) / 1024, "held_mb": sum(held.values()) / 1e6,
             "held_copies": sum(held.values()) / one, "one_copy_mb": one / 1e6, "cpu_s": cpu,
             "hashes": len({r.media[0].content_hash for r in reqs}), "requests": len(reqs),

@@ -10,8 +10,9 @@ model's busy seconds and vision-tower counters since the previous take (so the f
 of all calls sum to the actor's totals). `backend.close()` releases what it holds (the
 engine's thread; a tensor-parallel replica's followers and placement group).
 
-A row's uint8 patches are read once (a tensor over the Arrow buffer, never copied per
-question) and normalised with the checkpoint's table (`media_tables`).
+A row's resized uint8 frames are read once (a tensor over the Arrow buffer, never copied per
+question) and turned into normalised patches on the model's device with the checkpoint's
+table and patch layout (`pixel_specs`).
 
 - `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product. All requests
@@ -19,7 +20,7 @@ question) and normalised with the checkpoint's table (`media_tables`).
   `model.tensor_parallel_size` > 1 the engine is rank 0's of a `pipeline/replica.py` replica.
 - `TransformersBackend`: transformers' `generate()`, one request at a time, calls
   serialised: the reference and the benchmark baseline (no caches, slow); it normalises
-  a media's patches once (float32, the processor's values) for all its questions.
+  a media's frames once (float32 patches, the processor's values) for all its questions.
 """
 from __future__ import annotations
 
@@ -42,27 +43,36 @@ def request_seed(base: int, rid: str) -> int:
     return (int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) ^ base) & 0x7FFFFFFF
 
 
-def media_tables(model_dir: str) -> dict[str, torch.Tensor]:
-    """The checkpoint's normalisation tables, float32 [3, 256] per media kind (the ones the
-    CPU stage's processor hashes with: the job overrides only its pixel budgets)."""
+@dataclass(frozen=True)
+class PixelSpec:
+    """How one media kind's shipped frames become the tower's input: the checkpoint's
+    normalisation table float32 `[3, 256]` and layout (patch, merge, temporal)."""
+
+    table: torch.Tensor
+    layout: tuple[int, int, int]
+
+
+def pixel_specs(model_dir: str) -> dict[str, PixelSpec]:
+    """The checkpoint's `PixelSpec` per media kind (the tables the CPU stage's processor hashes
+    with: the job overrides only its pixel budgets)."""
     import torch
 
     from vlbatch.operators.preprocess.config import load_image_config, load_video_config
 
-    return {"image": torch.from_numpy(load_image_config(model_dir).norm.lut(3)),
-            "video": torch.from_numpy(load_video_config(model_dir).norm.lut(3))}
+    cfgs = {"image": load_image_config(model_dir), "video": load_video_config(model_dir)}
+    return {k: PixelSpec(torch.from_numpy(c.norm.lut(3)), c.layout) for k, c in cfgs.items()}
 
 
-def shared_patches(row: Prepared) -> torch.Tensor:
-    """uint8 [N, D] tensor over the row's Arrow buffer (no copy; it is only ever read)."""
+def shared_pixels(row: Prepared) -> torch.Tensor:
+    """uint8 [F, H, W, 3] tensor over the row's Arrow buffer (no copy; it is only ever read)."""
     import torch
 
     with warnings.catch_warnings():  # the buffer is read-only; torch warns about writes never made
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(row.patches)
+        return torch.from_numpy(row.pixels)
 
 
-def media_requests(row: Prepared, table: torch.Tensor, sampling, thinking: bool) -> dict[str, object]:
+def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool) -> dict[str, object]:
     """{request id: engine `Request` (or the `InputError` that refused it)} for every prompt of
     `row`, all around one pixel tensor and the row's content hash (prompts with equal spans
     share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams."""
@@ -70,7 +80,7 @@ def media_requests(row: Prepared, table: torch.Tensor, sampling, thinking: bool)
 
     from vlbatch.operators.engine import MediaItem, Request
 
-    pixels = shared_patches(row)
+    pixels = shared_pixels(row)
     items: dict[tuple, MediaItem] = {}
     out: dict[str, object] = {}
     for i, rid in enumerate(row.ids):
@@ -78,7 +88,7 @@ def media_requests(row: Prepared, table: torch.Tensor, sampling, thinking: bool)
             spans = row.prompt_spans(i)
             if spans not in items:
                 items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans,
-                                         content_hash=row.content_hash, table=table)
+                                         content_hash=row.content_hash, table=spec.table, layout=spec.layout)
             pos = torch.tensor(row.position_ids[i], dtype=torch.int64).view(3, -1)
             out[rid] = Request(id=rid, prompt_token_ids=row.input_ids[i], position_ids=pos,
                                rope_delta=row.rope_deltas[i], media=(items[spans],), sampling=sampling(rid),
@@ -145,7 +155,7 @@ class EngineBackend:
         else:
             self.engine = Engine.from_pretrained(model_dir, **kw)
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
-        self.tables = media_tables(model_dir)
+        self.specs = pixel_specs(model_dir)
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -160,7 +170,7 @@ class EngineBackend:
     def generate(self, rows: list[Prepared]) -> dict[str, object]:
         out: dict[str, object] = {}
         for r in rows:
-            out.update(media_requests(r, self.tables[r.media_type], self._sampling, self.cfg.task.thinking))
+            out.update(media_requests(r, self.specs[r.media_type], self._sampling, self.cfg.task.thinking))
         reqs = [q for q in out.values() if not isinstance(q, VlbatchError)]
         out.update(self.loop.run(reqs))  # visual tokens: each media once (`pinned_visual_tokens`)
         return out
@@ -191,7 +201,7 @@ class TransformersBackend:
         self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(cfg.model.dtype))
         self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(path)
-        self.tables = media_tables(path)
+        self.specs = pixel_specs(path)
         self.torch = torch
         self._lock = threading.Lock()  # one generate() at a time
         self._busy_s = 0.0
@@ -215,12 +225,15 @@ class TransformersBackend:
         pass
 
     def generate_media(self, row: Prepared) -> dict[str, object]:
-        """Every prompt of one media; its patches are normalised once (float32, the processor's
-        values bit for bit) and moved to the device once."""
-        from vlbatch.operators.model.pixels import normalize_patches
+        """Every prompt of one media; its frames become normalised patches once (float32, the
+        processor's values bit for bit), moved to the device once."""
+        from vlbatch.operators.model.pixels import normalize_frames
 
         torch = self.torch
-        pixels = normalize_patches(shared_patches(row), self.tables[row.media_type]).to(self.device, self.model.dtype)
+        spec = self.specs[row.media_type]
+        patch, merge, temporal = spec.layout
+        pixels = normalize_frames(shared_pixels(row), spec.table, patch=patch, merge=merge,
+                                  temporal=temporal).to(self.device, self.model.dtype)
         grid = torch.tensor([row.grid_thw], dtype=torch.long, device=self.device)
         pv_key, grid_key = (("pixel_values", "image_grid_thw") if row.media_type == "image"
                             else ("pixel_values_videos", "video_grid_thw"))

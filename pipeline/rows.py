@@ -5,7 +5,7 @@ every question about a media travels together: decoded and preprocessed once, se
 one model actor in one batch (its vision and prefix caches hit), and split into one
 output row per request only by the writer. Each stage maps one row to one row.
 
-Tensor fields (`frames`, `patches`) travel as plain Arrow struct columns
+Tensor fields (`frames`, `pixels`) travel as plain Arrow struct columns
 (`TENSOR_TYPE`: shape, numpy dtype string, the C-order bytes), never as pickled Python
 objects; reading one back is zero-copy (a read-only numpy view of the Arrow buffer). An error row keeps its request
 fields, carries `status="error"`, `error_type`, `error_message`, and empty tensors.
@@ -62,14 +62,15 @@ class Decoded(MediaTask):
 class Prepared(MediaTask):
     """The engine-ready input of one media, built once for all its prompts.
 
-    patches: [N_patch, C*T*P*P] uint8, the resized levels in block-major patch order (the
-    model side normalises them with the checkpoint's table, `normalize_patches`: 4x fewer
-    bytes than float32); grid_thw: (t, h, w) in patches; content_hash: `media_hash` of
-    kind, patches, grid and table (computed once here). Per prompt i: input_ids[i] [L_i],
+    pixels: [F, H, W, 3] uint8, the resized frames (the model side makes the block-major
+    patches and normalises them with the checkpoint's table on its device,
+    `normalize_frames`: 4x fewer bytes than float32 patches, 8x for a still image, which the
+    patch layout repeats in every temporal slot); grid_thw: (t, h, w) in patches;
+    content_hash: `media_hash` of kind, frames, grid, layout and table (computed once here). Per prompt i: input_ids[i] [L_i],
     spans[i] the placeholder runs flattened (s0, e0, s1, e1, ...), position_ids[i] [3*L_i]
     (flattened [3, L_i]), rope_deltas[i]."""
 
-    patches: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint8))
+    pixels: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0, 3), np.uint8))
     grid_thw: tuple[int, ...] = ()
     content_hash: str = ""
     input_ids: tuple[tuple[int, ...], ...] = ()
@@ -120,7 +121,7 @@ ARROW_TYPES: dict[type, dict[str, Any]] = {
     MediaTask: _BASE,
     Decoded: {**_BASE, "frames": TENSOR, "source_fps": pa.float64(), "total_frames": pa.int64(),
               "frame_indices": _LI, "decode_s": pa.float64()},
-    Prepared: {**_BASE, "patches": TENSOR, "grid_thw": _LI, "content_hash": pa.string(), "input_ids": pa.list_(_LI),
+    Prepared: {**_BASE, "pixels": TENSOR, "grid_thw": _LI, "content_hash": pa.string(), "input_ids": pa.list_(_LI),
                "spans": pa.list_(_LI), "position_ids": pa.list_(_LI), "rope_deltas": _LI,
                "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64()},
     Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,

@@ -129,6 +129,7 @@ class PreprocessStage:
         self.cfg = cfg
         self.lock = threading.Lock()
         self.processor = Processor.from_pretrained(local_model_path(cfg))
+        self._rendered: dict[tuple[str, str], str] = {}  # (prompt, kind) -> chat template text
         # the job's budgets override the checkpoint's preprocessor configs (None = keep)
         for attr, over in (("image_config", cfg.image), ("video_config", cfg.video)):
             kw = {k: getattr(over, k) for k in ("min_pixels", "max_pixels") if getattr(over, k) is not None}
@@ -146,6 +147,15 @@ class PreprocessStage:
             return Prepared(**_base(row), **keep)
         return _catch(row, lambda: self._prepare(row), Prepared)
 
+    def _render(self, prompt: str, kind: str) -> str:
+        """The chat template's text for one prompt about one media kind (cached: a job asks the
+        same few prompts of every media; the system prompt and thinking flag are the job's)."""
+        from vlbatch.operators.preprocess.prompt import cached
+
+        return cached(self._rendered, (prompt, kind), lambda: self.processor.apply_chat_template(
+            chat_messages(prompt, kind, self.cfg.task.system_prompt),
+            add_generation_prompt=True, enable_thinking=self.cfg.task.thinking))
+
     def media_kwargs(self, row: Decoded) -> dict:
         if row.media_type == "image":
             return {"images": [row.frames[0]]}
@@ -160,15 +170,13 @@ class PreprocessStage:
 
         t0 = time.perf_counter()
         kind = row.media_type
-        texts = [self.processor.apply_chat_template(
-            chat_messages(prompt, kind, self.cfg.task.system_prompt),
-            add_generation_prompt=True, enable_thinking=self.cfg.task.thinking) for prompt in row.prompts]
-        visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row), uint8=True)
-        patches = visual["pixel_values" if kind == "image" else "pixel_values_videos"]
+        texts = [self._render(prompt, kind) for prompt in row.prompts]
+        visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row), frames=True)
+        pixels = visual["pixel_values" if kind == "image" else "pixel_values_videos"]
         grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
         spans = [placeholder_runs(o["mm_token_type_ids"][0]) for o in outs]
-        return replace(Prepared(**_base(row)), patches=patches, grid_thw=grid,
-                       content_hash=media_key(self.processor, kind, patches, grid),
+        return replace(Prepared(**_base(row)), pixels=pixels, grid_thw=grid,
+                       content_hash=media_key(self.processor, kind, pixels, grid),
                        input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs),
                        spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
                        position_ids=tuple(tuple(o["position_ids"][:, 0].reshape(-1).tolist()) for o in outs),
@@ -198,17 +206,18 @@ class PrepareStage:
 
 
 def process_prompts(proc, texts: list[str], images: list[np.ndarray] | None = None, videos: list | None = None, *,
-                    uint8: bool = False) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+                    uint8: bool = False, frames: bool = False) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """`[proc(text=t, images=..., videos=...) for t in texts]` with the pixel work done once.
 
     Returns (visual, per_text): `visual` holds the prompt-independent outputs
     (`pixel_values` [N, D] / `image_grid_thw` [M, 3], or the `_videos` pair), computed once
-    for the media (uint8 levels with `uint8`, `Processor.encode_media`); `per_text[i]` holds
+    for the media (uint8 levels with `uint8`, one media's resized frames with `frames`:
+    `Processor.encode_media`); `per_text[i]` holds
     text i's `input_ids`, `attention_mask`, `mm_token_type_ids` [1, L_i], `position_ids`
     [3, 1, L_i] and `rope_deltas` [1], the values `proc(text=texts[i], ...)` returns
     (`process_prompts_naive` is that loop).
     """
-    media = proc.encode_media(images, videos, uint8=uint8)
+    media = proc.encode_media(images, videos, uint8=uint8, frames=frames)
     return media.arrays, [proc.encode_text(text, media) for text in texts]
 
 
@@ -217,10 +226,10 @@ def process_prompts_naive(proc, texts: list[str], **media) -> list[dict[str, np.
     return [proc(text=t, **media) for t in texts]
 
 
-def media_key(processor, kind: str, patches: np.ndarray, grid: tuple[int, int, int]) -> str:
-    """The content hash of a media's uint8 patches, computed once on the CPU stage (images hash
-    their first temporal slot only: the processor repeats a still image in every slot)."""
+def media_key(processor, kind: str, frames: np.ndarray, grid: tuple[int, int, int]) -> str:
+    """The content hash of a media's resized uint8 frames `[F, h, w, 3]`, computed once on the
+    CPU stage (`media_hash` with the kind's table and layout, as `MediaItem` would)."""
     from vlbatch.operators.engine.media_spans import media_hash
 
-    slots = processor.image_config.temporal_patch_size if kind == "image" else None
-    return media_hash(kind, patches, grid, processor.norm_table(kind), still_slots=slots)
+    cfg = processor.image_config if kind == "image" else processor.video_config
+    return media_hash(kind, frames, grid, processor.norm_table(kind), cfg.layout)

@@ -238,6 +238,30 @@ def test_state_pool_views_for_consecutive_slots_equal_copies():
         assert torch.equal(pool.gather(0, t)[0], c_copy + 1) and torch.equal(pool.gather(0, t)[1], r_copy * 2)
 
 
+def test_frames_media_item_checks_its_grid_and_patchifies_on_the_device():
+    """The pipeline's form: uint8 frames [F, H, W, C] with (patch, merge, temporal); the grid
+    must match exactly, and `model_input` equals the uint8 patch form's (`frames_to_patches`)."""
+    from vlbatch.operators.model.pixels import frames_to_patches
+    from vlbatch.operators.preprocess.patchify import Normalization
+
+    frames = torch.from_numpy(np.random.default_rng(6).integers(0, 256, (3, 8, 16, 3), dtype=np.uint8))
+    table = torch.from_numpy(Normalization().lut(3))
+    layout = (4, 2, 2)  # patch 4, merge 2, temporal 2: 3 frames -> t = 2, grid (2, 2, 4)
+    item = MediaItem("video", frames, (2, 2, 4), ((0, 4), (6, 10)), table=table, layout=layout)
+    as_patches = MediaItem("video", frames_to_patches(frames, patch=4, merge=2, temporal=2).contiguous(), (2, 2, 4),
+                           ((0, 4), (6, 10)), table=table)
+    assert torch.equal(item.model_input("cpu", torch.float32), as_patches.model_input("cpu", torch.float32))
+    assert item.content_hash != as_patches.content_hash  # other form: a miss, never a false hit
+    assert MediaItem("video", frames, (3, 4, 8), ((0, 24),), table=table, layout=(2, 2, 1)).grid_thw == (3, 4, 8)
+    # wrong t, wrong w, h not a multiple of merge, temporal 3 (t = 1), temporal 1 (t = 3, not 4)
+    for grid, lay in (((1, 2, 4), layout), ((2, 2, 2), layout), ((2, 1, 4), layout), ((2, 2, 4), (4, 2, 3)),
+                      ((4, 4, 8), (2, 2, 1))):
+        with pytest.raises(InputError, match="do not fill grid"):
+            MediaItem("video", frames, grid, ((0, 4),), table=table, layout=lay)
+    with pytest.raises(InputError):  # frames need their table
+        MediaItem("video", frames, (2, 2, 4), ((0, 4),), layout=layout)
+
+
 def test_uint8_media_item_needs_its_table_and_hashes_it():
     from vlbatch.operators.engine.loop import pinned_visual_tokens
     from vlbatch.operators.engine.media_spans import media_hash

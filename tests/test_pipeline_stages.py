@@ -89,7 +89,7 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
     assert [r.status for r in fused] == ["ok", "error", "error", "error"]
     assert [r.error_type for r in fused] == [None, "MediaError", "MediaError", "ValueError"]
     for a, b in zip(fused, two, strict=True):
-        assert np.array_equal(a.patches, b.patches) and a.patches.dtype == np.uint8
+        assert np.array_equal(a.pixels, b.pixels) and a.pixels.dtype == np.uint8
         same = ("ids", "prompts", "status", "error_type", "grid_thw", "content_hash", "input_ids", "spans",
                 "position_ids", "rope_deltas", "visual_tokens")
         assert [k for k in same if getattr(a, k) != getattr(b, k)] == []
@@ -214,10 +214,10 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     import torch
 
     from vlbatch.operators.engine import Engine, Request, SamplingParams
-    from vlbatch.operators.model.pixels import normalize_patches
+    from vlbatch.operators.model.pixels import normalize_frames
     from vlbatch.operators.preprocess import Processor
     from vlbatch.operators.types import VideoClip
-    from vlbatch.pipeline.backends import media_requests, media_tables
+    from vlbatch.pipeline.backends import media_requests, pixel_specs
     from vlbatch.pipeline.rows import Decoded
     from vlbatch.pipeline.stages import PreprocessStage
 
@@ -235,8 +235,9 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     ckpt = tiny_ckpt("dense")
     cfg = validate_config(_job(tmp_path, ckpt))
     prep = from_table(to_table([PreprocessStage(cfg).prepare_one(row)], Prepared), Prepared)[0]
-    assert prep.status == "ok" and prep.patches.dtype == np.uint8
-    built = media_requests(prep, media_tables(str(ckpt))[kind], lambda rid: SamplingParams(max_new_tokens=5), False)
+    assert prep.status == "ok" and prep.pixels.dtype == np.uint8 and prep.pixels.ndim == 4  # frames, no patch layout
+    spec = pixel_specs(str(ckpt))[kind]
+    built = media_requests(prep, spec, lambda rid: SamplingParams(max_new_tokens=5), False)
     reqs = [built[rid] for rid in prep.ids]
     proc = Processor.from_pretrained(ckpt)
     proc.image_config = replace(proc.image_config, max_pixels=cfg.image.max_pixels)
@@ -248,11 +249,12 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
         assert req.prompt_token_ids == ref.prompt_token_ids and req.rope_delta == ref.rope_delta
         assert torch.equal(req.position_ids, ref.position_ids) and m.spans == r.spans and m.grid_thw == r.grid_thw
         assert torch.equal(m.model_input("cpu", torch.float32).view(torch.int32), r.pixel_values.view(torch.int32))
-        assert m.pixel_values.data_ptr() == prep.patches.ctypes.data  # the Arrow buffer itself
+        assert m.pixel_values.data_ptr() == prep.pixels.ctypes.data  # the Arrow buffer itself
         assert m.content_hash == prep.content_hash == reqs[0].media[0].content_hash
     assert len({id(r.media[0]) for r in reqs}) == 1  # equal spans: one shared MediaItem
-    assert np.array_equal(normalize_patches(torch.from_numpy(prep.patches.copy()), reqs[0].media[0].table).numpy(),
-                          proc(_chat(proc, kind, "x"), **media)[pv_key])
+    patch, merge, temporal = spec.layout
+    assert np.array_equal(normalize_frames(torch.from_numpy(prep.pixels.copy()), spec.table, patch=patch, merge=merge,
+                                           temporal=temporal).numpy(), proc(_chat(proc, kind, "x"), **media)[pv_key])
     engine = Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
     refs = [Request.from_processor(r.id, proc(_chat(proc, kind, p, "Be brief."), **media), 0,
                                    sampling=SamplingParams(max_new_tokens=5)) for r, p in zip(reqs, prompts, strict=True)]
@@ -262,24 +264,28 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     assert got == want and engine2.stats()["vision_encodes"] == 1
 
 
-def test_media_key_of_a_still_image_hashes_one_slot_and_tells_images_apart(proc):
-    """The CPU stage hashes a still image's first temporal slot only: that is sound only if the
-    processor repeats the image in every slot, which this checks, and the key must still change
-    with any pixel of the image and differ from the full hash of the same patches."""
-    from vlbatch.operators.engine.media_spans import media_hash
+def test_media_key_hashes_the_frames_and_tells_media_apart(proc):
+    """The CPU stage hashes a media's resized frames with its kind's layout and table, as a
+    `MediaItem` built around those frames would; the key changes with any pixel, with the kind,
+    and differs from the hash of the same pixels in patch layout (a miss, never a false hit)."""
+    import torch
+
+    from vlbatch.operators.engine.media_spans import MediaItem, media_hash
     from vlbatch.pipeline.stages import media_key
 
     rng = np.random.default_rng(3)
     img = rng.integers(0, 256, (70, 90, 3), dtype=np.uint8)
-    m = proc.encode_media([img], None, uint8=True)
-    patches, grid = m.arrays["pixel_values"], tuple(m.arrays["image_grid_thw"][0].tolist())
-    tp = proc.image_config.temporal_patch_size
-    slots = patches.reshape(patches.shape[0], 3, tp, -1)
-    assert all(np.array_equal(slots[:, :, 0], slots[:, :, t]) for t in range(1, tp))  # the premise
-    key = media_key(proc, "image", patches, grid)
-    assert key == media_key(proc, "image", patches.copy(), grid)
+    m = proc.encode_media([img], None, frames=True)
+    frames, grid = m.arrays["pixel_values"], tuple(m.arrays["image_grid_thw"][0].tolist())
+    key = media_key(proc, "image", frames, grid)
+    assert key == media_key(proc, "image", frames.copy(), grid)
+    item = MediaItem("image", torch.from_numpy(frames.copy()), grid, ((0, 1),), table=torch.from_numpy(
+        proc.norm_table("image")), layout=proc.image_config.layout)
+    assert item.content_hash == key
+    patches = proc.encode_media([img], None, uint8=True).arrays["pixel_values"]
     assert key != media_hash("image", patches, grid, proc.norm_table("image"))
+    assert key != media_key(proc, "video", frames, grid)
     changed = img.copy()
     changed[35, 45] = 255 - changed[35, 45]  # one pixel, far from its old value (survives the resize)
-    m2 = proc.encode_media([changed], None, uint8=True)
+    m2 = proc.encode_media([changed], None, frames=True)
     assert media_key(proc, "image", m2.arrays["pixel_values"], grid) != key

@@ -62,11 +62,11 @@ def test_rows_round_trip_through_arrow_with_variable_tensors():
         assert np.array_equal(a.frames, b.frames) and a.frames.shape == b.frames.shape
         assert (a.ids, a.frame_indices, a.status, a.error_type) == (b.ids, b.frame_indices, b.status, b.error_type)
     p = Prepared("u", "image", ("i", "j"), (0, 1), ("p", "q"),
-                 patches=np.random.default_rng(0).integers(0, 256, (8, 12), dtype=np.uint8), grid_thw=(1, 2, 4),
+                 pixels=np.random.default_rng(0).integers(0, 256, (1, 32, 64, 3), dtype=np.uint8), grid_thw=(1, 2, 4),
                  content_hash="h", input_ids=((1, 2, 3), (4, 5)), spans=((1, 3), (0, 1, 2, 3)),
                  position_ids=((0,) * 9, (1,) * 6), rope_deltas=(-3, -2), visual_tokens=2)
     q = from_table(to_table([p], Prepared), Prepared)[0]
-    assert np.array_equal(q.patches, p.patches) and q.patches.dtype == np.uint8
+    assert np.array_equal(q.pixels, p.pixels) and q.pixels.dtype == np.uint8 and q.pixels.shape == (1, 32, 64, 3)
     assert q.input_ids == p.input_ids and q.rope_deltas == (-3, -2) and q.content_hash == "h"
     assert q.prompt_spans(0) == ((1, 3),) and q.prompt_spans(1) == ((0, 1), (2, 3))
     g = Generated("u", "image", ("i",), (0,), ("p",), answers=(None,), statuses=("error",))

@@ -141,6 +141,40 @@ def test_normalising_uint8_patches_equals_the_float32_path_bitwise(norm, frames,
     np.testing.assert_array_equal(naive.view(np.uint32), f32.view(np.uint32))
 
 
+@pytest.mark.parametrize("norm", ["qwen", "per_channel"])
+@pytest.mark.parametrize("frames, bh, bw, patch, merge, temporal", SHAPES)
+def test_normalising_frames_on_the_device_equals_the_float32_path_bitwise(norm, frames, bh, bw, patch, merge,
+                                                                          temporal):
+    """The pipeline's form: uint8 frames -> (layout, lookup) on the model side equals the
+    processor's float32 patches; the layout alone equals the uint8 patch mode's levels."""
+    from vlbatch.operators.model.pixels import frames_to_patches, normalize_frames
+
+    rng = np.random.default_rng(frames * 17 + bh * 5 + bw)
+    h, w = bh * merge * patch, bw * merge * patch
+    x = rng.integers(0, 256, (frames, h, w, 3), dtype=np.uint8)
+    f32, _ = _fast(x, NORMS[norm], patch, merge, temporal)
+    u8 = np.zeros(f32.shape, np.uint8)
+    patchify_into(u8, x, None, patch=patch, merge=merge, temporal=temporal)
+    layout = dict(patch=patch, merge=merge, temporal=temporal)
+    np.testing.assert_array_equal(frames_to_patches(torch.from_numpy(x), **layout).numpy(), u8)
+    got = normalize_frames(torch.from_numpy(x), torch.from_numpy(NORMS[norm].lut(3)), **layout)
+    assert got.dtype == torch.float32 and got.is_contiguous()
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), f32.view(np.uint32))
+
+
+def test_normalize_frames_rejects_bad_inputs():
+    from vlbatch.operators.errors import InputError
+    from vlbatch.operators.model.pixels import normalize_frames
+
+    table = torch.zeros(3, 256)
+    with pytest.raises(InputError, match="multiple"):
+        normalize_frames(torch.zeros(1, 40, 32, 3, dtype=torch.uint8), table, patch=16, merge=2, temporal=2)
+    with pytest.raises(InputError, match="uint8"):
+        normalize_frames(torch.zeros(1, 32, 32, 3), table, patch=16, merge=2, temporal=2)
+    with pytest.raises(InputError, match="uint8"):
+        normalize_frames(torch.zeros(1, 32, 32, 4, dtype=torch.uint8), table, patch=16, merge=2, temporal=2)
+
+
 def test_normalising_in_the_model_dtype_is_the_float32_values_cast():
     from vlbatch.operators.model.pixels import normalize_patches
 

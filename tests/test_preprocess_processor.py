@@ -113,6 +113,31 @@ def check_uint8_mode(ours_proc, ours: dict, images: list, clips: list) -> None:
         table = torch.from_numpy(ours_proc.norm_table(kind))
         got = normalize_patches(torch.from_numpy(u8), table).numpy()
         np.testing.assert_array_equal(got.view(np.uint32), ours[key].view(np.uint32), err_msg=key)
+        check_frames_mode(ours_proc, ours, kind, images if kind == "image" else clips, table)
+
+
+def check_frames_mode(ours_proc, ours: dict, kind: str, items: list, table) -> None:
+    """The form the pipeline ships: each media's resized uint8 frames (`frames=True`), made into
+    normalised patches on the model side (`normalize_frames`), equal the float32 output's
+    slice for that media bit for bit."""
+    import torch
+
+    from vlbatch.operators.model.pixels import normalize_frames
+
+    key, grid_key = ("pixel_values", "image_grid_thw") if kind == "image" else ("pixel_values_videos", "video_grid_thw")
+    cfg = ours_proc.image_config if kind == "image" else ours_proc.video_config
+    patch, merge, temporal = cfg.layout
+    off = 0
+    for i, item in enumerate(items):
+        media = ours_proc.encode_media([item] if kind == "image" else None, [item] if kind == "video" else None,
+                                       frames=True)
+        frames = media.arrays[key]
+        assert frames.dtype == np.uint8 and frames.ndim == 4, key
+        np.testing.assert_array_equal(media.arrays[grid_key][0], ours[grid_key][i])
+        n = int(np.prod(ours[grid_key][i]))
+        got = normalize_frames(torch.from_numpy(frames), table, patch=patch, merge=merge, temporal=temporal).numpy()
+        np.testing.assert_array_equal(got.view(np.uint32), ours[key][off:off + n].view(np.uint32), err_msg=f"{key} {i}")
+        off += n
 
 
 def random_size(rng):
@@ -299,3 +324,24 @@ def test_bad_messages_raise_input_error(procs):
         ours.apply_chat_template([])
     with pytest.raises(InputError, match="System message cannot contain images"):
         ours.apply_chat_template([{"role": "system", "content": [{"type": "image"}]}])
+
+
+def test_prompt_ids_cache_gives_fresh_rows_and_stays_bounded(tiny_ckpt, monkeypatch):
+    """The prompt encoder tokenises each rendered text once: later encodes of it equal the first
+    (and the reference's ids, via the parity tests above), rows it returns are the caller's own
+    (mutating one changes no later encode), and the cache starts over at its bound."""
+    from vlbatch.operators.preprocess import Processor, prompt
+
+    proc = Processor.from_pretrained(tiny_ckpt("dense"))
+    enc = proc.prompts
+    text = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi?"}]}])
+    first = enc.encode([text], [6], [])[0]
+    first_copy = list(first)
+    first.append(123)  # the caller's row
+    again = enc.encode([text, text], [6, 4], [])
+    assert again[0] == first_copy and again[1] != again[0] and again[1].count(enc.tokens.image_pad) == 4
+    monkeypatch.setattr(prompt, "CACHE_ENTRIES", 3)
+    for k in range(5):
+        enc.encode([f"plain text {k}"], [], [])
+        assert len(enc._text_ids) <= 3
+    assert enc.encode([text], [6], [])[0] == first_copy

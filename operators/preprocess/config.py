@@ -33,6 +33,11 @@ class ImageConfig:
     def factor(self) -> int:
         return self.patch_size * self.merge_size
 
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """(patch, merge, temporal): how resized frames become patches (`frames_to_patches`)."""
+        return self.patch_size, self.merge_size, self.temporal_patch_size
+
 
 @dataclass(frozen=True)
 class VideoConfig:
@@ -53,6 +58,11 @@ class VideoConfig:
     @property
     def factor(self) -> int:
         return self.patch_size * self.merge_size
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """(patch, merge, temporal): how resized frames become patches (`frames_to_patches`)."""
+        return self.patch_size, self.merge_size, self.temporal_patch_size
 
 
 def _norm(d: dict, default: Normalization) -> Normalization:

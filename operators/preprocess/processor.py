@@ -20,7 +20,9 @@ Owns the public preprocessing API (contract in ARCHITECTURE.md):
 `encode_media(..., uint8=True)` is the pipeline's second output mode: the same arrays with
 the pixel values left as the resized uint8 levels (same block-major layout, 4x fewer
 bytes); `vlbatch.operators.model.pixels.normalize_patches(patches, norm_table(kind))`
-gives the float32 values above bit for bit.
+gives the float32 values above bit for bit. `encode_media(..., frames=True)` (one media) is
+what the pipeline ships: the resized uint8 frames `[F, h, w, 3]` themselves, no patch layout
+(`normalize_frames(frames, norm_table(kind), patch=, merge=, temporal=)` gives the same values).
 
 Videos are `VideoClip`s whose frames are already sampled (the decoder applied
 `sample_frame_indices`); the processor never resamples. Media are consumed in
@@ -112,22 +114,26 @@ class Processor:
                 "position_ids": texts_out["position_ids"], "rope_deltas": texts_out["rope_deltas"]}
 
     def encode_media(self, images: list[np.ndarray] | None = None, videos: list[VideoClip] | None = None, *,
-                     uint8: bool = False) -> MediaInputs:
+                     uint8: bool = False, frames: bool = False) -> MediaInputs:
         """The prompt-independent half of `__call__`: pixels, grids and placeholder sizes of the media.
 
         Several prompts about the same media (`encode_text` each) share one `encode_media`.
         uint8: pixel values as the resized uint8 levels (see the module docstring).
+        frames: one media only; its pixel values are the resized uint8 frames `[F, h, w, 3]`
+        (the pipeline ships these; the patch layout is made on the model's device).
         """
         arrays: dict[str, np.ndarray] = {}
         img_tokens: list[int] = []
         vid_parts: list[tuple[int, tuple[float, ...]]] = []
         if images:
-            batch = process_images(list(images), self.image_config, self._lut(self.image_config.norm), uint8=uint8)
+            batch = process_images(list(images), self.image_config, self._lut(self.image_config.norm), uint8=uint8,
+                                   frames=frames)
             arrays["pixel_values"], arrays["image_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.image_config.merge_size ** 2  # the reference counts with the processor's merge size
             img_tokens = [int(g.prod()) // merge2 for g in batch.grid_thw]
         if videos:
-            batch = process_videos(list(videos), self.video_config, self._lut(self.video_config.norm), uint8=uint8)
+            batch = process_videos(list(videos), self.video_config, self._lut(self.video_config.norm), uint8=uint8,
+                                   frames=frames)
             arrays["pixel_values_videos"], arrays["video_grid_thw"] = batch.pixel_values, batch.grid_thw
             merge2 = self.video_config.merge_size ** 2
             vid_parts = [(int(g[1] * g[2]) // merge2, ts)

@@ -24,6 +24,18 @@ import numpy as np
 
 from vlbatch.operators.errors import InputError
 
+CACHE_ENTRIES = 8192  # per cache: long-lived workers see many distinct strings; a full cache starts over
+
+
+def cached(cache: dict, key, make):
+    """`cache[key]`, made by `make()` on a miss; the cache is cleared when it reaches CACHE_ENTRIES."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= CACHE_ENTRIES:
+            cache.clear()
+        value = cache[key] = make()
+    return value
+
 
 @dataclass(frozen=True)
 class SpecialTokens:
@@ -53,6 +65,8 @@ class PromptEncoder:
         self.chat_template = chat_template
         self.tokens = SpecialTokens.from_tokenizer(tokenizer)
         self._stamp_ids: dict[str, list[int]] = {}  # "<1.2 seconds>" -> ids (per-instance cache)
+        # rendered prompt -> its ids before expansion: a job asks the same few prompts of every media
+        self._text_ids: dict[str, tuple[int, ...]] = {}
         # ids of added tokens: the tokenizer splits text at each of them
         self._split = frozenset(int(i) for i in tokenizer.added_tokens_decoder)
 
@@ -70,12 +84,17 @@ class PromptEncoder:
 
     def _stamp(self, seconds: float) -> list[int]:
         text = f"<{seconds:.1f} seconds>"
-        ids = self._stamp_ids.get(text)
-        if ids is None:
-            if len(self._stamp_ids) >= 8192:  # bounded: long-lived workers see many distinct times
-                self._stamp_ids.clear()
-            ids = self._stamp_ids[text] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids
+        return cached(self._stamp_ids, text, lambda: self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _ids(self, texts: list[str]) -> list[tuple[int, ...]]:
+        """Token ids of each rendered text (special tokens added); unseen texts are tokenised in one call."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self._text_ids]
+        if missing:
+            if len(self._text_ids) + len(missing) > CACHE_ENTRIES:
+                self._text_ids.clear()
+            for t, ids in zip(missing, self.tokenizer(missing, add_special_tokens=True)["input_ids"], strict=True):
+                self._text_ids[t] = tuple(ids)
+        return [self._text_ids[t] for t in texts]
 
     def video_ids(self, tokens_per_group: int, timestamps: tuple[float, ...]) -> list[int]:
         """The ids replacing one `<|video_pad|>`."""
@@ -98,7 +117,7 @@ class PromptEncoder:
         Raises `InputError` when placeholders and media counts disagree.
         """
         t = self.tokens
-        encoded = self.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        encoded = self._ids(texts)
         n_img = sum(ids.count(t.image_pad) for ids in encoded)
         n_vid = sum(ids.count(t.video_pad) for ids in encoded)
         if n_img != len(images) or n_vid != len(videos):
@@ -117,10 +136,11 @@ class PromptEncoder:
                 continue
             row, last = [], 0
             for c, (kind, item) in zip(cuts, mine, strict=True):
-                row += ids[last:c]
+                row += ids[last:c]  # list += tuple slice: extends
                 row += [t.image_pad] * item if kind == t.image_pad else self.video_ids(*item)
                 last = c + 1
-            rows.append(row + ids[last:])
+            row += ids[last:]
+            rows.append(row)
         return rows
 
     def _encode_expanded(self, text: str, media: list) -> list[int]:

@@ -1,5 +1,6 @@
 """Images and video clips -> `pixel_values [N, C*tp*p*p]` float32 (or the uint8 levels in the
-same layout, `uint8=True`) and `grid_thw [M, 3]` int64.
+same layout, `uint8=True`; or one item's resized uint8 frames `[F, h, w, 3]`, `frames=True`)
+and `grid_thw [M, 3]` int64.
 
 Owns input validation of decoded media and the per-item resize + patchify loop.
 Pixels stay in their decoded `[F, H, W, 3]` layout throughout: the resize op
@@ -20,7 +21,7 @@ import torch
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.sampling import group_timestamps
 from vlbatch.operators.preprocess.config import ImageConfig, VideoConfig
-from vlbatch.operators.preprocess.patchify import patchify_into
+from vlbatch.operators.preprocess.patchify import grid_of, patchify_into
 from vlbatch.operators.preprocess.resize import (
     resize_frames,
     smart_resize_image,
@@ -86,14 +87,31 @@ def image_sizes(images: list[np.ndarray], cfg: ImageConfig) -> list[tuple[int, i
     return sizes
 
 
+def _frames_batch(frames: np.ndarray, size: tuple[int, int], cfg, stamps=()) -> VisualBatch:
+    """One item's resized uint8 frames `[F, h, w, 3]` (the decoded array itself when no resize is
+    needed) and its grid: the pipeline's form (`vlbatch.operators.model.pixels.normalize_frames`)."""
+    resized = np.ascontiguousarray(_resized(frames, size))
+    grid = grid_of(resized.shape[0], *size, cfg.patch_size, cfg.temporal_patch_size)
+    return VisualBatch(resized, np.asarray([grid], dtype=np.int64), stamps)
+
+
+def _one(items: list, what: str) -> None:
+    if len(items) != 1:
+        raise ValueError(f"frames=True takes exactly one {what}, got {len(items)}")
+
+
 def process_images(images: list[np.ndarray], cfg: ImageConfig, lut: np.ndarray | None = None, *,
-                   uint8: bool = False) -> VisualBatch:
+                   uint8: bool = False, frames: bool = False) -> VisualBatch:
     """uint8 `[H, W, 3]` images -> pixel_values `[sum N_i, C*tp*p*p]`, image_grid_thw `[M, 3]`.
 
     lut: `cfg.norm.lut(3)`, passed in by callers that process many items.
     uint8: keep the resized levels (uint8, same layout; `lut` unused).
+    frames: one image only; pixel_values are its resized levels `[1, h, w, 3]` (no patch layout).
     """
     sizes = image_sizes(images, cfg)
+    if frames:
+        _one(images, "image")
+        return _frames_batch(images[0][None], sizes[0], cfg)
     p, tp = cfg.patch_size, cfg.temporal_patch_size
     counts = [(h // p) * (w // p) for h, w in sizes]
     out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.uint8 if uint8 else np.float32)
@@ -132,12 +150,16 @@ def video_size(i: int, clip: VideoClip, cfg: VideoConfig) -> tuple[int, int]:
 
 
 def process_videos(clips: list[VideoClip], cfg: VideoConfig, lut: np.ndarray | None = None, *,
-                   uint8: bool = False) -> VisualBatch:
+                   uint8: bool = False, frames: bool = False) -> VisualBatch:
     """Sampled clips -> pixel_values_videos `[sum N_i, D]`, video_grid_thw `[M, 3]`, group timestamps
-    (`lut`, `uint8` as in `process_images`)."""
+    (`lut`, `uint8`, `frames` as in `process_images`: one clip's `[F, h, w, 3]`)."""
     for i, clip in enumerate(clips):
         _check_clip(i, clip)
     sizes = [video_size(i, c, cfg) for i, c in enumerate(clips)]
+    if frames:
+        _one(clips, "video")
+        stamps = (tuple(group_timestamps(clips[0].indices, clips[0].source_fps, cfg.temporal_patch_size)),)
+        return _frames_batch(clips[0].frames, sizes[0], cfg, stamps)
     p, tp = cfg.patch_size, cfg.temporal_patch_size
     counts = [-(-c.frames.shape[0] // tp) * (h // p) * (w // p) for c, (h, w) in zip(clips, sizes, strict=True)]
     out = np.empty((sum(counts), 3 * tp * p * p), dtype=np.uint8 if uint8 else np.float32)
