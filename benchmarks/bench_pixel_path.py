@@ -176,7 +176,7 @@ def child(path: str, mode: str, model_dir: str) -> dict:
             for s, e in row.prompt_spans(i):
                 types[0, s:e] = 1
             out = {"input_ids": ids, "attention_mask": np.ones_like(ids), "mm_token_type_ids": types,
-                   "position_ids": np.asarray(row.position_ids[i], np.int64).reshape(3, 1, -1),
+                   "position_ids": np.asarray(row.prompt_positions(i), np.int64)[:, None],
                    "rope_deltas": np.asarray([row.rope_deltas[i]], np.int64),
                    "pixel_values": np.require(row.pixels, requirements=["W"]),
                    "image_grid_thw": np.asarray(row.grid_thw, np.int64)[None]}

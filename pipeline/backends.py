@@ -76,6 +76,7 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool) -> 
     """{request id: engine `Request` (or the `InputError` that refused it)} for every prompt of
     `row`, all around one pixel tensor and the row's content hash (prompts with equal spans
     share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams."""
+    import numpy as np
     import torch
 
     from vlbatch.operators.engine import MediaItem, Request
@@ -89,7 +90,7 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool) -> 
             if spans not in items:
                 items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans,
                                          content_hash=row.content_hash, table=spec.table, layout=spec.layout)
-            pos = torch.tensor(row.position_ids[i], dtype=torch.int64).view(3, -1)
+            pos = torch.from_numpy(np.array(row.prompt_positions(i), np.int64))  # [3, L_i], its own (small) copy
             out[rid] = Request(id=rid, prompt_token_ids=row.input_ids[i], position_ids=pos,
                                rope_delta=row.rope_deltas[i], media=(items[spans],), sampling=sampling(rid),
                                group=row.media_uri, thinking=thinking)

@@ -66,20 +66,27 @@ class Prepared(MediaTask):
     patches and normalises them with the checkpoint's table on its device,
     `normalize_frames`: 4x fewer bytes than float32 patches, 8x for a still image, which the
     patch layout repeats in every temporal slot); grid_thw: (t, h, w) in patches;
-    content_hash: `media_hash` of kind, frames, grid, layout and table (computed once here). Per prompt i: input_ids[i] [L_i],
-    spans[i] the placeholder runs flattened (s0, e0, s1, e1, ...), position_ids[i] [3*L_i]
-    (flattened [3, L_i]), rope_deltas[i]."""
+    content_hash: `media_hash` of kind, frames, grid, layout and table (computed once here).
+    Per prompt i: input_ids[i] [L_i], spans[i] the placeholder runs flattened (s0, e0, s1, e1,
+    ...), rope_deltas[i]; positions: int64 [3, sum_i L_i], every prompt's MRoPE positions
+    side by side in prompt order (`prompt_positions(i)` is prompt i's [3, L_i], a view: a
+    1080p image's prompts carry ~10^4 ids each, which as Python ints cost ms per row)."""
 
     pixels: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0, 3), np.uint8))
     grid_thw: tuple[int, ...] = ()
     content_hash: str = ""
     input_ids: tuple[tuple[int, ...], ...] = ()
     spans: tuple[tuple[int, ...], ...] = ()
-    position_ids: tuple[tuple[int, ...], ...] = ()
+    positions: np.ndarray = field(default_factory=lambda: np.zeros((3, 0), np.int64))
     rope_deltas: tuple[int, ...] = ()
     visual_tokens: int = 0
     decode_s: float = 0.0
     preprocess_s: float = 0.0
+
+    def prompt_positions(self, i: int) -> np.ndarray:
+        """Prompt i's MRoPE positions int64 [3, L_i] (a view of `positions`)."""
+        start = sum(len(ids) for ids in self.input_ids[:i])
+        return self.positions[:, start:start + len(self.input_ids[i])]
 
     def prompt_spans(self, i: int) -> tuple[tuple[int, int], ...]:
         """Prompt i's placeholder runs as (start, end) pairs."""
@@ -122,7 +129,7 @@ ARROW_TYPES: dict[type, dict[str, Any]] = {
     Decoded: {**_BASE, "frames": TENSOR, "source_fps": pa.float64(), "total_frames": pa.int64(),
               "frame_indices": _LI, "decode_s": pa.float64()},
     Prepared: {**_BASE, "pixels": TENSOR, "grid_thw": _LI, "content_hash": pa.string(), "input_ids": pa.list_(_LI),
-               "spans": pa.list_(_LI), "position_ids": pa.list_(_LI), "rope_deltas": _LI,
+               "spans": pa.list_(_LI), "positions": TENSOR, "rope_deltas": _LI,
                "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64()},
     Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
                 "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,
@@ -151,44 +158,24 @@ def to_table(rows: list, cls: type) -> pa.Table:
     return pa.table(cols)
 
 
-def _py(v: Any) -> Any:
-    """numpy leaf -> Python (lists of lists -> tuples of tuples)."""
-    if isinstance(v, np.ndarray) and v.dtype == object:
-        return tuple(_py(x) for x in v)
-    if isinstance(v, (list, tuple)):
-        return tuple(_py(x) for x in v)
-    if isinstance(v, np.ndarray):
-        return tuple(v.tolist())
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def from_batch(batch: dict[str, np.ndarray], cls: type) -> list:
-    """A numpy-format Ray batch -> [cls]; tensor fields stay numpy arrays."""
-    types = ARROW_TYPES[cls]
-    names = columns(cls)
-    n = len(batch[names[0]])
-    out = []
-    for i in range(n):
-        kw = {}
-        for name in names:
-            v = batch[name][i]
-            kw[name] = np.asarray(v) if types[name] == TENSOR else _py(v)
-        out.append(cls(**kw))
-    return out
-
-
 def from_table(table: pa.Table, cls: type) -> list:
-    """pa.Table -> [cls] (tests and the driver)."""
-    batch = {}
+    """pa.Table -> [cls]: every stage's input. Lists become tuples by the column's Arrow type
+    (not element by element: a 1080p image's prompts carry ~10^4 position ids per row)."""
+    types = ARROW_TYPES[cls]
+    cols = {}
     for name in columns(cls):
         col = table.column(name)
-        if ARROW_TYPES[cls][name] == TENSOR:
-            batch[name] = _tensor_list(col)
+        if types[name] == TENSOR:
+            cols[name] = _tensor_list(col)
+        elif pa.types.is_list(types[name]) and pa.types.is_list(types[name].value_type):
+            cols[name] = [None if v is None else tuple(tuple(x) if x is not None else None for x in v)
+                          for v in col.to_pylist()]
+        elif pa.types.is_list(types[name]):
+            cols[name] = [None if v is None else tuple(v) for v in col.to_pylist()]
         else:
-            batch[name] = col.to_pylist()
-    return from_batch(batch, cls)
+            cols[name] = col.to_pylist()
+    names = list(cols)
+    return [cls(**dict(zip(names, vals, strict=True))) for vals in zip(*cols.values(), strict=True)]
 
 
 def tensors_to_arrow(arrays: list[np.ndarray]) -> pa.StructArray:

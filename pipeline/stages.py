@@ -179,7 +179,7 @@ class PreprocessStage:
                        content_hash=media_key(self.processor, kind, pixels, grid),
                        input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs),
                        spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
-                       position_ids=tuple(tuple(o["position_ids"][:, 0].reshape(-1).tolist()) for o in outs),
+                       positions=np.concatenate([o["position_ids"][:, 0] for o in outs], axis=1),
                        rope_deltas=tuple(int(o["rope_deltas"][0]) for o in outs),
                        visual_tokens=sum(e - s for s, e in spans[0]),  # placeholder tokens the media fills
                        decode_s=row.decode_s, preprocess_s=time.perf_counter() - t0)

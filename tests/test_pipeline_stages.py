@@ -90,8 +90,9 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
     assert [r.error_type for r in fused] == [None, "MediaError", "MediaError", "ValueError"]
     for a, b in zip(fused, two, strict=True):
         assert np.array_equal(a.pixels, b.pixels) and a.pixels.dtype == np.uint8
+        assert np.array_equal(a.positions, b.positions)
         same = ("ids", "prompts", "status", "error_type", "grid_thw", "content_hash", "input_ids", "spans",
-                "position_ids", "rope_deltas", "visual_tokens")
+                "rope_deltas", "visual_tokens")
         assert [k for k in same if getattr(a, k) != getattr(b, k)] == []
         assert (a.error_message or "").split(" at 0x")[0] == (b.error_message or "").split(" at 0x")[0]
     ok = fused[0]

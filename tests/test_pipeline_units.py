@@ -64,11 +64,14 @@ def test_rows_round_trip_through_arrow_with_variable_tensors():
     p = Prepared("u", "image", ("i", "j"), (0, 1), ("p", "q"),
                  pixels=np.random.default_rng(0).integers(0, 256, (1, 32, 64, 3), dtype=np.uint8), grid_thw=(1, 2, 4),
                  content_hash="h", input_ids=((1, 2, 3), (4, 5)), spans=((1, 3), (0, 1, 2, 3)),
-                 position_ids=((0,) * 9, (1,) * 6), rope_deltas=(-3, -2), visual_tokens=2)
+                 positions=np.arange(15, dtype=np.int64).reshape(3, 5), rope_deltas=(-3, -2), visual_tokens=2)
     q = from_table(to_table([p], Prepared), Prepared)[0]
     assert np.array_equal(q.pixels, p.pixels) and q.pixels.dtype == np.uint8 and q.pixels.shape == (1, 32, 64, 3)
     assert q.input_ids == p.input_ids and q.rope_deltas == (-3, -2) and q.content_hash == "h"
     assert q.prompt_spans(0) == ((1, 3),) and q.prompt_spans(1) == ((0, 1), (2, 3))
+    assert q.positions.dtype == np.int64 and np.array_equal(q.positions, p.positions)
+    assert np.array_equal(q.prompt_positions(0), [[0, 1, 2], [5, 6, 7], [10, 11, 12]])
+    assert np.array_equal(q.prompt_positions(1), [[3, 4], [8, 9], [13, 14]])
     g = Generated("u", "image", ("i",), (0,), ("p",), answers=(None,), statuses=("error",))
     assert from_table(to_table([g], Generated), Generated)[0].answers == (None,)
     assert to_table([MediaTask("u", "image", ("i",), (0,), ("p",))], MediaTask).num_rows == 1
