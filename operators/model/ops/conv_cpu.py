@@ -9,13 +9,15 @@ K-term sum in registers, read straight from the input rows or the state:
 
     out[t, c] = silu(sum_j w[c, j] * x[t - K + 1 + j, c])   (rows before the sequence from its state)
 
-summed in the same order (j = 0 .. K - 1) as the torch forms. `usable(...)` says when they
+summed in the same order (j = 0 .. K - 1) as the torch forms; the SiLU is torch's, in
+place (vectorised; a scalar exp per element in the loop would cost more than the conv). `usable(...)` says when they
 apply (CPU float32); the torch forms serve every other case.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numba import njit
 
 
@@ -33,7 +35,7 @@ def conv1d_step_cpu(x: torch.Tensor, weight: torch.Tensor,
     new_state = torch.empty(b, c, k, dtype=torch.float32)
     _step_kernel(x.detach().numpy(), weight.detach().numpy(), conv_state.detach().numpy(), out.numpy(),
                  new_state.numpy())
-    return out, new_state
+    return F.silu(out, inplace=True), new_state
 
 
 def conv1d_packed_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
@@ -44,19 +46,17 @@ def conv1d_packed_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.T
     b, _, k = conv_state.shape
     out = torch.empty(t, c, dtype=torch.float32)
     new_state = torch.empty(b, c, k, dtype=torch.float32)
-    _packed_kernel(x.detach().numpy(), weight.detach().t().contiguous().numpy(), conv_state.detach().numpy(),
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    flat = x.detach().as_strided(((t - 1) * x.stride(0) + c,), (1,)).numpy() if t else x.detach().reshape(-1).numpy()
+    _packed_kernel(flat, x.stride(0), c, weight.detach().t().contiguous().numpy(), conv_state.detach().numpy(),
                    np.asarray(lens, dtype=np.int64), out.numpy(), new_state.numpy())
-    return out, new_state
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _silu(a):  # pragma: no cover - compiled
-    return a / (np.float32(1.0) + np.exp(-a))
+    return F.silu(out, inplace=True), new_state
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _step_kernel(x, w, state, out, new_state):  # pragma: no cover - compiled
-    """x [B, C], w [C, K], state [B, C, K] -> out [B, C], new_state [B, C, K] (float32)."""
+    """x [B, C], w [C, K], state [B, C, K] -> out [B, C] (before the SiLU), new_state [B, C, K]."""
     n_b, n_c = x.shape
     k = w.shape[1]
     for b in range(n_b):
@@ -69,34 +69,35 @@ def _step_kernel(x, w, state, out, new_state):  # pragma: no cover - compiled
             v = x[b, c]
             new_state[b, c, k - 1] = v
             acc += w[c, k - 1] * v
-            out[b, c] = _silu(acc)
+            out[b, c] = acc
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _packed_kernel(x, wt, state, lens, out, new_state):  # pragma: no cover - compiled
-    """x [T, C], wt [K, C] (the weight transposed), state [B, C, K], lens [B] -> out [T, C],
-    new_state [B, C, K] (float32). The inner loops run along C, contiguous in x, wt and out."""
-    n_c = x.shape[1]
+def _packed_kernel(x, row_stride, n_c, wt, state, lens, out, new_state):  # pragma: no cover - compiled
+    """x: the rows of x [T, C] as one flat array (row t at t * row_stride: contiguous, so the
+    loops along C vectorise), wt [K, C] (the weight transposed), state [B, C, K], lens [B]
+    -> out [T, C] (before the SiLU), new_state [B, C, K] (float32)."""
     k = wt.shape[0]
     r0 = 0
     for s in range(lens.shape[0]):
         n = lens[s]
         for t in range(n):
             row = out[r0 + t]
-            row[:] = 0.0
             for j in range(k):
                 p = t - k + 1 + j  # input position read by tap j (< 0: from the state)
+                w = wt[j]
                 if p >= 0:
-                    src = x[r0 + p]
-                    for c in range(n_c):
-                        row[c] += wt[j, c] * src[c]
+                    src = x[(r0 + p) * row_stride: (r0 + p) * row_stride + n_c]
+                    if j == 0:
+                        row[:] = w * src
+                    else:
+                        for c in range(n_c):
+                            row[c] += w[c] * src[c]
                 else:
                     for c in range(n_c):
-                        row[c] += wt[j, c] * state[s, c, k + p]
-            for c in range(n_c):
-                row[c] = _silu(row[c])
+                        row[c] = w[c] * state[s, c, k + p] if j == 0 else row[c] + w[c] * state[s, c, k + p]
         for i in range(k):  # the new state: the last K inputs, reaching into the old state when n < K
             p = n - k + i
             for c in range(n_c):
-                new_state[s, c, i] = x[r0 + p, c] if p >= 0 else state[s, c, k + p]
+                new_state[s, c, i] = x[(r0 + p) * row_stride + c] if p >= 0 else state[s, c, k + p]
         r0 += n
