@@ -99,3 +99,34 @@ def test_conv_packed_equals_naive_per_sequence(lens, kernel):
         ref, ref_state = causal_conv1d_naive(x[start: start + n].t()[None], w, state[i: i + 1])
         assert (out[start: start + n] - ref[0].t()).abs().max() < 1e-5 and torch.equal(new_state[i], ref_state[0])
         start += n
+
+
+@pytest.mark.parametrize("lens", [(1, 2, 1), (3, 1, 1, 12, 7), (37,)])
+@pytest.mark.parametrize("kernel", [1, 3, 4])
+def test_conv_compiled_forms_equal_torch_twins_and_naive(lens, kernel):
+    """The numba loops (`conv_cpu`) against the torch forms and the naive loop, odd shapes
+    (C = 11, sequences shorter than the kernel) and strided inputs (a view of a wider
+    projection, as the fused DeltaNet projection hands over)."""
+    from vlbatch.operators.model.ops import conv_cpu
+    from vlbatch.operators.model.ops.conv import causal_conv1d_packed_torch, causal_conv1d_step_torch
+
+    g = torch.Generator().manual_seed(sum(lens) + 10 * kernel)
+    wide = torch.randn(sum(lens), 17, generator=g)
+    x = wide[:, 3:14]  # [T, 11], row stride 17
+    w = torch.randn(11, kernel, generator=g)
+    state = torch.randn(len(lens), 11, kernel, generator=g)
+    assert conv_cpu.usable(x, w, state)
+    out, new_state = conv_cpu.conv1d_packed_cpu(x, w, state, lens)
+    twin, twin_state = causal_conv1d_packed_torch(x, w, state, lens)
+    assert (out - twin).abs().max() < 1e-5 and torch.equal(new_state, twin_state)
+    start = 0
+    for i, n in enumerate(lens):
+        ref, ref_state = causal_conv1d_naive(x[start: start + n].t()[None], w, state[i: i + 1])
+        assert (out[start: start + n] - ref[0].t()).abs().max() < 1e-5 and torch.equal(new_state[i], ref_state[0])
+        start += n
+    step_x = wide[: len(lens), 2:13]  # [B, 11] strided, one token per sequence
+    o, st = conv_cpu.conv1d_step_cpu(step_x, w, state)
+    o_twin, st_twin = causal_conv1d_step_torch(step_x, w, state)
+    ref, ref_state = causal_conv1d_naive(step_x[:, :, None], w, state)
+    assert (o - o_twin).abs().max() < 1e-5 and (o - ref[:, :, 0]).abs().max() < 1e-5
+    assert torch.equal(st, st_twin) and torch.equal(st, ref_state)

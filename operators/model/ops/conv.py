@@ -10,11 +10,15 @@ plus the new one are read; the oldest stored entry exists to keep the transforme
 - `causal_conv1d_packed`: sequences of different lengths packed in `[T, C]` (the engine's
   ragged prefill), each from its own state.
 - `causal_conv1d_naive`: per-step loop, the reference for both.
+Step and packed forms run as compiled loops on CPU float32 (`conv_cpu.py`); their torch
+forms (`*_torch`) serve every other device and dtype and are the compiled loops' twins.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from vlbatch.operators.model.ops import conv_cpu
 
 
 def causal_conv1d_prefill(
@@ -46,8 +50,18 @@ def causal_conv1d_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [B, C] (one new input each), weight: [C, K], conv_state: [B, C, K].
 
-    Returns (silu(conv) [B, C], new conv_state [B, C, K]).
+    Returns (silu(conv) [B, C], new conv_state [B, C, K]). CPU float32: the compiled
+    loop (`conv_cpu`); otherwise `causal_conv1d_step_torch`.
     """
+    if conv_cpu.usable(x, weight, conv_state):
+        return conv_cpu.conv1d_step_cpu(x, weight, conv_state)
+    return causal_conv1d_step_torch(x, weight, conv_state)
+
+
+def causal_conv1d_step_torch(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`causal_conv1d_step` in torch ops (every device and dtype)."""
     new_state = torch.cat([conv_state[:, :, 1:].to(x.dtype), x.unsqueeze(-1)], dim=-1)
     out = torch.einsum("bck,ck->bc", new_state, weight.to(x.dtype))  # a batched matmul: ~3x a size-K sum
     return F.silu(out, inplace=True), new_state
@@ -73,7 +87,17 @@ def causal_conv1d_packed(
     """Sequences of `lens` tokens packed in x [T, C] (channels last), each from its state.
 
     weight [C, K], conv_state [B, C, K]. Returns (silu(conv) [T, C], new conv_state [B, C, K]).
-    Each sequence's K stored inputs and then its own rows are laid out in one buffer
+    CPU float32: the compiled loop (`conv_cpu`); otherwise `causal_conv1d_packed_torch`.
+    """
+    if conv_cpu.usable(x, weight, conv_state):
+        return conv_cpu.conv1d_packed_cpu(x, weight, conv_state, lens)
+    return causal_conv1d_packed_torch(x, weight, conv_state, lens)
+
+
+def causal_conv1d_packed_torch(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, lens: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`causal_conv1d_packed` in torch ops (every device and dtype). Each sequence's K stored inputs and then its own rows are laid out in one buffer
     [B * K + T, C]; the conv is K shifted multiply-adds over it (no transposes), and a
     row's window never reaches into another sequence's segment.
     """

@@ -1,0 +1,103 @@
+"""The causal depthwise conv1d's decode step and packed prefill on the CPU as compiled loops (numba).
+
+Same contracts (and state convention) as `conv.causal_conv1d_step` / `conv.causal_conv1d_packed`,
+whose torch forms stay beside them as the twins (both are tested against
+`conv.causal_conv1d_naive`). The torch forms make several passes over [T, C] (a
+buffer of state + inputs, K shifted multiply-adds, index selects; at decode a cat, a
+batched matmul and the SiLU), each a fresh tensor; here every output element is one
+K-term sum in registers, read straight from the input rows or the state:
+
+    out[t, c] = silu(sum_j w[c, j] * x[t - K + 1 + j, c])   (rows before the sequence from its state)
+
+summed in the same order (j = 0 .. K - 1) as the torch forms; the SiLU is torch's, in
+place (vectorised; a scalar exp per element in the loop would cost more than the conv). `usable(...)` says when they
+apply (CPU float32); the torch forms serve every other case.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numba import njit
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """CPU float32 tensors (any strides: the kernels read through numpy views)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
+def conv1d_step_cpu(x: torch.Tensor, weight: torch.Tensor,
+                    conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, C], weight [C, K], conv_state [B, C, K] -> (silu(conv) [B, C], new conv_state [B, C, K])."""
+    b, c = x.shape
+    k = weight.shape[-1]
+    out = torch.empty(b, c, dtype=torch.float32)
+    new_state = torch.empty(b, c, k, dtype=torch.float32)
+    _step_kernel(x.detach().numpy(), weight.detach().numpy(), conv_state.detach().numpy(), out.numpy(),
+                 new_state.numpy())
+    return F.silu(out, inplace=True), new_state
+
+
+def conv1d_packed_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                      lens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of `lens` tokens packed in x [T, C], weight [C, K], conv_state [B, C, K]
+    -> (silu(conv) [T, C], new conv_state [B, C, K])."""
+    t, c = x.shape
+    b, _, k = conv_state.shape
+    out = torch.empty(t, c, dtype=torch.float32)
+    new_state = torch.empty(b, c, k, dtype=torch.float32)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    flat = x.detach().as_strided(((t - 1) * x.stride(0) + c,), (1,)).numpy() if t else x.detach().reshape(-1).numpy()
+    _packed_kernel(flat, x.stride(0), c, weight.detach().t().contiguous().numpy(), conv_state.detach().numpy(),
+                   np.asarray(lens, dtype=np.int64), out.numpy(), new_state.numpy())
+    return F.silu(out, inplace=True), new_state
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _step_kernel(x, w, state, out, new_state):  # pragma: no cover - compiled
+    """x [B, C], w [C, K], state [B, C, K] -> out [B, C] (before the SiLU), new_state [B, C, K]."""
+    n_b, n_c = x.shape
+    k = w.shape[1]
+    for b in range(n_b):
+        for c in range(n_c):
+            acc = np.float32(0.0)
+            for j in range(k - 1):
+                v = state[b, c, j + 1]
+                new_state[b, c, j] = v
+                acc += w[c, j] * v
+            v = x[b, c]
+            new_state[b, c, k - 1] = v
+            acc += w[c, k - 1] * v
+            out[b, c] = acc
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _packed_kernel(x, row_stride, n_c, wt, state, lens, out, new_state):  # pragma: no cover - compiled
+    """x: the rows of x [T, C] as one flat array (row t at t * row_stride: contiguous, so the
+    loops along C vectorise), wt [K, C] (the weight transposed), state [B, C, K], lens [B]
+    -> out [T, C] (before the SiLU), new_state [B, C, K] (float32)."""
+    k = wt.shape[0]
+    r0 = 0
+    for s in range(lens.shape[0]):
+        n = lens[s]
+        for t in range(n):
+            row = out[r0 + t]
+            for j in range(k):
+                p = t - k + 1 + j  # input position read by tap j (< 0: from the state)
+                w = wt[j]
+                if p >= 0:
+                    src = x[(r0 + p) * row_stride: (r0 + p) * row_stride + n_c]
+                    if j == 0:
+                        row[:] = w * src
+                    else:
+                        for c in range(n_c):
+                            row[c] += w[c] * src[c]
+                else:
+                    for c in range(n_c):
+                        row[c] = w[c] * state[s, c, k + p] if j == 0 else row[c] + w[c] * state[s, c, k + p]
+        for i in range(k):  # the new state: the last K inputs, reaching into the old state when n < K
+            p = n - k + i
+            for c in range(n_c):
+                new_state[s, c, i] = x[(r0 + p) * row_stride + c] if p >= 0 else state[s, c, k + p]
+        r0 += n
