@@ -175,3 +175,23 @@ def test_scan_totals_and_histograms_from_stats_rows():
     line = scan_line(s)
     assert "3 requests, 1 errors" in line and "'MediaError': 1" in line and "prompt tokens 145" in line
     assert "visual histogram 64-128:2" in line
+
+
+def test_scan_blocks_spread_a_row_group_over_the_actors(tmp_path):
+    """Scan mode's Ray Data block size: a row group of 10^4 media (one block as read) is sliced into
+    blocks of tens to hundreds of media (the preprocess pool's batches), never one block per actor;
+    other modes keep `ray.block_mb`."""
+    from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.rows import MediaTask, to_table
+    from vlbatch.pipeline.runner import block_bytes
+
+    base = {"model": {"path": "m"}, "input": {"uri": str(tmp_path)}, "output": {"uri": str(tmp_path / "o")},
+            "task": {"mode": "scan", "questions": ["What is shown?", "What colour is it?", "Is there text?", "Why?"]}}
+    cfg = JobConfig.model_validate(base)
+    rows, _ = expand_all([(str(tmp_path / f"media/m{j:08d}.png"), None, None) for j in range(10_000)], cfg.task)
+    per_media = to_table(rows, MediaTask).nbytes / len(rows)
+    media_per_block = block_bytes(cfg) / per_media  # Ray slices a block past 1.5x the target
+    assert 64 <= media_per_block <= 1000, media_per_block
+    assert len(rows) * per_media > 1.5 * block_bytes(cfg)
+    other = JobConfig.model_validate({**base, "task": {"mode": "caption"}, "ray": {"block_mb": 8}})
+    assert block_bytes(other) == 8 << 20
