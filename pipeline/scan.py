@@ -7,7 +7,7 @@ with the status and error of its media, its prompt token count (the processor's
 generated tokens and finish reason stay null. No model is loaded and no GPU is asked for;
 the pixel values never leave the actor. What a user runs before spending GPU hours (which
 files are broken, what the job costs in tokens), and how the pipeline's own machinery is
-benchmarked (`benchmarks/bench_scale.py`).
+benchmarked (`benchmarks/bench_scale.py`). The same actor writes the rows (`ScanStage`).
 """
 from __future__ import annotations
 
@@ -32,15 +32,27 @@ def scanned(p: Prepared) -> Generated:
 
 
 class ScanStage:
-    """Ray actor UDF: MediaTask rows -> Generated scan rows (decode + preprocess in this actor)."""
+    """Ray actor UDF: MediaTask rows -> decode + preprocess (in this actor) -> scan rows.
 
-    def __init__(self, cfg: JobConfig):
+    With `run_dir` (the runner's graph) the actor also writes them: its own `WriteStage`
+    (a `PartRoller` of its own, the same staging and exactly-once rules as the write pool)
+    and returns the write stats rows, so scan mode is one Ray Data operator and the rows
+    never cross the object store (no writer pool, no writer process). Without it
+    (tests) it returns the Generated scan rows."""
+
+    def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None):
         from vlbatch.pipeline.stages import PrepareStage
 
         self.prepare = PrepareStage(cfg)
+        self.writer = None
+        if run_dir is not None:
+            from vlbatch.pipeline.write_stage import WriteStage
+
+            self.writer = WriteStage(cfg, run_dir, run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         p = self.prepare
-        with p.lock:
-            return to_table([scanned(p.preprocess.prepare_one(p.decode.decode_one(r)))
+        with p.lock:  # the roller is not thread-safe either
+            rows = to_table([scanned(p.preprocess.prepare_one(p.decode.decode_one(r)))
                              for r in from_table(batch, MediaTask)], Generated)
+            return rows if self.writer is None else self.writer(rows)

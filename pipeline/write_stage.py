@@ -15,11 +15,14 @@ Data and its batch retried with the same rows, which the sink commits once.
 """
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.sink import OUTPUT_SCHEMA, OutputRow, ParquetSink, Sink, Timings, rows_to_table
 from vlbatch.operators.sink.rolling import PartRoller
+from vlbatch.operators.sink.schema import TIMINGS_TYPE
 from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.keep import decode as decode_keep
@@ -104,17 +107,55 @@ class WriteStage:
                            roller=self.roller)
 
 
+_MEDIA_FIGURES = {"vision_hits": "vision_hits", "vision_encodes": "vision_encodes", "decode_s": "decode_s",
+                  "preprocess_s": "preprocess_s", "model_s": "batch_model_s", "model_cpu_s": "batch_model_cpu_s"}
+
+
+def output_tables(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Table, pa.Table]:
+    """A batch of Generated rows [M media] -> (OUTPUT_SCHEMA table, STATS_SCHEMA table without `file`),
+    one row per request [R = sum of the media's requests], column by column (no Python object per
+    row). The same rows as `output_tables_naive` (`output_rows` per media); media-level figures go
+    on each media's first request only, so sums over stats rows are exact."""
+    n = pc.list_value_length(batch["ids"]).to_numpy(zero_copy_only=False)  # [M]
+    media = pa.array(np.repeat(np.arange(len(n)), n))  # [R] the media of each request
+    flat = lambda c: pc.list_flatten(batch[c])  # noqa: E731
+    per = lambda c: batch[c].take(media)  # noqa: E731
+    ok = pc.equal(flat("statuses"), "ok")
+    null = pa.scalar(None, pa.string())
+    visual = per("visual_tokens")
+    visual = pc.if_else(pc.equal(visual, 0), pa.scalar(None, visual.type), visual)  # 0 -> null, as `or None`
+    timings = pa.StructArray.from_arrays([per("decode_s").combine_chunks(), per("preprocess_s").combine_chunks(),
+                                          per("model_s").combine_chunks()], fields=list(TIMINGS_TYPE))
+    r = len(media)
+    out = {"id": flat("ids"), "request_index": flat("request_indices"), "media_uri": per("media_uri"),
+           "media_type": per("media_type"), "prompt": flat("prompts"), "answer": pc.if_else(ok, flat("answers"), null),
+           "thinking": pc.if_else(ok, flat("thinking"), null), "status": pc.if_else(ok, "ok", "error"),
+           "error_type": pc.if_else(ok, null, flat("req_error_types")),
+           "error_message": pc.if_else(ok, null, flat("req_error_messages")), "prompt_tokens": flat("prompt_tokens"),
+           "visual_tokens": visual, "generated_tokens": flat("generated_tokens"),
+           "finish_reason": flat("finish_reasons"), "model": pa.array([model] * r, pa.string()),
+           "run_id": pa.array([run_id] * r, pa.string()), "timings": timings}
+    table = pa.table({f.name: pc.cast(out[f.name], f.type) for f in OUTPUT_SCHEMA}, schema=OUTPUT_SCHEMA)
+    first = np.zeros(r, bool)
+    first[(np.cumsum(n) - n)[n > 0]] = True  # [R] each media's first request
+    mask = pa.array(first)
+    stats = {k: table[k] for k in ("id", "status", "error_type", "prompt_tokens", "visual_tokens", "generated_tokens")}
+    stats["cached_tokens"] = flat("cached_tokens")
+    for k, src in _MEDIA_FIGURES.items():
+        typ = STATS_SCHEMA.field(k).type
+        stats[k] = pc.if_else(mask, pc.cast(per(src), typ), pa.scalar(0, typ))
+    return table, pa.table({f.name: pc.cast(stats[f.name], f.type) for f in STATS_SCHEMA if f.name != "file"})
+
+
 def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, sink: Sink | None = None,
                 roller: PartRoller | None = None) -> pa.Table:
     """One batch of Generated rows to the run's sink (`run_dir`: its URI): committed as one part, or
     handed to `roller`; the stats table (one row per request; `file`: the part, None when rolled)."""
-    gens = from_table(batch, Generated)
-    rows = [o for g in gens for o in output_rows(g, cfg.model.path, run_id)]
     sink = sink if sink is not None else open_sink(cfg, run_dir)
-    table = rows_to_table(rows)
+    table, stats = output_tables(batch, cfg.model.path, run_id)
     kept = keep_schema_of(sink)
     if kept is not None:  # the media's kept values, once per request
-        extra = decode_keep([g.keep for g in gens], [len(g.ids) for g in gens], kept)
+        extra = decode_keep(batch["keep"].to_pylist(), pc.list_value_length(batch["ids"]).to_pylist(), kept)
         for f in kept:
             table = table.append_column(f, extra.column(f.name))
     if roller is None:
@@ -122,15 +163,19 @@ def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, s
     else:
         roller.add(table)  # staged (durable) before any stats row
         path = None
-    cached = {rid: c for g in gens for rid, c in zip(g.ids, g.cached_tokens, strict=True)}
-    # media-level figures go on the media's first request only, so sums over stats rows are exact
-    media = {g.ids[0]: {"vision_hits": g.vision_hits, "vision_encodes": g.vision_encodes, "decode_s": g.decode_s,
-                        "preprocess_s": g.preprocess_s, "model_s": g.batch_model_s,
-                        "model_cpu_s": g.batch_model_cpu_s} for g in gens}
-    zero = {"vision_hits": 0, "vision_encodes": 0, "decode_s": 0.0, "preprocess_s": 0.0, "model_s": 0.0,
-            "model_cpu_s": 0.0}
-    return pa.Table.from_pylist([
-        {"id": r.id, "status": r.status, "error_type": r.error_type, "prompt_tokens": r.prompt_tokens,
-         "visual_tokens": r.visual_tokens, "generated_tokens": r.generated_tokens,
-         "cached_tokens": cached.get(r.id), **media.get(r.id, zero), "file": path} for r in rows],
-        schema=STATS_SCHEMA)
+    return stats.append_column(STATS_SCHEMA.field("file"), pa.array([path] * stats.num_rows, pa.string()))
+
+
+def output_tables_naive(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Table, pa.Table]:
+    """The reference for `output_tables`: one `OutputRow` per request (`output_rows`), the
+    media-level figures on each media's first request."""
+    gens = from_table(batch, Generated)
+    table = rows_to_table([o for g in gens for o in output_rows(g, model, run_id)])
+    stats = []
+    for g in gens:
+        for i, o in enumerate(output_rows(g, model, run_id)):
+            fig = {k: getattr(g, src) if i == 0 else 0 for k, src in _MEDIA_FIGURES.items()}
+            stats.append({"id": o.id, "status": o.status, "error_type": o.error_type,
+                          "prompt_tokens": o.prompt_tokens, "visual_tokens": o.visual_tokens,
+                          "generated_tokens": o.generated_tokens, "cached_tokens": g.cached_tokens[i], **fig})
+    return table, pa.Table.from_pylist(stats, schema=pa.schema([f for f in STATS_SCHEMA if f.name != "file"]))

@@ -161,3 +161,34 @@ def test_job_config_dtypes_are_the_loader_dtypes():
     assert torch_dtype("bfloat16") is torch.bfloat16 and torch_dtype(torch.float16) is torch.float16
     with pytest.raises(ConfigError, match="unsupported dtype"):
         torch_dtype("float64")
+
+
+def test_columnar_output_tables_match_the_per_row_reference():
+    """`output_tables` (Arrow kernels) == `output_tables_naive` (one OutputRow per request) on odd
+    batches: mixed ok / error requests in one media, a media error, 0 visual tokens, answers on
+    error requests (dropped), media of 1..5 requests, a null media_uri, an empty batch."""
+    from vlbatch.pipeline.write_stage import output_tables, output_tables_naive
+
+    def gen(j, n, *, err=False, visual=64):
+        st = tuple("error" if err or (j + i) % 3 == 2 else "ok" for i in range(n))
+        return Generated(None if j == 4 else f"u{j}", "video" if j % 2 else "image", tuple(f"id{j}-{i}" for i in range(n)),
+                         tuple(range(n)), tuple(f"p{i}" * (i + 1) for i in range(n)),
+                         status="error" if err else "ok", error_type="MediaError" if err else None,
+                         answers=tuple(f"a{i}" for i in range(n)), thinking=tuple(None if i else "t" for i in range(n)),
+                         statuses=st, req_error_types=tuple(None if s == "ok" else "EngineError" for s in st),
+                         req_error_messages=tuple(None if s == "ok" else f"m{i}" for i, s in enumerate(st)),
+                         finish_reasons=tuple("stop" if s == "ok" else None for s in st),
+                         prompt_tokens=tuple(10 + i for i in range(n)), generated_tokens=tuple(i for i in range(n)),
+                         cached_tokens=tuple(None if i == 1 else 3 for i in range(n)), visual_tokens=visual,
+                         decode_s=0.1 * j, preprocess_s=0.2, model_s=1.5, vision_hits=j, vision_encodes=1,
+                         batch_model_s=0.5 * j, batch_model_cpu_s=0.25)
+
+    batches = [[gen(j, 1 + j % 5, err=j == 3, visual=0 if j == 2 else 64) for j in range(9)], [gen(7, 2)], []]
+    for rows in batches:
+        table = to_table(rows, Generated)
+        fast, ref = output_tables(table, "m", "r"), output_tables_naive(table, "m", "r")
+        assert fast[0].equals(ref[0]), (fast[0].to_pylist()[:3], ref[0].to_pylist()[:3])
+        assert fast[1].equals(ref[1]), (fast[1].to_pylist()[:3], ref[1].to_pylist()[:3])
+    assert fast[0].num_rows == 0 and ref[0].num_rows == 0
+    one = output_tables(to_table(batches[0], Generated), "m", "r")[1]
+    assert one.column("vision_hits").to_pylist()[:3] == [0, 1, 0]  # media 1's figures on its first request only

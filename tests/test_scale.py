@@ -175,3 +175,62 @@ def test_scan_totals_and_histograms_from_stats_rows():
     line = scan_line(s)
     assert "3 requests, 1 errors" in line and "'MediaError': 1" in line and "prompt tokens 145" in line
     assert "visual histogram 64-128:2" in line
+
+
+def test_scan_blocks_spread_a_row_group_over_the_actors(tmp_path):
+    """Scan mode's Ray Data block size: a row group of 10^4 media (one block as read) is sliced into
+    blocks of tens to hundreds of media (the preprocess pool's batches), never one block per actor;
+    other modes keep `ray.block_mb`."""
+    from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.rows import MediaTask, to_table
+    from vlbatch.pipeline.runner import block_bytes
+
+    base = {"model": {"path": "m"}, "input": {"uri": str(tmp_path)}, "output": {"uri": str(tmp_path / "o")},
+            "task": {"mode": "scan", "questions": ["What is shown?", "What colour is it?", "Is there text?", "Why?"]}}
+    cfg = JobConfig.model_validate(base)
+    rows, _ = expand_all([(str(tmp_path / f"media/m{j:08d}.png"), None, None) for j in range(10_000)], cfg.task)
+    per_media = to_table(rows, MediaTask).nbytes / len(rows)
+    media_per_block = block_bytes(cfg) / per_media  # Ray slices a block past 1.5x the target
+    assert 64 <= media_per_block <= 1000, media_per_block
+    assert len(rows) * per_media > 1.5 * block_bytes(cfg)
+    other = JobConfig.model_validate({**base, "task": {"mode": "caption"}, "ray": {"block_mb": 8}})
+    assert block_bytes(other) == 8 << 20
+
+
+def test_scan_actor_writes_its_rows_once_and_returns_stats(tmp_path, tiny_ckpt):
+    """Scan mode's one operator: the ScanStage actor stages its scan rows itself (a retried batch
+    lands on the same staged name) and returns one stats row per request; seal publishes every
+    request once, with the token counts of the Generated rows."""
+    from PIL import Image
+
+    from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.rows import Generated, MediaTask, from_table, to_table
+    from vlbatch.pipeline.scan import ScanStage
+    from vlbatch.pipeline.write_stage import STATS_SCHEMA
+
+    imgs = []
+    for i in range(5):
+        imgs.append(tmp_path / f"{i}.png")
+        Image.new("RGB", (40 + 8 * i, 32), (10 * i, 0, 0)).save(imgs[-1])
+    (tmp_path / "4.png").write_bytes(b"broken")
+    cfg = JobConfig.model_validate({"model": {"path": str(tiny_ckpt("dense"))}, "input": {"uri": str(tmp_path)},
+                                    "task": {"mode": "scan", "questions": ["a?", "b?", "c?"]},
+                                    "output": {"uri": str(tmp_path / "out")}, "image": {"max_pixels": 65536}})
+    tasks, _ = expand_all([(str(p), None, None) for p in imgs], cfg.task)
+    run_dir = str(tmp_path / "out" / "r")
+    sink = ParquetSink(run_dir)
+    sink.prepare()
+    actor = ScanStage(cfg, run_dir, "r")
+    batches = [to_table(tasks[:3], MediaTask), to_table(tasks[3:], MediaTask)]
+    stats = [actor(b) for b in batches] + [ScanStage(cfg, run_dir, "r")(batches[1])]  # a retry on another actor
+    assert all(s.schema.equals(STATS_SCHEMA) for s in stats)
+    assert [s.num_rows for s in stats] == [9, 6, 6] and not sink.parts()  # staged, not yet published
+    sink.seal()
+    out = sink.read()
+    expected = from_table(ScanStage(cfg)(to_table(tasks, MediaTask)), Generated)
+    assert out.num_rows == 15 and len(set(out.column("id").to_pylist())) == 15
+    by_id = {r["id"]: r for r in out.to_pylist()}
+    for g in expected:
+        for i, rid in enumerate(g.ids):
+            assert by_id[rid]["prompt_tokens"] == g.prompt_tokens[i] and by_id[rid]["status"] == g.statuses[i]
+    assert sum(r["status"] == "error" for r in by_id.values()) == 3
