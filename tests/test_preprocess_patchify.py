@@ -124,8 +124,16 @@ def test_uint8_mode_is_the_naive_layout_of_the_levels(frames, bh, bw, patch, mer
 
 @pytest.mark.parametrize("norm", sorted(NORMS))
 @pytest.mark.parametrize("frames, bh, bw, patch, merge, temporal", SHAPES)
-def test_normalising_uint8_patches_equals_the_float32_path_bitwise(norm, frames, bh, bw, patch, merge, temporal):
-    from vlbatch.operators.model.pixels import normalize_patches, normalize_patches_naive
+def test_normalising_uint8_levels_equals_the_float32_path_bitwise(norm, frames, bh, bw, patch, merge, temporal):
+    """Both model-side forms equal the processor's float32 patches bit for bit: uint8 patches
+    through the table (and its numpy twin), and the pipeline's uint8 frames (layout, then the
+    lookup, on the model's device); the layout alone equals the numpy uint8 patch mode."""
+    from vlbatch.operators.model.pixels import (
+        frames_to_patches,
+        normalize_frames,
+        normalize_patches,
+        normalize_patches_naive,
+    )
 
     rng = np.random.default_rng(frames * 31 + bh * 7 + bw)
     h, w = bh * merge * patch, bw * merge * patch
@@ -134,32 +142,14 @@ def test_normalising_uint8_patches_equals_the_float32_path_bitwise(norm, frames,
     u8 = np.zeros(f32.shape, np.uint8)
     patchify_into(u8, x, None, patch=patch, merge=merge, temporal=temporal)
     lut = NORMS[norm].lut(3)
-    fast = normalize_patches(torch.from_numpy(u8), torch.from_numpy(lut)).numpy()
-    naive = normalize_patches_naive(u8, lut)
-    assert fast.dtype == np.float32 and naive.dtype == np.float32
-    np.testing.assert_array_equal(fast.view(np.uint32), f32.view(np.uint32))  # bit for bit
-    np.testing.assert_array_equal(naive.view(np.uint32), f32.view(np.uint32))
-
-
-@pytest.mark.parametrize("norm", ["qwen", "per_channel"])
-@pytest.mark.parametrize("frames, bh, bw, patch, merge, temporal", SHAPES)
-def test_normalising_frames_on_the_device_equals_the_float32_path_bitwise(norm, frames, bh, bw, patch, merge,
-                                                                          temporal):
-    """The pipeline's form: uint8 frames -> (layout, lookup) on the model side equals the
-    processor's float32 patches; the layout alone equals the uint8 patch mode's levels."""
-    from vlbatch.operators.model.pixels import frames_to_patches, normalize_frames
-
-    rng = np.random.default_rng(frames * 17 + bh * 5 + bw)
-    h, w = bh * merge * patch, bw * merge * patch
-    x = rng.integers(0, 256, (frames, h, w, 3), dtype=np.uint8)
-    f32, _ = _fast(x, NORMS[norm], patch, merge, temporal)
-    u8 = np.zeros(f32.shape, np.uint8)
-    patchify_into(u8, x, None, patch=patch, merge=merge, temporal=temporal)
     layout = dict(patch=patch, merge=merge, temporal=temporal)
     np.testing.assert_array_equal(frames_to_patches(torch.from_numpy(x), **layout).numpy(), u8)
-    got = normalize_frames(torch.from_numpy(x), torch.from_numpy(NORMS[norm].lut(3)), **layout)
-    assert got.dtype == torch.float32 and got.is_contiguous()
-    np.testing.assert_array_equal(got.numpy().view(np.uint32), f32.view(np.uint32))
+    from_frames = normalize_frames(torch.from_numpy(x), torch.from_numpy(lut), **layout)
+    assert from_frames.is_contiguous()
+    for got in (normalize_patches(torch.from_numpy(u8), torch.from_numpy(lut)).numpy(),
+                normalize_patches_naive(u8, lut), from_frames.numpy()):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got.view(np.uint32), f32.view(np.uint32))  # bit for bit
 
 
 def test_normalize_frames_rejects_bad_inputs():

@@ -140,15 +140,10 @@ def _patchify_levels(out: np.ndarray, frames: np.ndarray, grid: tuple[int, int, 
 def patchify_naive(frames: torch.Tensor, norm: Normalization, *, patch: int, merge: int, temporal: int) -> torch.Tensor:
     """Reference order of operations: float normalise whole frames, then view/permute (seed 000 4.4/5.3).
 
-    frames uint8 `[F, C, H, W]`; returns float32 `[N, C * temporal * p * p]`.
+    frames uint8 `[F, C, H, W]`; returns float32 `[N, C * temporal * p * p]`. The layout is
+    `frames_to_patches` (torch views), itself checked against the numpy uint8 mode.
     """
-    x = norm.apply(frames)
-    f, c, h, w = x.shape
-    if f == 1:
-        x = x.expand(temporal, -1, -1, -1)
-    elif pad := -f % temporal:
-        x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)])
-    gt, gh, gw = x.shape[0] // temporal, h // patch, w // patch
-    x = x.reshape(gt, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # [gt, bh, bw, mh, mw, C, tp, p, p]
-    return x.reshape(gt * gh * gw, c * temporal * patch * patch)
+    from vlbatch.operators.model.pixels import frames_to_patches
+
+    x = norm.apply(frames).permute(0, 2, 3, 1)  # [F, H, W, C] view
+    return frames_to_patches(x, patch=patch, merge=merge, temporal=temporal)
