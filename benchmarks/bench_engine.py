@@ -182,6 +182,10 @@ def main(argv=None) -> int:
         args.requests, args.videos, args.questions, args.ref_batches = 16, 4, 4, "16"
     do_a, do_b = args.part in (None, "a", "c"), args.part in (None, "b")
     torch.set_num_threads(args.threads)
+    # this process is ours: glibc keeps freed step temporaries (host_memory.py) for both contenders
+    from vlbatch.operators.engine.host_memory import retain_freed_memory
+
+    retain_freed_memory()
     from transformers import AutoModelForImageTextToText
 
     from vlbatch.devtools.checkpoints import make_tiny_checkpoint

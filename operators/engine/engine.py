@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget
-from vlbatch.operators.engine.host_memory import retain_freed_memory
 from vlbatch.operators.engine.model_runner import ModelRunner
 from vlbatch.operators.engine.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
@@ -48,7 +47,6 @@ class EngineConfig:
     block_size: int = 16
     attention: str = "sdpa"  # `vlbatch.operators.kernels.attention.CHOICES`
     static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
-    retain_host_memory: bool = True  # on the CPU: freed step temporaries stay in the process (`host_memory.py`)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -67,8 +65,6 @@ class Engine:
 
         text = model.config.text
         self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
-        if config.retain_host_memory and model.device.type == "cpu":
-            retain_freed_memory()
         elem = torch.empty(0, dtype=model.dtype).element_size()
         block_bytes = kv_bytes_per_block(config.block_size, len(text.full_layers), text.num_key_value_heads,
                                          text.head_dim, elem)
