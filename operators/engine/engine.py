@@ -45,7 +45,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     chunk_size: int | None = None  # None: prefill chunks only limited by the token budget
     block_size: int = 16
-    attention: str = "sdpa"  # `vlbatch.operators.kernels.attention.CHOICES`
+    attention: str = "auto"  # `vlbatch.operators.kernels.attention.CHOICES` (auto: by the model's device)
     static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
 
     def __post_init__(self):
@@ -83,7 +83,8 @@ class Engine:
     def _runner(self, model, num_blocks: int, vcache) -> ModelRunner:
         """The model runner over `num_blocks` KV blocks (a tensor-parallel leader builds its own)."""
         c = self.config
-        return ModelRunner(model, num_blocks, c.block_size, c.max_num_seqs, vcache, select_attention(c.attention),
+        return ModelRunner(model, num_blocks, c.block_size, c.max_num_seqs, vcache,
+                           select_attention(c.attention, model.device),
                            static_decode=c.static_decode)
 
     @classmethod
