@@ -63,15 +63,18 @@ def _kernel(q, kc, vc, tables, lens, out, scale):  # shapes as `paged_decode_cpu
     acc = np.empty((group, d), dtype=np.float32)
     for i in range(b):
         n = lens[i]
+        nblk = (n + bs - 1) // bs
         for h in range(hkv):
-            qh = q[i, h * group: (h + 1) * group]  # [G, D]
-            for p in range(n):  # each K row read once, in place, for the G query heads
-                kr = kc[tables[i, p // bs], p % bs, h]
-                for g in range(group):
-                    dot = np.float32(0.0)
-                    for j in range(d):
-                        dot += qh[g, j] * kr[j]
-                    s[g, p] = dot * scale
+            h0 = h * group
+            for t in range(nblk):  # block by block through the table; each K row read once for G heads
+                blk = tables[i, t]
+                for o in range(min(bs, n - t * bs)):
+                    p = t * bs + o
+                    for g in range(group):
+                        dot = np.float32(0.0)
+                        for j in range(d):
+                            dot += q[i, h0 + g, j] * kc[blk, o, h, j]
+                        s[g, p] = dot * scale
             for g in range(group):
                 m = s[g, 0]
                 for p in range(1, n):
@@ -85,13 +88,17 @@ def _kernel(q, kc, vc, tables, lens, out, scale):  # shapes as `paged_decode_cpu
                 for p in range(n):
                     s[g, p] *= inv
             acc[:] = 0.0
-            for p in range(n):  # each V row read once for the G query heads
-                vr = vc[tables[i, p // bs], p % bs, h]
-                for g in range(group):
-                    w = s[g, p]
-                    for j in range(d):
-                        acc[g, j] += w * vr[j]
-            out[i, h * group: (h + 1) * group] = acc
+            for t in range(nblk):  # each V row read once for the G query heads
+                blk = tables[i, t]
+                for o in range(min(bs, n - t * bs)):
+                    p = t * bs + o
+                    for g in range(group):
+                        w = s[g, p]
+                        for j in range(d):
+                            acc[g, j] += w * vc[blk, o, h, j]
+            for g in range(group):
+                for j in range(d):
+                    out[i, h0 + g, j] = acc[g, j]
 
 
 class CpuPagedAttention(SdpaPagedAttention):
