@@ -50,8 +50,9 @@ class EngineBudgets(_Section):
         None, gt=0.0, le=1.0, description="size the KV pool and prefix cache from this share of the memory free "
                                           "after loading (kv_cache_mb / prefix_cache_mb, when given, override)")
     static_decode: bool = Field(False, description="decode steps padded to batch buckets (CUDA graphs on CUDA)")
-    attention: Literal["sdpa", "triton"] = Field("sdpa", description="paged attention: torch SDPA, or a Triton "
-                                                                      "paged-decode kernel (CUDA)")
+    attention: Literal["auto", "sdpa", "triton", "cpu"] = Field(
+        "auto", description="paged attention: auto (cpu on the CPU, else sdpa), torch SDPA, a Triton paged-decode "
+                            "kernel (CUDA), or a numba paged-decode kernel (CPU float32)")
 
     def engine_kwargs(self) -> dict:
         out = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,

@@ -25,7 +25,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, VlbatchError, stable_message
-from vlbatch.pipeline.backends import EngineBackend, TransformersBackend
+from vlbatch.pipeline.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
 
@@ -36,7 +36,11 @@ class ModelStage:
     def __init__(self, cfg: JobConfig):
         import torch
 
+        from vlbatch.operators.engine.host_memory import retain_freed_memory
+
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
+        if resolve_device(cfg.model.device) == "cpu":  # the actor owns its process: keep freed step memory warm
+            retain_freed_memory()
         self.cfg = cfg
         self.backend = EngineBackend(cfg) if cfg.model.backend == "engine" else TransformersBackend(cfg)
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget
-from vlbatch.operators.engine.host_memory import retain_freed_memory
 from vlbatch.operators.engine.model_runner import ModelRunner
 from vlbatch.operators.engine.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
@@ -46,9 +45,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     chunk_size: int | None = None  # None: prefill chunks only limited by the token budget
     block_size: int = 16
-    attention: str = "sdpa"  # `vlbatch.operators.kernels.attention.CHOICES`
+    attention: str = "auto"  # `vlbatch.operators.kernels.attention.CHOICES` (auto: by the model's device)
     static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
-    retain_host_memory: bool = True  # on the CPU: freed step temporaries stay in the process (`host_memory.py`)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -67,8 +65,6 @@ class Engine:
 
         text = model.config.text
         self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
-        if config.retain_host_memory and model.device.type == "cpu":
-            retain_freed_memory()
         elem = torch.empty(0, dtype=model.dtype).element_size()
         block_bytes = kv_bytes_per_block(config.block_size, len(text.full_layers), text.num_key_value_heads,
                                          text.head_dim, elem)
@@ -87,7 +83,8 @@ class Engine:
     def _runner(self, model, num_blocks: int, vcache) -> ModelRunner:
         """The model runner over `num_blocks` KV blocks (a tensor-parallel leader builds its own)."""
         c = self.config
-        return ModelRunner(model, num_blocks, c.block_size, c.max_num_seqs, vcache, select_attention(c.attention),
+        return ModelRunner(model, num_blocks, c.block_size, c.max_num_seqs, vcache,
+                           select_attention(c.attention, model.device),
                            static_decode=c.static_decode)
 
     @classmethod

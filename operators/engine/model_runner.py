@@ -87,7 +87,7 @@ class ModelRunner:
                               dtype=self.dtype, device=self.device, scratch=static_decode)
         self.vision_cache = vision_cache
         # chosen once; its decode gathers' buffers are reused across layers and steps
-        self.attention = attention if attention is not None else select_attention()
+        self.attention = attention if attention is not None else select_attention("auto", model.device)
         self.static = StaticDecode(self, buckets or default_buckets(num_slots)) if static_decode else None
         self.stats = RunnerStats()
 

@@ -4,6 +4,8 @@
   cast back (decoder norms and the full-attention q/k norms).
 - `GatedRMSNorm`: DeltaNet output norm, `(x / rms(x)) * w * silu(z)` (scale `w` itself,
   initialised to 1, not zero-centred).
+  Both: on CPU float32 one compiled pass per row (`ops/norm_cpu.py`); elsewhere the torch
+  forms `rms_norm_torch` / `gated_rms_norm_torch` (the twins).
 - `SwiGLU`: `down(act(gate(x)) * up(x))`, the dense FFN and the MoE shared expert.
 - `embedding`: an `nn.Embedding` built without its random initialisation.
 - `fuse_linears`: the load-time transform that lets several projections of one input run
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model.ops import norm_cpu
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -52,9 +55,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
+        if norm_cpu.usable(x, self.weight):
+            return norm_cpu.rms_norm_cpu(x, self.weight, self.eps)
+        return rms_norm_torch(x, self.weight, self.eps)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`RMSNorm` in torch ops (every device and dtype): x [..., D], weight [D] -> [..., D]."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -66,9 +76,16 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * h * F.silu(z.float())).to(x.dtype)
+        if norm_cpu.usable(x, z, self.weight):
+            return norm_cpu.gated_rms_norm_cpu(x, z, self.weight, self.eps)
+        return gated_rms_norm_torch(x, z, self.weight, self.eps)
+
+
+def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`GatedRMSNorm` in torch ops (every device and dtype): x, z [..., D], weight [D] -> [..., D]."""
+    h = x.float()
+    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * h * F.silu(z.float())).to(x.dtype)
 
 
 def fuse_linears(module: nn.Module, linears: list[nn.Linear]) -> None:

@@ -10,22 +10,31 @@ owns reusable buffers, so each engine gets its own.
 """
 from __future__ import annotations
 
+import torch
+
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.kernels.attention.base import PagedAttention
 from vlbatch.operators.kernels.attention.layout import PagedLayout
 from vlbatch.operators.kernels.attention.naive import NaivePagedAttention, attention_naive
 from vlbatch.operators.kernels.attention.torch_sdpa import SdpaPagedAttention
 
-CHOICES = ("sdpa", "naive", "triton")
+CHOICES = ("sdpa", "naive", "triton", "cpu", "auto")
 
 __all__ = ["CHOICES", "NaivePagedAttention", "PagedAttention", "PagedLayout", "SdpaPagedAttention",
            "attention_naive", "select_attention"]
 
 
-def select_attention(choice: str = "sdpa") -> PagedAttention:
-    """A new instance of the `choice` implementation (see the module docstring)."""
+def select_attention(choice: str = "sdpa", device="cpu") -> PagedAttention:
+    """A new instance of the `choice` implementation (see the module docstring); `device`
+    (where the caches live) resolves `auto`."""
     if choice not in CHOICES:
         raise ConfigError(f"attention {choice!r}; allowed: {', '.join(CHOICES)}")
+    if choice == "auto":
+        choice = "cpu" if torch.device(device).type == "cpu" else "sdpa"
+    if choice == "cpu":  # numba: imported when chosen
+        from vlbatch.operators.kernels.attention.cpu_decode import CpuPagedAttention
+
+        return CpuPagedAttention()
     if choice == "triton":
         from vlbatch.operators.kernels.attention.triton_decode import TritonPagedAttention
 

@@ -5,7 +5,7 @@ For every full-attention layer `SdpaPagedAttention`:
 - decodes (one query each) together (`attend_single`): gathered K/V `[B, L_max, H_kv, D]`
   with a padding mask, one `scaled_dot_product_attention` call;
 - prefill chunks one by one: gathered K/V `[ctx, H_kv, D]`, causal offset by the
-  chunk's start.
+  chunk's start (a chunk starting at 0 attends over its own new K/V, no gather).
 With `rows` (the last layer: only the rows whose logits are taken) every wanted query is
 run the decode way, its context ending at its own position.
 Everything is computed in float32 (GQA via `enable_gqa`). On CUDA SDPA dispatches to
@@ -47,8 +47,12 @@ class SdpaPagedAttention(PagedAttention):
             out[layout.decode_rows] = self.decode(layout, kc, vc, q[layout.decode_rows])
         for row0, n, start, ctx in layout.prefills:
             qp = q[row0: row0 + n].float().transpose(0, 1)[None]  # [1, H_q, n, D]
-            kp = kc.index_select(0, ctx).float().transpose(0, 1)[None]  # [1, H_kv, ctx, D]
-            vp = vc.index_select(0, ctx).float().transpose(0, 1)[None]
+            if start == 0 and kc.dtype == k.dtype:  # a first chunk's context is its own new K/V: no gather
+                kp = k[row0: row0 + n].float().transpose(0, 1)[None]  # [1, H_kv, n, D]
+                vp = v[row0: row0 + n].float().transpose(0, 1)[None]
+            else:
+                kp = kc.index_select(0, ctx).float().transpose(0, 1)[None]  # [1, H_kv, ctx, D]
+                vp = vc.index_select(0, ctx).float().transpose(0, 1)[None]
             mask = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(start)
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=gqa)
             out[row0: row0 + n] = o[0].transpose(0, 1)

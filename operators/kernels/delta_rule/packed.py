@@ -115,10 +115,11 @@ def _intra(qc, kc, vc, bc, cum):
     # U and W in one matmul: A^-1 [beta V | beta exp(G) K], the right-hand sides side by side
     rhs = torch.empty(*vc.shape[:-1], dv + kc.shape[-1], dtype=vc.dtype, device=vc.device)
     torch.mul(vc, bc.unsqueeze(-1), out=rhs[..., :dv])
-    torch.mul(k_beta, cum.exp().unsqueeze(-1), out=rhs[..., dv:])
+    growth = cum.exp().unsqueeze(-1)  # exp(G) [M, H, C, 1], for W and the state read
+    torch.mul(k_beta, growth, out=rhs[..., dv:])
     u, w = (unit_lower_inverse(system) @ rhs).split([dv, kc.shape[-1]], dim=-1)  # U [.., C, V], W [.., C, K]
     attn = (qc @ kc.transpose(-1, -2)).mul_(decay)  # [M, H, C, C]
-    q_read = qc * cum.exp().unsqueeze(-1)
+    q_read = qc * growth
     k_write = (kc * (cum[..., -1:] - cum).exp().unsqueeze(-1)).transpose(-1, -2)  # [M, H, K, C]
     return u, w, attn, q_read, k_write, cum[..., -1].exp()[..., None, None]
 

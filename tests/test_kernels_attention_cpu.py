@@ -1,0 +1,65 @@
+"""The numba paged-decode kernel (operators/kernels/attention/cpu_decode.py) against the naive
+reference at odd shapes: odd head counts, GQA, block sizes, contexts not a multiple of the block."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from vlbatch.operators.kernels.attention import NaivePagedAttention, PagedLayout, select_attention
+from vlbatch.operators.kernels.attention.cpu_decode import CpuPagedAttention, paged_decode_cpu
+
+CASES = [  # block_size, H_q, H_kv, D, (cached, new) per sequence
+    (4, 4, 2, 8, [(5, 1), (13, 1), (0, 1), (2, 1)]),
+    (3, 6, 3, 5, [(7, 1), (0, 1), (10, 1)]),
+    (16, 3, 1, 7, [(20, 1), (33, 1)]),
+    (5, 9, 3, 13, [(0, 6), (11, 1), (4, 1), (2, 9), (29, 1)]),  # prefills mixed in
+]
+
+
+@pytest.mark.parametrize("bs,hq,hkv,d,lens", CASES)
+def test_cpu_paged_decode_matches_naive(bs, hq, hkv, d, lens):
+    torch.manual_seed(bs)
+    rng = random.Random(bs)
+    blocks = list(range(64))
+    rng.shuffle(blocks)
+    tables = [[blocks.pop() for _ in range(-(-(p + n) // bs) + 1)] for p, n in lens]  # one spare block each
+    starts, ends = [p for p, _ in lens], [p + n for p, n in lens]
+    kc, vc = torch.randn(64, bs, hkv, d), torch.randn(64, bs, hkv, d)
+    t = sum(n for _, n in lens)
+    q, k, v = torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
+    layout = PagedLayout.build(tables, starts, ends, bs, "cpu")
+    ref = NaivePagedAttention()(layout, kc.clone(), vc.clone(), q, k, v)
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = CpuPagedAttention()(layout, kc2, vc2, q, k, v)
+    assert out.dtype == torch.float32 and out.shape == (t, hq, d)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(kc2.view(-1, hkv, d)[layout.slot_mapping], k)
+    # the kernel alone over a table wider than needed (a static step's padding) and a padded row
+    nd = len(layout.decode_rows)
+    wide = torch.zeros(nd + 1, 16, dtype=torch.int32)
+    wide[:nd, : layout.decode_tables.shape[1]] = layout.decode_tables
+    lens_w = torch.cat([layout.decode_lens, torch.ones(1, dtype=torch.int32)])
+    qw = torch.cat([q[layout.decode_rows], torch.zeros(1, hq, d)])
+    direct = paged_decode_cpu(qw, kc2, vc2, wide, lens_w)
+    torch.testing.assert_close(direct[:nd], ref[layout.decode_rows], atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(direct[nd]).all()
+
+
+def test_bfloat16_caches_take_the_gather_path():
+    bs, hq, hkv, d, lens = CASES[0]
+    tables = [[i * 5 + j for j in range(5)] for i in range(len(lens))]
+    kc, vc = torch.randn(32, bs, hkv, d).bfloat16(), torch.randn(32, bs, hkv, d).bfloat16()
+    t = len(lens)
+    q, k, v = torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
+    layout = PagedLayout.build(tables, [p for p, _ in lens], [p + n for p, n in lens], bs, "cpu")
+    ref = NaivePagedAttention()(layout, kc.clone(), vc.clone(), q, k, v)
+    out = CpuPagedAttention()(layout, kc, vc, q, k, v)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_selects_the_cpu_kernel_on_the_cpu_only():
+    assert isinstance(select_attention("auto", "cpu"), CpuPagedAttention)
+    meta = select_attention("auto", "meta")
+    assert not isinstance(meta, CpuPagedAttention) and meta.name == "sdpa"
