@@ -245,3 +245,17 @@ def test_manifest_reads_through_arrow_retry_transient_failures(bucket, caplog):
         proxy.close()
     assert got.equals(table)
     assert len([r for r in caplog.records if "retrying" in r.getMessage()]) == 3
+
+
+def test_extension_is_pathlibs_suffix_of_the_uri_path():
+    """`extension` reimplements `PurePosixPath(path).suffix.lower()` for speed: same answer on
+    every shape of name (dot files, trailing dots and slashes, "." segments, queries)."""
+    from pathlib import PurePosixPath
+
+    from vlbatch.operators.media.load import extension
+
+    cases = ["a/b.PNG", "s3://bucket/x.tar.gz", "http://h/p.jpg?x=1.png", ".bashrc", "a.", "noext", "dir.d/file",
+             "x.png/", "", "/", "a/.hidden", "a/..", "a/b..c", "file:///x/y.MP4", "a//b.jpg", "..", "x/.", "a.b/.",
+             "a.b/./", "v.MKV?", "?q.png"]
+    for c in cases:
+        assert extension(c) == PurePosixPath(c.split("?", 1)[0]).suffix.lower(), c

@@ -16,8 +16,6 @@ tried as video, and an audio-only file fails to decode with `MediaError`).
 """
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-
 import numpy as np
 
 from vlbatch.operators.errors import ConfigError
@@ -34,8 +32,15 @@ AUDIO_EXTENSIONS = frozenset({".m4a", ".mp3", ".wav", ".aac", ".flac"})  # no pi
 
 
 def extension(uri: str) -> str:
-    """The lower-case extension of `uri`'s last path segment ('' if none), query string ignored."""
-    return PurePosixPath(uri.split("?", 1)[0]).suffix.lower()
+    """The lower-case extension of `uri`'s last path segment ('' if none), query string ignored:
+    `PurePosixPath(path).suffix` (its rule: a dot inside the name, not first, not last) without
+    building the path object (~10x faster; every manifest row asks)."""
+    path = uri.split("?", 1)[0]
+    while path.endswith(("/", "/.")):  # pathlib drops a trailing slash and "." segments
+        path = path[:-1] if path.endswith("/") else path[:-2]
+    name = path.rsplit("/", 1)[-1]
+    dot = name.rfind(".")
+    return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
 
 
 def media_type_from_extension(uri: str) -> str | None:
