@@ -234,3 +234,70 @@ def test_scan_actor_writes_its_rows_once_and_returns_stats(tmp_path, tiny_ckpt):
         for i, rid in enumerate(g.ids):
             assert by_id[rid]["prompt_tokens"] == g.prompt_tokens[i] and by_id[rid]["status"] == g.statuses[i]
     assert sum(r["status"] == "error" for r in by_id.values()) == 3
+
+
+def test_ordered_map_keeps_order_bounds_its_window_and_raises_in_turn():
+    """`ordered_map` (the sink's parallel reads): results in input order whatever order the
+    threads finish in, never more than 2 x threads items started ahead of the consumer, and an
+    item's exception raised at that item (the ones before it delivered)."""
+    import random
+    import threading
+    import time
+
+    from vlbatch.operators.sink.parquet import ordered_map
+
+    started, lock = [], threading.Lock()
+
+    def fn(i):
+        with lock:
+            started.append(i)
+        time.sleep(random.random() / 500)
+        if i == 37:
+            raise ValueError("item 37")
+        return i * i
+
+    got = []
+    with pytest.raises(ValueError, match="item 37"):
+        for k, v in enumerate(ordered_map(fn, range(100), threads=4)):
+            with lock:
+                assert len(started) <= k + 1 + 2 * 4  # the window, not the whole input
+            got.append(v)
+    assert got == [i * i for i in range(37)]
+
+
+def test_seal_reads_many_staged_files_in_parallel_and_commits_each_row_once(tmp_path):
+    """The end of a run publishes hundreds of staged batches (read `READ_THREADS` at a time):
+    every row once, in the rolled parts, none of the already-committed ones again."""
+    sink = ParquetSink(str(tmp_path / "run"))
+    sink.prepare()
+    ids = [f"r{i:05d}" for i in range(3000)]
+    sink.commit(_rows(ids[:100]))  # published before the end; also left staged below (a writer died)
+    for k in range(0, 3000, 10):
+        sink.stage(_rows(ids[k:k + 10]), f"w-{k % 3}")
+    sink.seal(target_rows=700)
+    rows = sink.read()
+    assert rows.column("id").to_pylist() == ids
+    assert len(sink.parts()) == 1 + 5  # the first part, then 2900 rows rolled at 700
+
+
+def test_scan_calls_take_256_media_unless_set_or_the_rows_embed_bytes(tmp_path):
+    """`scan_batch_size`: 256 media per scan call for URI manifests; the config's
+    `resources.preprocess.batch_size` when given; and when the manifest embeds the bytes."""
+    import pyarrow.parquet as pq
+
+    from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.runner import SCAN_BATCH_SIZE, scan_batch_size
+    from vlbatch.pipeline.sources import open_source
+
+    pq.write_table(pa.table({"media_uri": ["a.png", "b.png"]}), tmp_path / "uris.parquet")
+    pq.write_table(pa.table({"media_uri": pa.array([b"\x89PNG", b"\x89PNG"], pa.binary())}), tmp_path / "bytes.parquet")
+
+    def cfg(name, **pre):
+        return JobConfig.model_validate({"model": {"path": "m"}, "input": {"uri": str(tmp_path / name)},
+                                         "output": {"uri": str(tmp_path / "o")}, "task": {"mode": "scan"},
+                                         "resources": {"preprocess": pre}})
+
+    for c, want in ((cfg("uris.parquet"), SCAN_BATCH_SIZE), (cfg("uris.parquet", batch_size=32), 32),
+                    (cfg("bytes.parquet"), 8), (cfg("bytes.parquet", num_cpus=0.5), 8)):
+        assert scan_batch_size(c, open_source(c)) == want
+    assert SCAN_BATCH_SIZE == 256

@@ -54,14 +54,16 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Collection
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, retried_mask
-from vlbatch.operators.sink.ids import IdIndex
+from vlbatch.operators.sink.ids import IdIndex, id_keys
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, with_retries
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, with_protocol
@@ -83,6 +85,23 @@ def table_bytes(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
+
+
+READ_THREADS = 8  # files read at once by `read_parts` (pyarrow and the filesystems release the GIL)
+
+
+def ordered_map(fn: Callable, items: Iterable, threads: int) -> Iterator:
+    """`map(fn, items)` on `threads` threads, results in the input order, at most `2 * threads`
+    results ahead of the consumer (memory bounded by the window, not by the number of items).
+    An exception of `fn` is raised when its item's turn comes."""
+    with ThreadPoolExecutor(threads, thread_name_prefix="sink-read") as pool:
+        window: deque = deque()
+        for item in items:
+            window.append(pool.submit(fn, item))
+            if len(window) >= 2 * threads:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
 
 
 class ParquetSink(Sink):
@@ -120,6 +139,13 @@ class ParquetSink(Sink):
 
         return self._retry(go, f"reading {path}")
 
+    def read_parts(self, paths: Iterable[str], columns: list[str] | None = None) -> Iterator[tuple[str, pa.Table]]:
+        """(path, table) of each file, in the order given, read `READ_THREADS` at a time (`seal`:
+        the end of a run reads back thousands of small staged batches, and an object store
+        answers each read after a round trip). `index` reads its parts one at a time instead: a
+        part is up to `output.part_mb`, and its peak memory must not depend on the thread count."""
+        return ordered_map(lambda p: (p, self.read_part(p, columns)), paths, READ_THREADS)
+
     def commit(self, table: pa.Table) -> str | None:
         """Commit `table` (the sink's schema) as one part file; its path (None if empty)."""
         if table.num_rows == 0:
@@ -134,7 +160,7 @@ class ParquetSink(Sink):
         return table if table.schema.equals(self.schema) else table.select(self.schema.names).cast(self.schema)
 
     def index(self) -> CommittedIndex:
-        return build_index((p, self.read_part(p, INDEX_COLUMNS)) for p in self.parts())
+        return build_index((p, self.read_part(p, INDEX_COLUMNS)) for p in self.parts())  # one part at a time: memory
 
     def purge(self, ids: Collection[str] | IdIndex) -> int:
         """Rewrite each part file holding transient error rows of `ids` without them (the kept
@@ -184,14 +210,13 @@ class ParquetSink(Sink):
         for p in sorted(found):
             if p.endswith(PART_SUFFIX):
                 by_name.setdefault(p.rsplit("/", 1)[-1], p)  # a retried batch: the same name in two folders
-        committed = None
+        idx = None
         out, buf, rows, nbytes = [], [], 0, 0
-        for path in by_name.values():
-            t = self.read_part(path)
-            if committed is None:
+        for _, t in self.read_parts(by_name.values()):
+            if idx is None:
                 idx = self.index()
-                committed = idx.done_ids | idx.transient_ids
-            t = t.filter(pa.array(~committed.contains_many(t.column("id"))))
+            keys = id_keys(t.column("id"))  # committed: done or transient (no union of the two: 3 copies of every id)
+            t = t.filter(pa.array(~(idx.done_ids.contains_many(keys) | idx.transient_ids.contains_many(keys))))
             if t.num_rows:
                 buf.append(t)
                 rows, nbytes = rows + t.num_rows, nbytes + t.nbytes

@@ -68,6 +68,11 @@ class Source:
         """Rows, when known without reading them; None otherwise."""
         return None
 
+    def embeds_media(self) -> bool:
+        """Whether rows carry the media's bytes (not URIs): then a batch of rows holds its media
+        in memory, and scan mode keeps small batches (`runner.scan_batch_size`)."""
+        return False
+
 
 def task_pool(size: int | None):
     """The compute strategy of a function stage: at most `size` tasks at once (None: Ray Data's choice)."""

@@ -159,6 +159,18 @@ class ManifestSource(Source):
                             num_cpus=num_cpus, compute=task_pool(concurrency), zero_copy_batch=True)
         return limit(ds, inp.limit)
 
+    def embeds_media(self) -> bool:
+        """Parquet: the first file's media column is binary or a struct (Hugging Face Image /
+        Video); JSONL and CSV hold URIs."""
+        inp, storage = self.cfg.input, self.cfg.storage.options()
+        if inp.format != "parquet":
+            return False
+        fs, path = filesystem(inp.uri, storage)
+        retried = lambda fn, what: with_retries(fn, what=f"{what} {inp.uri}", storage=storage)  # noqa: E731
+        schema = _first_schema(parquet_files(fs, path, inp.uri, retried)[0], inp.format, storage)
+        i = schema.get_field_index(inp.columns.media)
+        return i >= 0 and not pa.types.is_string(schema.field(i).type) and not pa.types.is_large_string(schema.field(i).type)
+
     def keep_schema(self) -> pa.Schema | None:
         """The kept columns' types from the first manifest file: the Parquet schema, or the types
         pyarrow infers from the first block of a JSONL / CSV file."""

@@ -71,6 +71,9 @@ def split_name(name: str) -> tuple[str, str]:
 class WebDatasetSource(Source):
     """Shards listed in the driver; one read task per shard (module docstring)."""
 
+    def embeds_media(self) -> bool:
+        return True
+
     def shards(self) -> list[str]:
         inp, storage = self.cfg.input, self.cfg.storage.options()
         out: list[str] = []
