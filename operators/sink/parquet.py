@@ -87,6 +87,13 @@ def table_bytes(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
+def release_arrow_memory() -> None:
+    """Hand Arrow's freed pages back to the OS. Its default pool (mimalloc) keeps them: reading
+    the 6 parts of a 1M-request run one after another grew the driver by 47 MB with every table
+    already freed, and not at all with this after each part."""
+    pa.default_memory_pool().release_unused()
+
+
 READ_THREADS = 8  # files read at once by `read_parts` (pyarrow and the filesystems release the GIL)
 
 
@@ -160,7 +167,12 @@ class ParquetSink(Sink):
         return table if table.schema.equals(self.schema) else table.select(self.schema.names).cast(self.schema)
 
     def index(self) -> CommittedIndex:
-        return build_index((p, self.read_part(p, INDEX_COLUMNS)) for p in self.parts())  # one part at a time: memory
+        def units():  # one part at a time, its memory handed back before the next
+            for p in self.parts():
+                yield p, self.read_part(p, INDEX_COLUMNS)
+                release_arrow_memory()
+
+        return build_index(units())
 
     def purge(self, ids: Collection[str] | IdIndex) -> int:
         """Rewrite each part file holding transient error rows of `ids` without them (the kept
@@ -223,6 +235,7 @@ class ParquetSink(Sink):
             if buf and ((target_rows and rows >= target_rows) or (target_bytes and nbytes >= target_bytes)):
                 out.append(self.commit(pa.concat_tables(buf)))
                 buf, rows, nbytes = [], 0, 0
+                release_arrow_memory()
         if buf:
             out.append(self.commit(pa.concat_tables(buf)))
         self._retry(lambda: self.fs.rm(root, recursive=True), f"deleting {root}")

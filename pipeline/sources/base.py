@@ -29,6 +29,9 @@ Rules every source keeps:
   and every write actor.
 - `count()` is the number of rows when the source knows it without reading the rows
   (file metadata), else None (the runner then counts beside the run for the ETA).
+- `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
+  at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
+  rows holds all its media's bytes (`pipeline/runner.py:scan_batch_size`).
 
 A new input format is one new module here with a `Source` subclass, named in
 `open_source` (`pipeline/sources/__init__.py`).
