@@ -13,7 +13,7 @@ from test_jobs_support import read_output, vlbatch, write_job
 
 from vlbatch.jobs.errors import EXIT_DUPLICATE, EXIT_NOT_FOUND, EXIT_OVERLAP, EXIT_UNREACHABLE
 
-N_IMAGES = 6
+N_IMAGES = 24  # enough work that the stop below lands while the job runs, on a loaded 2-core machine too
 
 
 def _status(sid: str, addr: list[str]) -> dict:
@@ -35,7 +35,7 @@ def _wait_for(pred, what: str, timeout_s: float = 240.0, poll_s: float = 0.5):
 
 def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_path):
     wd = tmp_path / "wd"
-    cfg = write_job(wd, tiny_ckpt("dense"), n_images=N_IMAGES, max_tokens=4, write_batch=2)
+    cfg = write_job(wd, tiny_ckpt("dense"), n_images=N_IMAGES, max_tokens=16, write_batch=2)
     addr = ["--address", ray_jobs_head.dashboard_url]
     submit = ["submit", str(cfg), "--workdir", str(wd), "--name", "clitest", "--slot", "20261129T0200", *addr]
 
