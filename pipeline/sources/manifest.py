@@ -70,13 +70,18 @@ def normalise(table: pa.Table, cfg: JobConfig, base_uri: str, *, file_uri: str |
     return manifest_table(n, media_uri=uris, media_type=mtype, questions=qs, **extra)
 
 
+def _holds_uris(t: pa.DataType) -> bool:
+    """A media column of this type holds URIs (else embedded bytes: binary, or a struct of them)."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
+
+
 def _media(col: pa.ChunkedArray, base_uri: str, file_uri: str | None,
            row_offset: int | None) -> tuple[list, list | None, list | None]:
     """(media URIs, embedded bytes or None, identities or None) of the media column: a string column of URIs, a
     binary column of bytes, or a struct of `bytes` and `path` (Hugging Face `datasets` Image /
     Video). Embedded media without a path are named `<file>#<row>`."""
     t = col.type
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t):
+    if _holds_uris(t):
         return [_resolve(_cell(u), base_uri) for u in col.to_pylist()], None, None
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         data, paths = col.to_pylist(), [None] * len(col)
@@ -162,14 +167,24 @@ class ManifestSource(Source):
     def embeds_media(self) -> bool:
         """Parquet: the first file's media column is binary or a struct (Hugging Face Image /
         Video); JSONL and CSV hold URIs."""
-        inp, storage = self.cfg.input, self.cfg.storage.options()
+        inp = self.cfg.input
         if inp.format != "parquet":
             return False
+        schema = _first_schema(self._first_file(), inp.format, self.cfg.storage.options())
+        i = schema.get_field_index(inp.columns.media)
+        return i >= 0 and not _holds_uris(schema.field(i).type)
+
+    def _first_file(self) -> str:
+        """The first manifest file (sorted), the one whose schema stands for the input's."""
+        inp, storage = self.cfg.input, self.cfg.storage.options()
         fs, path = filesystem(inp.uri, storage)
         retried = lambda fn, what: with_retries(fn, what=f"{what} {inp.uri}", storage=storage)  # noqa: E731
-        schema = _first_schema(parquet_files(fs, path, inp.uri, retried)[0], inp.format, storage)
-        i = schema.get_field_index(inp.columns.media)
-        return i >= 0 and not pa.types.is_string(schema.field(i).type) and not pa.types.is_large_string(schema.field(i).type)
+        if inp.format == "parquet":
+            return parquet_files(fs, path, inp.uri, retried)[0]
+        found = sorted(retried(lambda: fs.find(path) if fs.isdir(path) else fs.glob(path), "listing"))
+        if not found:
+            raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
+        return with_protocol(inp.uri, found[0])
 
     def keep_schema(self) -> pa.Schema | None:
         """The kept columns' types from the first manifest file: the Parquet schema, or the types
@@ -177,17 +192,8 @@ class ManifestSource(Source):
         names = self.cfg.input.columns.keep
         if not names:
             return None
-        inp, storage = self.cfg.input, self.cfg.storage.options()
-        fs, path = filesystem(inp.uri, storage)
-        retried = lambda fn, what: with_retries(fn, what=f"{what} {inp.uri}", storage=storage)  # noqa: E731
-        if inp.format == "parquet":
-            first = parquet_files(fs, path, inp.uri, retried)[0]
-        else:
-            found = sorted(retried(lambda: fs.find(path) if fs.isdir(path) else fs.glob(path), "listing"))
-            if not found:
-                raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
-            first = with_protocol(inp.uri, found[0])
-        schema = _first_schema(first, inp.format, storage)
+        first = self._first_file()
+        schema = _first_schema(first, self.cfg.input.format, self.cfg.storage.options())
         missing = [n for n in names if n not in schema.names]
         if missing:
             raise ConfigError(f"input.columns.keep: {first} has no column {', '.join(map(repr, missing))}; "
