@@ -256,6 +256,12 @@ def main(argv=None) -> None:
     from vlbatch.pipeline.runner import run_job
 
     torch.set_num_threads(1)
+    # the model actor keeps glibc's freed step temporaries (host_memory.py); the engine alone
+    # runs in this process, so it gets the same heap (without it its first run was ~15 % slower
+    # than its second, the heap's dynamic thresholds warming up over the run)
+    from vlbatch.operators.engine.host_memory import retain_freed_memory
+
+    retain_freed_memory()
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     model = make_model(args.model, work)
     media = make_inputs(work, args.media)

@@ -105,7 +105,8 @@ def one(args) -> dict:
     import ray
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.runner import _init_ray, _open_run, count_pending, expanded, run_job
+    from vlbatch.pipeline.expansion import count_pending, expanded
+    from vlbatch.pipeline.runner import _init_ray, _open_run, run_job
 
     work = Path(args.work)
     model, man = str(work / "model"), manifest_for(work, args.one)

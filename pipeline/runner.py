@@ -17,7 +17,7 @@ Data blocks are small (`block_bytes`), so every actor of the pool gets work.
 
 Counting: a resumed run counts its pending requests while it expands (materialised); a fresh
 one takes the manifest's row count from the source (`Source.count()`: Parquet footers) and
-the expansion tasks' counts from a `Tally` actor, never a second read of the manifest.
+the expansion tasks' counts from a `Tally` actor (`expansion.py`), never a second read of the manifest.
 Resume memory: the committed ids are one `IdIndex` (16 B per id, sorted numpy), `ray.put`
 once and mapped zero-copy by each expansion task (no per-task copy of a Python set).
 
@@ -42,15 +42,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded, requests_per_media
 from vlbatch.pipeline.progress import Progress
-from vlbatch.pipeline.requests import expand_all
-from vlbatch.pipeline.rows import MediaTask, to_table
 from vlbatch.pipeline.write_stage import check_output, open_sink
 
 log = logging.getLogger("vlbatch.pipeline")
@@ -106,82 +102,8 @@ class RunSummary:
         return json.dumps(d, indent=2, sort_keys=True)
 
 
-def _expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Table:
-    """One manifest block -> its pending MediaTask rows, identical requests once (the ids of one
-    block are remembered, so memory is bounded by the block); `duplicates_dropped` (an extra
-    column the stages ignore) holds the count on the first row, for `count_pending`.
-    `done`: the committed ids (`IdIndex`, or the `ObjectRef` of one: every task on a node maps
-    the same object-store copy, zero-copy); `tally`: a `Tally` actor told the block's counts."""
-    import ray
-
-    from vlbatch.pipeline.sources import COLUMNS
-
-    if isinstance(done, ray.ObjectRef):
-        done = ray.get(done)
-    records = zip(*(batch.column(c).to_pylist() for c in COLUMNS), strict=True)
-    rows, dropped = expand_all(records, cfg.task, done)
-    if tally is not None:
-        tally.add.remote(batch.num_rows, sum(len(r.ids) for r in rows), dropped)
-    table = to_table(rows, MediaTask)
-    counts = [dropped] + [0] * (len(rows) - 1) if rows else []
-    return table.append_column(DUPLICATES_COLUMN, pa.array(counts, pa.int64()))
-
-
-# CPUs per read / expand task when they stream into the graph beside the actor pools (which
-# hold most of the CPUs), and one such task at a time: expansion costs microseconds per media
-# against the seconds the model spends on it, and every concurrent task is another worker
-# process to start (about 1.5 CPU-s each) while the actors are starting. The materialised
-# expansion of a resumed run keeps Ray's defaults.
-STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
-
-
-DUPLICATES_COLUMN = "duplicates_dropped"
 SCAN_BATCH_SIZE = 256  # media per scan-actor call when resources.preprocess.batch_size is not set (`scan_batch_size`)
 SCAN_BLOCK_BYTES = 512 << 10  # scan: ~1700 media rows a block (MediaTask / Generated; 64 KiB: 11 % slower at 200k), see `block_bytes`
-
-
-def expanded(cfg: JobConfig, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
-    """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped;
-    `done`: an `IdIndex` or its ObjectRef, see `_expand_batch`)."""
-    from vlbatch.pipeline.sources import open_source, task_pool
-
-    return open_source(cfg).read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
-        _expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),
-        fn_kwargs={"cfg": cfg, "done": done, "tally": tally})
-
-
-def count_pending(tasks_ds) -> tuple[int, int]:
-    """(requests, duplicate requests dropped) of a dataset of expanded MediaTask rows."""
-    requests = dropped = 0
-    for b in tasks_ds.iter_batches(batch_format="pyarrow", batch_size=4096):
-        requests += int(pc.sum(pc.list_value_length(b["ids"])).as_py() or 0)
-        dropped += int(pc.sum(b[DUPLICATES_COLUMN]).as_py() or 0)
-    return requests, dropped
-
-
-class Tally:
-    """Ray actor: the expansion tasks' counts (media rows read, requests expanded, duplicates
-    dropped), summed as the blocks are expanded, so a fresh run needs no second read of the
-    manifest for its total (the ETA) or its duplicate count."""
-
-    def __init__(self):
-        self.media = self.requests = self.dropped = 0
-
-    def add(self, media: int, requests: int, dropped: int) -> None:
-        self.media, self.requests, self.dropped = self.media + media, self.requests + requests, self.dropped + dropped
-
-    def get(self) -> tuple[int, int, int]:
-        return self.media, self.requests, self.dropped
-
-
-def requests_per_media(cfg: JobConfig) -> int | None:
-    """Requests every manifest row expands to, when the config alone decides it (else None)."""
-    t = cfg.task
-    if t.mode == "caption":
-        return 1
-    if cfg.input.columns.questions:
-        return None
-    return len(t.questions) or 1
 
 
 def _init_ray(cfg: JobConfig) -> None:

@@ -175,7 +175,7 @@ def test_null_and_empty_media_uri_are_input_errors_keeping_the_value(tmp_path):
 # -- 12: identical requests run once -----------------------------------------------------------
 
 def test_identical_manifest_rows_expand_to_one_request(tmp_path):
-    from vlbatch.pipeline.runner import DUPLICATES_COLUMN, _expand_batch
+    from vlbatch.pipeline.expansion import DUPLICATES_COLUMN, expand_batch
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
                            "task": {"mode": "questions", "questions": ["q1", "q2"]}})
@@ -183,7 +183,7 @@ def test_identical_manifest_rows_expand_to_one_request(tmp_path):
 
     batch = manifest_table(4, media_uri=["/a.jpg", "/b.jpg", "/a.jpg", "/a.jpg"],
                            questions=[None, None, None, ["q1", "q3"]])  # a block as every source gives it
-    out = _expand_batch(batch, cfg=cfg, done=frozenset())
+    out = expand_batch(batch, cfg=cfg, done=frozenset())
     ids = [i for row in out.column("ids").to_pylist() for i in row]
     assert len(ids) == len(set(ids)) == 5  # a:q1 a:q2 b:q1 b:q2 a:(1, q3); the copies of a:q1/q2 dropped
     assert sum(out.column(DUPLICATES_COLUMN).to_pylist()) == 3
