@@ -110,6 +110,7 @@ def one(args) -> dict:
     from vlbatch.pipeline.config import JobConfig
     from vlbatch.pipeline.expansion import count_pending, expanded
     from vlbatch.pipeline.runner import _init_ray, _open_run, run_job
+    from vlbatch.pipeline.sources import open_source
 
     work = Path(args.work)
     model, man = str(work / "model"), manifest_for(work, args.one)
@@ -139,7 +140,7 @@ def one(args) -> dict:
     hcfg = JobConfig.model_validate({**job(model, man, half, args.cpus)})
     t2 = time.perf_counter()
     _, _, _, done = _open_run(hcfg, str(half / "scan"))
-    pending, _ = count_pending(expanded(hcfg, ray.put(done)).materialize())
+    pending, _ = count_pending(expanded(open_source(hcfg), ray.put(done)).materialize())
     resume_half = time.perf_counter() - t2
     return {"requests": s.requests_pending, "wall_s": wall, "rps": s.requests_pending / wall,
             "errors": s.processed_by_status.get("error", 0), "rss_mb": rss_run, "parts": len(parts),

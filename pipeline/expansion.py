@@ -1,6 +1,6 @@
 """Manifest rows -> pending `MediaTask` rows, as Ray Data tasks, and what counts them.
 
-`expanded(cfg, done)` is the lazy dataset of the read + expansion (`requests.expand_all` per
+`expanded(source, done)` is the lazy dataset of the read + expansion (`requests.expand_all` per
 block: one request per question, committed ids dropped, identical requests of a block once);
 `count_pending` counts a materialised one (a resumed run); on a fresh run the tasks tell a
 `Tally` actor their counts as they go, so the ETA's total never needs a second read of the
@@ -48,14 +48,14 @@ STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
 DUPLICATES_COLUMN = "duplicates_dropped"
 
 
-def expanded(cfg: JobConfig, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
-    """The lazy dataset of pending MediaTask rows (manifest read + expansion, committed ids dropped;
-    `done`: an `IdIndex` or its ObjectRef, see `expand_batch`)."""
-    from vlbatch.pipeline.sources import open_source, task_pool
+def expanded(source, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
+    """The lazy dataset of pending MediaTask rows of `source` (the run's `Source`: its manifest read
+    + expansion, committed ids dropped; `done`: an `IdIndex` or its ObjectRef, see `expand_batch`)."""
+    from vlbatch.pipeline.sources import task_pool
 
-    return open_source(cfg).read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
+    return source.read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
         expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),
-        fn_kwargs={"cfg": cfg, "done": done, "tally": tally})
+        fn_kwargs={"cfg": source.cfg, "done": done, "tally": tally})
 
 
 def count_pending(tasks_ds) -> tuple[int, int]:

@@ -184,8 +184,9 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
                 "resources.*.num_cpus or min_actors", what)
 
 
-def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
-    """The lazy dataset of write stats rows (`run_dir`: the run's URI, where its sink is)."""
+def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str):
+    """The lazy dataset of write stats rows (`source`: the run's `Source`; `run_dir`: the run's URI, where its
+    sink is)."""
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
@@ -207,10 +208,9 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
              "batch_size": r.write.batch_size, "batch_format": "pyarrow", **pool(r.write)}
     if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
         from vlbatch.pipeline.scan import ScanStage  # (pipeline/scan.py; no write pool)
-        from vlbatch.pipeline.sources import open_source
 
         return tasks_ds.map_batches(ScanStage, fn_constructor_kwargs=write["fn_constructor_kwargs"],
-                                    batch_size=scan_batch_size(cfg, open_source(cfg)), batch_format="pyarrow", **pool(r.preprocess))
+                                    batch_size=scan_batch_size(cfg, source), batch_format="pyarrow", **pool(r.preprocess))
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
         ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
                                   batch_format="pyarrow", **pool(r.preprocess))
@@ -228,7 +228,8 @@ def build_graph(cfg: JobConfig, tasks_ds, run_dir: str, run_id: str):
     return ds.map_batches(WriteStage, **write)
 
 
-def _stream_graph(cfg: JobConfig, tasks_ds, sink, run_id: str, progress: Progress, tally, known: int | None) -> None:
+def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
+                  known: int | None) -> None:
     """Run the graph, feeding its stats rows to `progress`. A fresh run's total (`known`: from the
     source's metadata count) is set at once when each media's request count is fixed, else when
     the tally has seen every manifest row (the expansion finished)."""
@@ -239,7 +240,7 @@ def _stream_graph(cfg: JobConfig, tasks_ds, sink, run_id: str, progress: Progres
         progress.total = known * k
     pending = None
     # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
-    for stats in build_graph(cfg, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
+    for stats in build_graph(cfg, source, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
                                                                           prefetch_batches=0):
         if tally is not None and known is not None and pending is None:
             pending = tally.get.remote()
@@ -268,6 +269,8 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`."""
     import ray
 
+    from vlbatch.pipeline.sources import open_source
+
     stream = stream or sys.stderr
     t0 = time.monotonic()
     run_id = cfg.resolved_run_id()
@@ -278,22 +281,21 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     _init_ray(cfg)
     t_expand = time.monotonic()
     tally = known = None
+    source = open_source(cfg)  # one per run: its listing and first schema are read once
     if len(done):  # resuming: count what is left first, and start nothing when that is nothing
         # one object-store copy of the committed ids, mapped zero-copy by every expansion task
-        tasks_ds = expanded(cfg, ray.put(done)).materialize()
+        tasks_ds = expanded(source, ray.put(done)).materialize()
         pending_n, dropped = count_pending(tasks_ds)
     else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
-        from vlbatch.pipeline.sources import open_source
-
-        known = open_source(cfg).count()
+        known = source.count()
         tally = ray.remote(num_cpus=0)(Tally).remote()
-        tasks_ds = expanded(cfg, done, **STREAMED_EXPAND, tally=tally)
+        tasks_ds = expanded(source, done, **STREAMED_EXPAND, tally=tally)
         pending_n = dropped = None
     del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
     if pending_n is None or pending_n:
-        _stream_graph(cfg, tasks_ds, sink, run_id, progress, tally, known)
+        _stream_graph(cfg, source, tasks_ds, sink, run_id, progress, tally, known)
     policy = cfg.output.roll_policy()
     sealed = sink.seal(policy.target_rows, policy.target_bytes)  # what writers still held at the end
     if tally is not None:

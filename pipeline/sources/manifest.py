@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+from functools import cached_property
 
 import pyarrow as pa
 import ray
@@ -135,15 +136,22 @@ class ManifestSource(Source):
     """Parquet (listed in the driver, read row group by row group in our tasks), JSONL and CSV
     (Ray Data's readers through the one storage layer), normalised to the manifest columns."""
 
+    def _retried(self, fn, what: str):
+        return with_retries(fn, what=f"{what} {self.cfg.input.uri}", storage=self.cfg.storage.options())
+
+    @cached_property
+    def _parquet_files(self) -> list[str]:
+        """A Parquet manifest's files, listed once per source (`read`, `count` and the first file's schema)."""
+        inp = self.cfg.input
+        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        return parquet_files(fs, path, inp.uri, self._retried)
+
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
         cfg = self.cfg
         inp = cfg.input
         storage = cfg.storage.options()
         fs, path = filesystem(inp.uri, storage)
-
-        def retried(fn, what: str):
-            return with_retries(fn, what=f"{what} {inp.uri}", storage=storage)
-
+        retried = self._retried
         if not retried(lambda: fs.exists(path) or fs.glob(path), "listing"):
             raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
         pafs = None if protocol_of(inp.uri) == "file" else arrow_filesystem(fs, storage)
@@ -151,7 +159,7 @@ class ManifestSource(Source):
         base = with_protocol(inp.uri, base)
         keep = self.keep_schema()
         if inp.format == "parquet":
-            files = parquet_files(fs, path, inp.uri, retried)
+            files = self._parquet_files
             return limit(ray.data.from_items([{"path": f} for f in files]).map_batches(
                 _read_parquet_files, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus,
                 compute=task_pool(concurrency), fn_kwargs={"cfg": cfg, "base_uri": base, "keep": keep}), inp.limit)
@@ -170,21 +178,25 @@ class ManifestSource(Source):
         inp = self.cfg.input
         if inp.format != "parquet":
             return False
-        schema = _first_schema(self._first_file(), inp.format, self.cfg.storage.options())
-        i = schema.get_field_index(inp.columns.media)
-        return i >= 0 and not _holds_uris(schema.field(i).type)
+        i = self._first_schema.get_field_index(inp.columns.media)
+        return i >= 0 and not _holds_uris(self._first_schema.field(i).type)
 
+    @cached_property
     def _first_file(self) -> str:
         """The first manifest file (sorted), the one whose schema stands for the input's."""
-        inp, storage = self.cfg.input, self.cfg.storage.options()
-        fs, path = filesystem(inp.uri, storage)
-        retried = lambda fn, what: with_retries(fn, what=f"{what} {inp.uri}", storage=storage)  # noqa: E731
+        inp = self.cfg.input
         if inp.format == "parquet":
-            return parquet_files(fs, path, inp.uri, retried)[0]
-        found = sorted(retried(lambda: fs.find(path) if fs.isdir(path) else fs.glob(path), "listing"))
+            return self._parquet_files[0]
+        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        found = sorted(self._retried(lambda: fs.find(path) if fs.isdir(path) else fs.glob(path), "listing"))
         if not found:
             raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
         return with_protocol(inp.uri, found[0])
+
+    @cached_property
+    def _first_schema(self) -> pa.Schema:
+        """The first file's schema, read once per source (`keep_schema`, `embeds_media`)."""
+        return _first_schema(self._first_file, self.cfg.input.format, self.cfg.storage.options())
 
     def keep_schema(self) -> pa.Schema | None:
         """The kept columns' types from the first manifest file: the Parquet schema, or the types
@@ -192,8 +204,7 @@ class ManifestSource(Source):
         names = self.cfg.input.columns.keep
         if not names:
             return None
-        first = self._first_file()
-        schema = _first_schema(first, self.cfg.input.format, self.cfg.storage.options())
+        first, schema = self._first_file, self._first_schema
         missing = [n for n in names if n not in schema.names]
         if missing:
             raise ConfigError(f"input.columns.keep: {first} has no column {', '.join(map(repr, missing))}; "
@@ -225,13 +236,8 @@ def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
         import pyarrow.parquet as pq
 
         storage = self.cfg.storage.options()
-        fs, path = filesystem(inp.uri, storage)
-
-        def retried(fn, what: str):
-            return with_retries(fn, what=f"{what} {inp.uri}", storage=storage)
-
         total = 0
-        for uri in parquet_files(fs, path, inp.uri, retried):
+        for uri in self._parquet_files:
             ffs, fpath = filesystem(uri, storage)
             with open_input(ffs, fpath, storage) as f:
                 total += pq.ParquetFile(f).metadata.num_rows
