@@ -142,7 +142,8 @@ def _packed(lens, h=3, dk=16, dv=8, seed=0):
     return [x[0] for x in (q, k, v, g, beta)], s0
 
 
-@pytest.mark.parametrize("impl", [TorchDeltaRule(), TorchDeltaRule(chunk_size=16)], ids=["torch64", "torch16"])
+@pytest.mark.parametrize("impl", [TorchDeltaRule(), TorchDeltaRule(chunk_size=64), TorchDeltaRule(chunk_size=7)],
+                         ids=["torch-auto", "torch64", "torch7"])
 @pytest.mark.parametrize("lens", [(1,), (1, 1, 1), (70, 1, 5, 129), (2, 64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_contract_against_the_naive_implementation(impl, lens, dtype):
@@ -165,6 +166,24 @@ def test_contract_against_the_naive_implementation(impl, lens, dtype):
     assert od.dtype == dtype and od.shape == (len(lens), 3, 8)
     assert not torch.equal(state, s) and (state - state_ref).abs().max() < TOL
     assert (od.float() - od_ref.float()).abs().max() < tol
+
+
+def test_auto_chunk_sizes_by_sequences_and_device_and_equal_the_fixed_sizes():
+    """`chunk_size=None` picks 32 for one or two sequences and 16 for more on the CPU, 64
+    elsewhere; the chunked form is exact at any size, so each auto call equals the same call
+    at chunk 64 (transformers' size) and the naive loop."""
+    from vlbatch.operators.kernels.delta_rule.torch_rule import auto_chunk
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [auto_chunk(lens, cpu) for lens in [(4096,), (3, 900), (1, 1, 1), (30,) * 64]] == [32, 32, 16, 16]
+    assert auto_chunk((30,) * 64, cuda) == auto_chunk((4096,), cuda) == 64
+    for lens in [(97,), (40, 33), (70, 1, 5, 129)]:  # both CPU branches, sequences over several chunks
+        (q, k, v, g, beta), s0 = _packed(lens, seed=sum(lens))
+        o, s = TorchDeltaRule().prefill(q, k, v, g, beta, s0, lens)
+        o64, s64 = TorchDeltaRule(chunk_size=64).prefill(q, k, v, g, beta, s0, lens)
+        o_ref, s_ref = NaiveDeltaRule().prefill(q, k, v, g, beta, s0, lens)
+        assert (o - o64).abs().max() < TOL and (s - s64).abs().max() < TOL
+        assert (o - o_ref).abs().max() < TOL and (s - s_ref).abs().max() < TOL
 
 
 def test_selection_picks_torch_on_the_cpu_and_rejects_unknown_names():

@@ -6,26 +6,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from vlbatch.operators.kernels.delta_rule import cpu_decode
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 from vlbatch.operators.kernels.delta_rule.chunked import recurrent_gated_delta_rule_
 from vlbatch.operators.kernels.delta_rule.packed import chunk_gated_delta_rule_packed
 
-# Tokens per chunk of the torch chunked rule (prefill). Shorter chunks are faster on CPU
-# (16: ~40% less time in the rule) but pass the state through more roundings: logits drift
-# ~1e-4 from transformers (which chunks by 64) instead of ~1e-5.
-TORCH_CHUNK = 64
+# Tokens per chunk of the packed chunked rule (prefill). The chunked form is exact at any
+# size, so this is a speed choice: on the CPU the rule's elementwise work on its [C, C]
+# blocks grows with C and the scan's per-step cost shrinks with it. Measured on one core
+# (benchmarks/RESULTS.md, 2026-12-01): 16 is 1.5-1.9x faster than 64 from three sequences
+# up (8 x 486, 27 x 88-216, 64 x 30 tokens), 32 the fastest for one or two long sequences
+# (64 and 16 within 15 % there). Against a float64 loop 16 and 32 are a little more
+# accurate than 64; logits against transformers (which chunks by 64) stay at ~1e-5
+# (tests/test_model_parity.py). On CUDA 64, transformers' and fla's size: fewer sequential steps.
+CPU_CHUNK, CPU_CHUNK_FEW, CUDA_CHUNK = 16, 32, 64
+
+
+def auto_chunk(lens: tuple[int, ...], device: torch.device) -> int:
+    """The prefill chunk for B = len(lens) packed sequences on `device` (see above)."""
+    if device.type != "cpu":
+        return CUDA_CHUNK
+    return CPU_CHUNK_FEW if len(lens) <= 2 else CPU_CHUNK
 
 
 @dataclass(frozen=True)
 class TorchDeltaRule(DeltaRuleKernels):
-    """`DeltaRuleKernels` in plain torch; `chunk_size` tokens per prefill chunk."""
+    """`DeltaRuleKernels` in plain torch; `chunk_size` tokens per prefill chunk, None: `auto_chunk` per call."""
 
-    chunk_size: int = TORCH_CHUNK
+    chunk_size: int | None = None
     name: ClassVar[str] = "torch"
 
     def prefill(self, q, k, v, g, beta, state, lens):
-        return chunk_gated_delta_rule_packed(q, k, v, g, beta, state, lens, self.chunk_size)
+        chunk = self.chunk_size or auto_chunk(tuple(lens), q.device)
+        return chunk_gated_delta_rule_packed(q, k, v, g, beta, state, lens, chunk)
 
     def decode_(self, q, k, v, g, beta, state):
         if cpu_decode.usable(state):
