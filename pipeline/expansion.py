@@ -15,6 +15,14 @@ from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.requests import expand_all
 from vlbatch.pipeline.rows import MediaTask, to_table
 
+# CPUs per read / expand task when they stream into the graph beside the actor pools (which
+# hold most of the CPUs), and one such task at a time: expansion costs microseconds per media
+# against the seconds the model spends on it, and every concurrent task is another worker
+# process to start (about 1.5 CPU-s each) while the actors are starting. The materialised
+# expansion of a resumed run keeps Ray's defaults.
+STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
+DUPLICATES_COLUMN = "duplicates_dropped"  # per expanded block: identical requests dropped, on its first row
+
 
 def expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Table:
     """One manifest block -> its pending MediaTask rows, identical requests once (the ids of one
@@ -36,16 +44,6 @@ def expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Tab
     counts = [dropped] + [0] * (len(rows) - 1) if rows else []
     return table.append_column(DUPLICATES_COLUMN, pa.array(counts, pa.int64()))
 
-
-# CPUs per read / expand task when they stream into the graph beside the actor pools (which
-# hold most of the CPUs), and one such task at a time: expansion costs microseconds per media
-# against the seconds the model spends on it, and every concurrent task is another worker
-# process to start (about 1.5 CPU-s each) while the actors are starting. The materialised
-# expansion of a resumed run keeps Ray's defaults.
-STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
-
-
-DUPLICATES_COLUMN = "duplicates_dropped"
 
 
 def expanded(source, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
