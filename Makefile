@@ -19,8 +19,10 @@ demo: .deps
 	PY=$(PY) infra/airflow/setup-venv.sh .venv-airflow
 	touch $@
 
+# PYTHONFAULTHANDLER: a crash after the last test (interpreter exit; seen once, 2026-12-01, after 887
+# passed) prints every thread's Python stack instead of a bare "Segmentation fault"
 test: .deps .venv-airflow/.ok
-	$(PY) -m pytest -q
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q
 
 lint: .deps
 	$(PY) -m ruff check .
