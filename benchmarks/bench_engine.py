@@ -21,8 +21,10 @@ the [DeltaNet x3, attention] pattern; `make_tiny_checkpoint` overrides) unless
     per token, DeltaNet state bytes per sequence.
 Linear layers (every `F.linear` call, which both models make for all their projections) are
 timed inside each (a) run, and the engine's run is split by phase (`phases.py`: prefill delta
-rule, decode state, attention, matmuls, python / host; (b)'s caches-on run too): the engine's own linear-layer seconds bound what any engine can
-reach on this CPU, so the ceiling printed is reference seconds / engine linear seconds.
+rule, decode state, attention, matmuls, python / host; (b)'s two runs too): the engine's own linear-layer seconds
+bound what any engine can reach on this CPU, so (a)'s ceiling is reference seconds / engine linear seconds, and
+(b) prints its matmul seconds off / on: the speed-up of engines whose only cost were their matmuls (the work the
+caches save), beside off total / on matmuls.
 Times are process CPU seconds (`time.process_time`, stable on a shared machine; equal to
 wall time for one thread on an idle one); wall seconds are printed beside them.
 """
@@ -164,7 +166,7 @@ def _reference(ref, proc, texts, images, new_tokens, batch, timer):
     return total, cpu, wall
 
 
-def main(argv=None) -> int:
+def _args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--requests", type=int, default=64)
@@ -180,6 +182,68 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.videos, args.questions, args.ref_batches = 16, 4, 4, "16"
+    return args
+
+
+def _part_a_engine(args, ckpt, reqs, prof, budgets):
+    """(a) the engine's run: (engine, tokens / CPU s, its phase timer), printed."""
+    phases = PhaseTimer()
+    engine, res, cpu, wall = _engine_run(ckpt, reqs, prof, phases, **budgets)
+    gen = sum(r.generated_tokens for r in res)
+    print(f"\n(a) {args.requests} captions x {args.new_tokens} tokens "
+          f"(prompts {min(r.prompt_len for r in reqs)}-{max(r.prompt_len for r in reqs)} tokens)")
+    print(f"  engine:        {gen} tokens in {cpu:.1f} s cpu ({wall:.1f} s wall): {gen / cpu:.1f} tok/s; "
+          f"linear layers {phases.seconds['matmuls']:.1f} s")
+    print(f"  engine phases (cpu):\n{phases.split(cpu)}")
+    return engine, gen / cpu, phases
+
+
+def _part_a_reference(args, ref, proc, texts, images, eng_tps: float, phases: PhaseTimer) -> None:
+    """(a) transformers `generate` at each batch size; the ratio to the best and the ceiling, printed."""
+    best, best_cpu = None, None
+    for b in [int(x) for x in args.ref_batches.split(",")]:
+        ref_linear = LinearTimer()
+        tot, rcpu, rwall = _reference(ref, proc, texts, images, args.new_tokens, b, ref_linear)
+        print(f"  transformers generate, batch {b:3d}: {tot} tokens in {rcpu:.1f} s cpu "
+              f"({rwall:.1f} s wall): {tot / rcpu:.1f} tok/s; linear layers {ref_linear.seconds:.1f} s")
+        if best is None or tot / rcpu > best:
+            best, best_cpu = tot / rcpu, rcpu
+    print(f"  ratio engine / best transformers: {eng_tps / best:.2f}x")
+    print(f"  ceiling (best reference cpu / the engine's linear-layer cpu, i.e. an engine whose only "
+          f"cost were its matmuls): {best_cpu / phases.seconds['matmuls']:.2f}x")
+
+
+def _part_b_runs(ckpt, reqs, prof, budgets) -> dict:
+    """(b) the same requests with prefix + vision caches on, then off; both split by phase."""
+    out = {}
+    for side, kw in (("on", budgets), ("off", {**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})):
+        phases = PhaseTimer()
+        engine, res, cpu, wall = _engine_run(ckpt, reqs, prof, phases, **kw)
+        out[side] = dict(tokens={r.id: r.token_ids for r in res}, cpu=cpu, wall=wall, stats=engine.stats(),
+                         phases=phases)
+        del engine
+    return out
+
+
+def _part_b_print(args, reqs, b: dict) -> None:
+    on, off = b["on"], b["off"]
+    print(f"\n(b) {args.videos} videos x {args.questions} questions, {args.video_new_tokens} new tokens each "
+          f"(prompts ~{reqs[0].prompt_len} tokens, {reqs[0].visual_tokens} visual)")
+    for side in ("on", "off"):
+        r, s = b[side], b[side]["stats"]
+        print(f"  caches {side + ':':<4} {r['cpu']:.1f} s cpu ({r['wall']:.1f} s wall), vision tower calls "
+              f"{s['vision_encodes']}, prefix hit tokens {s['prefix_hit_tokens']}, prefill tokens "
+              f"{s['prefill_tokens']}, decode tokens {s['decode_tokens']}")
+        print(f"  caches {side}, phases (cpu):\n{r['phases'].split(r['cpu'])}")
+    mm_on, mm_off = on["phases"].seconds["matmuls"], off["phases"].seconds["matmuls"]
+    print(f"  speed-up: {off['cpu'] / on['cpu']:.2f}x; identical outputs: {on['tokens'] == off['tokens']}")
+    # what the caches save is work: with every other cost gone on both sides the ratio is the matmuls'
+    print(f"  matmul seconds off / on (the speed-up of engines whose only cost were their matmuls): "
+          f"{mm_off / mm_on:.2f}x; off total / on matmuls: {off['cpu'] / mm_on:.2f}x")
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
     do_a, do_b = args.part in (None, "a", "c"), args.part in (None, "b")
     torch.set_num_threads(args.threads)
     # this process is ours: glibc keeps freed step temporaries (host_memory.py) for both contenders
@@ -209,53 +273,16 @@ def main(argv=None) -> int:
                        max_num_batched_tokens=4096)
 
         prof = cProfile.Profile(time.process_time) if args.profile else None  # CPU time: the machine may be shared
-        if do_a:  # (a) captioning: engine
-            phases = PhaseTimer()
-            engine, res, cpu, wall = _engine_run(ckpt, cap_reqs, prof, phases, **budgets)
-            gen = sum(r.generated_tokens for r in res)
-            eng_tps = gen / cpu
-            print(f"\n(a) {args.requests} captions x {args.new_tokens} tokens "
-                  f"(prompts {min(r.prompt_len for r in cap_reqs)}-{max(r.prompt_len for r in cap_reqs)} tokens)")
-            print(f"  engine:        {gen} tokens in {cpu:.1f} s cpu ({wall:.1f} s wall): {eng_tps:.1f} tok/s; "
-                  f"linear layers {phases.seconds['matmuls']:.1f} s")
-            print(f"  engine phases (cpu):\n{phases.split(cpu)}")
-
-        if do_b:  # (b) video QA: caches on vs off
-            phases_on = PhaseTimer()
-            on, res_on, cpu_on, wall_on = _engine_run(ckpt, vqa_reqs, prof, phases_on, **budgets)
-            off, res_off, cpu_off, wall_off = _engine_run(ckpt, vqa_reqs, prof, **{
-                **budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})
-            same = {r.id: r.token_ids for r in res_on} == {r.id: r.token_ids for r in res_off}
-            s_on, s_off = on.stats(), off.stats()
-            del on, off
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-        if do_a:  # (a) reference
-            best, best_cpu = None, None
-            for b in [int(x) for x in args.ref_batches.split(",")]:
-                ref_linear = LinearTimer()
-                tot, rcpu, rwall = _reference(ref, proc, cap_texts, images, args.new_tokens, b, ref_linear)
-                print(f"  transformers generate, batch {b:3d}: {tot} tokens in {rcpu:.1f} s cpu "
-                      f"({rwall:.1f} s wall): {tot / rcpu:.1f} tok/s; linear layers {ref_linear.seconds:.1f} s")
-                if best is None or tot / rcpu > best:
-                    best, best_cpu = tot / rcpu, rcpu
-            print(f"  ratio engine / best transformers: {eng_tps / best:.2f}x")
-            print(f"  ceiling (best reference cpu / the engine's linear-layer cpu, i.e. an engine whose only "
-                  f"cost were its matmuls): {best_cpu / phases.seconds['matmuls']:.2f}x")
-
-        if do_b:
-            print(f"\n(b) {args.videos} videos x {args.questions} questions, {args.video_new_tokens} new tokens each "
-                  f"(prompts ~{vqa_reqs[0].prompt_len} tokens, {vqa_reqs[0].visual_tokens} visual)")
-            print(f"  caches on:  {cpu_on:.1f} s cpu ({wall_on:.1f} s wall), vision tower calls "
-                  f"{s_on['vision_encodes']}, prefix hit tokens {s_on['prefix_hit_tokens']}, "
-                  f"prefill tokens {s_on['prefill_tokens']}")
-            print(f"  caches on, phases (cpu):\n{phases_on.split(cpu_on)}")
-            print(f"  caches off: {cpu_off:.1f} s cpu ({wall_off:.1f} s wall), vision tower calls "
-                  f"{s_off['vision_encodes']}, prefill tokens {s_off['prefill_tokens']}")
-            print(f"  speed-up: {cpu_off / cpu_on:.2f}x; identical outputs: {same}")
-
         if do_a:
-            _print_memory(engine, rss_mb, s_on if do_b else None)
+            engine, eng_tps, phases = _part_a_engine(args, ckpt, cap_reqs, prof, budgets)
+        b = _part_b_runs(ckpt, vqa_reqs, prof, budgets) if do_b else None
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if do_a:
+            _part_a_reference(args, ref, proc, cap_texts, images, eng_tps, phases)
+        if do_b:
+            _part_b_print(args, vqa_reqs, b)
+        if do_a:
+            _print_memory(engine, rss_mb, b["on"]["stats"] if do_b else None)
         if prof is not None:
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
             pstats.Stats(prof).sort_stats("cumtime").print_stats(args.profile)

@@ -66,8 +66,9 @@ def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
     res_c = {r.id: r for r in cached.generate(reqs)}
     res_p = {r.id: r for r in plain.generate(reqs)}
     assert res_c["q0"].cached_tokens == 0
-    bp12 = _branch_point(reqs[1], reqs[2])  # "Describe the" is shared by q1 and q2 only: one token deeper
-    assert bp12 % block and [res_c[f"q{i}"].cached_tokens for i in (1, 2)] == [bp, bp12]
+    # "Describe the" is shared by q1 and q2 only, one token deeper: no snapshot there (`spaced`)
+    bp12 = _branch_point(reqs[1], reqs[2])
+    assert 0 < bp12 - bp < block and [res_c[f"q{i}"].cached_tokens for i in (1, 2)] == [bp, bp]
     for i in range(3):
         assert res_c[f"q{i}"].token_ids == res_p[f"q{i}"].token_ids
         torch.testing.assert_close(rows_c[f"q{i}"], rows_p[f"q{i}"], atol=1e-4, rtol=0)
@@ -109,6 +110,29 @@ def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw):
     assert got == alone
     assert stats["prefix_evicted_nodes"] > 0 and stats["prefix_cache_bytes"] <= budget
     assert stats["prefix_hit_tokens"] > 0
+
+
+def test_a_full_cache_evicts_what_no_queued_request_will_reuse(ckpt, engine_kw):
+    """One sequence at a time, in this order: A, A, B, B, C, A; the cache holds the chat header
+    and two image prefixes. When C's prefix comes in, B's was used last, but nobody waits for
+    it, while A's last question still does: B's goes (plain LRU would drop A's)."""
+    qs = ["Describe it.", "What colour is it?", "How many shapes are there?"]
+    img = {k: ("image", image(50 + i, 48, 64)) for i, k in enumerate("ABC")}
+    order = [("A", 0), ("A", 1), ("B", 0), ("B", 1), ("C", 0), ("A", 2)]
+    reqs = [request(ckpt, f"{k}{i}", [img[k], qs[i]], system=SYSTEM, max_new_tokens=3) for k, i in order]
+    alone = _alone(ckpt, reqs, engine_kw)
+    roomy = _engine(ckpt, engine_kw, prefix_cache_bytes=1 << 30, max_num_seqs=1)
+    roomy.submit(reqs)
+    held = {}  # snapshots inserted -> prefix-cache bytes
+    while roomy.has_work:
+        roomy.step()
+        held.setdefault(roomy.stats()["snapshots_inserted"], roomy.stats()["prefix_cache_bytes"])
+    budget = held[3] + 1024  # the header, A's and B's prefixes: C's does not fit beside them
+    engine = _engine(ckpt, engine_kw, prefix_cache_bytes=budget, max_num_seqs=1)
+    res = {r.id: r for r in engine.generate(reqs)}
+    assert engine.stats()["prefix_evicted_nodes"] > 0
+    assert res["A2"].cached_tokens >= reqs[0].media[0].spans[-1][1]
+    assert {k: v.token_ids for k, v in res.items()} == alone
 
 
 def test_same_text_different_media_never_collide(ckpt, engine_kw):

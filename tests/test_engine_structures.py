@@ -190,6 +190,42 @@ def test_eviction_lru_under_budget_never_touches_locked():
     assert bm.num_free == bm.num_blocks and pc.nbytes == 0
 
 
+def test_eviction_takes_expected_prefixes_last_and_still_frees_blocks():
+    from vlbatch.operators.engine.branch_points import prefix_digest
+
+    bm = BlockManager(64, 4)
+    pc = RadixPrefixCache(bm, block_bytes=10, budget_bytes=2 * _snap(0).nbytes + 100)
+    keys = [np.array([i, 1, 2, 3, 4, 5]) for i in range(3)]
+    for i in range(2):
+        t = _computed(bm, 6)
+        pc.insert(keys[i][:5], t, _snap(i))  # prefix 0 is the least recently used
+        bm.decref(t)
+    pc.expect([prefix_digest(keys[0], 5)])  # a queued request plans to reuse prefix 0
+    t = _computed(bm, 6)
+    pc.insert(keys[2][:5], t, _snap(2))  # over budget: the unexpected prefix 1 goes, not the LRU one
+    bm.decref(t)
+    assert pc.match(keys[0], 5).length == 5 and pc.match(keys[1], 5).length == 0
+    pc.unexpect([prefix_digest(keys[0], 5)])
+    pc.match(keys[0], 5)  # prefix 0 is now the most recently used: plain LRU takes prefix 2
+    pc.budget_bytes = _snap(0).nbytes + 100
+    pc.evict_to_budget()
+    assert pc.match(keys[0], 5).length == 5 and pc.match(keys[2], 5).length == 0
+    pc.expect([prefix_digest(keys[0], 5)])
+    assert pc.evict_blocks(bm.num_blocks) is True and pc.nbytes == 0  # KV memory still comes first
+
+
+def test_snapshot_points_are_spaced_by_a_block_and_a_branch_replaces_the_media_end():
+    from vlbatch.operators.engine.prefix_cache import spaced
+
+    # a 13-token header, the media end at 461, all siblings branch at 463, pairs at 465 / 466
+    assert spaced((13, 463, 465, 466), 461, 486, 16) == (463,)
+    assert spaced((40, 100), 60, 120, 16) == (40, 60, 100)  # far enough apart: all kept
+    assert spaced((55, 80), 50, 120, 16) == (55, 80)  # the branch point replaces the media end
+    assert spaced((30,), 35, 120, 16) == (30,)  # a media end just after a branch adds nothing
+    assert spaced((20, 40), None, 40, 16) == (20,)  # never at the prompt's end
+    assert spaced((), None, 10, 16) == ()
+
+
 # -- planning --------------------------------------------------------------------------------
 def test_branch_points_match_all_pairs_reference():
     rng = random.Random(0)

@@ -16,7 +16,8 @@ whose data for positions up to its end are valid for the path. A block fully ins
 copied by the caller (copy-on-write: the original stays with the tree). Eviction: least
 recently used unlocked leaves first, down to `budget_bytes` (counted as snapshot bytes
 plus distinct KV blocks held by the tree), or until the block manager has `n` free
-blocks (`evict_blocks`).
+blocks (`evict_blocks`); a leaf that queued requests expect to reuse (`expect`) goes only
+after every other one (a video's prefix is not dropped while its other questions wait).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import plan_branch_points
+from vlbatch.operators.engine.branch_points import plan_branch_points, prefix_digest
 from vlbatch.operators.engine.state_pool import Snapshot
 
 _OFFSET_BITS = 24
@@ -69,10 +70,12 @@ class KeyCodec:
 
 
 class Node:
-    __slots__ = ("key", "start", "parent", "children", "blocks", "snapshot", "lock", "last_used")
+    __slots__ = ("key", "start", "parent", "children", "blocks", "snapshot", "lock", "last_used", "digest")
 
-    def __init__(self, key: np.ndarray, start: int, parent: Node | None, blocks: list[int]):
+    def __init__(self, key: np.ndarray, start: int, parent: Node | None, blocks: list[int],
+                 digest: bytes | None = None):
         self.key = key
+        self.digest = digest  # prefix_digest of the keys [0, end): what `expect` names
         self.start = start
         self.parent = parent
         self.children: dict[int, Node] = {}
@@ -103,6 +106,28 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if len(neq) else n
 
 
+def spaced(branches: tuple[int, ...], media_end: int | None, prompt_len: int, gap: int) -> tuple[int, ...]:
+    """The snapshot points of one prompt: its branch points and its last media item's end, ascending,
+    none closer than `gap` to the one before (or to 0), none at the prompt's end. Each snapshot
+    holds a whole DeltaNet state; one a few tokens past another (questions that share their
+    first word, a short chat header) would save a few tokens of prefill. Of two close points
+    the earlier is kept (every prompt that shares the later one shares it), except that a branch
+    point replaces the media end before it: the siblings of this call share the branch point,
+    and the tokens between (the template after the media) are those any question has."""
+    kept: list[int] = []
+    media = False  # is kept[-1] the media end?
+    for p in sorted(set(branches) | ({media_end} if media_end is not None else set())):
+        if p >= prompt_len:
+            break
+        branch = p in branches
+        if p - (kept[-1] if kept else 0) >= gap:
+            kept.append(p)
+            media = not branch
+        elif kept and media and branch:
+            kept[-1], media = p, False
+    return tuple(kept)
+
+
 class PrefixCache(ABC):
     """What the scheduler and the engine use of a prefix cache (they never ask which one).
 
@@ -123,6 +148,9 @@ class PrefixCache(ABC):
       out of them).
     - `evict_blocks(n) -> bool`: drop unlocked entries until the block manager has `n`
       free blocks; False if impossible.
+    - `expect(digests)` / `unexpect(digests)` (`branch_points.prefix_digest` of a queued
+      request's keys at its planned branch points): while expected, a prefix is evicted only
+      after every unexpected one (a preference, never a lock: KV memory always comes first).
     - `stats() -> dict`: `prefix_cache_bytes` (held now) and `prefix_evicted_nodes`.
     """
 
@@ -143,6 +171,12 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def evict_blocks(self, n: int) -> bool: ...
+
+    @abstractmethod
+    def expect(self, digests) -> None: ...
+
+    @abstractmethod
+    def unexpect(self, digests) -> None: ...
 
     @abstractmethod
     def stats(self) -> dict[str, int]: ...
@@ -169,6 +203,12 @@ class NoPrefixCache(PrefixCache):
     def evict_blocks(self, n: int) -> bool:
         return False
 
+    def expect(self, digests) -> None:
+        pass
+
+    def unexpect(self, digests) -> None:
+        pass
+
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_bytes": 0, "prefix_evicted_nodes": 0}
 
@@ -187,6 +227,7 @@ class RadixPrefixCache(PrefixCache):
         self._snap_bytes = 0
         self._clock = itertools.count(1)
         self.evicted_nodes = 0
+        self._expected: Counter[bytes] = Counter()  # prefix digest -> queued requests expecting it
 
     # -- accounting ----------------------------------------------------------------------
     @property
@@ -207,11 +248,21 @@ class RadixPrefixCache(PrefixCache):
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_bytes": self.nbytes, "prefix_evicted_nodes": self.evicted_nodes}
 
+    def expect(self, digests) -> None:
+        self._expected.update(digests)
+
+    def unexpect(self, digests) -> None:
+        self._expected.subtract(digests)
+        for d in digests:
+            if self._expected[d] <= 0:
+                del self._expected[d]
+
     # -- planning --------------------------------------------------------------------------
     def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]:
         """Where the prompts of one call branch off each other, plus the end of each prompt's
-        last media item (so a later call with the same media reuses it)."""
-        return [tuple(sorted(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()) - {r.prompt_len}))
+        last media item (so a later call with the same media reuses it), spaced by one KV
+        block (`spaced`)."""
+        return [spaced(bp, r.media[-1].spans[-1][1] if r.media else None, r.prompt_len, self.bs)
                 for r, bp in zip(requests, plan_branch_points(keys), strict=False)]
 
     # -- lookup ----------------------------------------------------------------------------
@@ -263,12 +314,13 @@ class RadixPrefixCache(PrefixCache):
             node = node.parent
 
     # -- insertion -------------------------------------------------------------------------
-    def _split(self, child: Node, n: int) -> Node:
-        """Cut `child` after n keys; returns the new parent node [start, start + n)."""
+    def _split(self, child: Node, n: int, keys: np.ndarray) -> Node:
+        """Cut `child` after n keys; returns the new parent node [start, start + n) (`keys`:
+        a key path through it)."""
         bs, s = self.bs, child.start
         cut = s + n
         head_blocks = child.blocks[: -(-cut // bs) - s // bs]
-        mid = Node(child.key[:n], s, child.parent, head_blocks)
+        mid = Node(child.key[:n], s, child.parent, head_blocks, prefix_digest(keys, cut))
         mid.lock, mid.last_used = child.lock, child.last_used
         tail_first = cut // bs - s // bs
         if cut % bs:  # the straddling block is now held by both halves
@@ -287,12 +339,12 @@ class RadixPrefixCache(PrefixCache):
         path, partial, pos = self._walk(keys)
         parent = path[-1] if path else self.root
         if partial is not None:
-            parent = self._split(partial, pos - partial.start)
+            parent = self._split(partial, pos - partial.start, keys)
         if pos < p:
             bs = self.bs
             new_blocks = list(block_table[pos // bs: -(-p // bs)])
             self._hold(new_blocks)
-            leaf = Node(keys[pos:p].copy(), pos, parent, new_blocks)
+            leaf = Node(keys[pos:p].copy(), pos, parent, new_blocks, prefix_digest(keys, p))
             parent.children[int(keys[pos])] = leaf
             parent = leaf
         node = parent
@@ -331,7 +383,7 @@ class RadixPrefixCache(PrefixCache):
             leaves = self._leaves()
             if not leaves:
                 return False
-            for leaf in sorted(leaves, key=lambda n: n.last_used):
+            for leaf in sorted(leaves, key=lambda n: (self._expected[n.digest] > 0, n.last_used)):
                 self._remove(leaf)
                 if done():
                     return True

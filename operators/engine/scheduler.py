@@ -7,7 +7,8 @@ Each step packs, under `max_num_batched_tokens` and `max_num_seqs`:
 2. then waiting sequences, first come first served, each starting from its prefix-cache
    hit. A waiting sequence whose next planned branch point is being computed right now
    by another sequence is skipped until that prefix is cached (sibling groups: the
-   shared prefix is computed once).
+   shared prefix is computed once). While a sequence waits, the prefixes it plans to reuse
+   are `expect`ed in the prefix cache, which then evicts them last.
 
 KV blocks are allocated chunk by chunk. When none are free, unlocked prefix-cache leaves
 are evicted first, then the most recently admitted running sequence is preempted
@@ -74,6 +75,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._in_flight: dict[bytes, Sequence] = {}  # prefix digest -> the sequence computing it
         self._digests: dict[int, dict[int, bytes]] = {}  # id(seq) -> {branch point: digest}
+        self._expecting: set[int] = set()  # id(seq) of waiting sequences whose digests the cache expects
         self.stats = SchedulerStats()
         self.failed: list[tuple[Sequence, str]] = []  # finished with an error; the engine reports them
 
@@ -84,7 +86,18 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self._digests[id(seq)] = {p: prefix_digest(seq.keys, p) for p in seq.planned}
+        self._expect(seq)
         self.waiting.append(seq)
+
+    def _expect(self, seq: Sequence) -> None:
+        if id(seq) not in self._expecting:
+            self._expecting.add(id(seq))
+            self.cache.expect(self._digests.get(id(seq), {}).values())
+
+    def _unexpect(self, seq: Sequence) -> None:
+        if id(seq) in self._expecting:
+            self._expecting.discard(id(seq))
+            self.cache.unexpect(self._digests.get(id(seq), {}).values())
 
     @property
     def has_work(self) -> bool:
@@ -179,6 +192,7 @@ class Scheduler:
             self.pool.restore(seq.slot, match.snapshot)
         seq.node, seq.cached_tokens = match.node, m
         seq.status = Status.RUNNING
+        self._unexpect(seq)  # it holds its hit now, and computes the rest itself
         seq.t_admitted = seq.t_admitted or time.perf_counter()
         if m:
             self.stats.prefix_hits += 1
@@ -229,10 +243,12 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.stats.preemptions += 1
+        self._expect(seq)
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
         self._release(seq)
+        self._unexpect(seq)
         seq.status = Status.FINISHED
         self._digests.pop(id(seq), None)
 
@@ -241,6 +257,7 @@ class Scheduler:
         for seq in list(self.running):
             self.finish(seq)
         for seq in self.waiting:
+            self._unexpect(seq)
             seq.status = Status.FINISHED
         self.waiting.clear()
         self._digests.clear()
