@@ -2,7 +2,7 @@
 
     python3 -m benchmarks.bench_engine [--threads 1] [--requests 64] [--new-tokens 64]
         [--videos 16] [--questions 8] [--ref-batches 8,64] [--model-dir DIR]
-        [--part a|b|c] [--quick] [--profile N]
+        [--part a|b|c] [--quick] [--profile N] [--repeat N]
 
 `--part` runs one part only (c needs the engine of (a), so it runs (a) too); `--quick`
 shrinks the workload (16 captions, 4 videos x 4 questions, reference batch 16) for
@@ -16,7 +16,9 @@ the [DeltaNet x3, attention] pattern; `make_tiny_checkpoint` overrides) unless
     (eos ignored so every contender generates the same number): our engine vs
     transformers `generate` (greedy, left padding) at each `--ref-batches` size, best kept.
 (b) `--videos` videos x `--questions` questions: the engine with prefix + vision caches
-    vs the same engine with both off; vision tower calls of each.
+    vs the same engine with both off; vision tower calls of each; `--repeat N` runs N rounds
+    of (on, off) and prints each round's speed-up and the median (the machine's speed drifts
+    between runs: one pair can be 10 % off).
 (c) peak RSS of this process after the engine runs (before the reference loads), KV bytes
     per token, DeltaNet state bytes per sequence.
 Linear layers (every `F.linear` call, which both models make for all their projections) are
@@ -179,6 +181,8 @@ def _args(argv):
     ap.add_argument("--part", choices=["a", "b", "c"], default=None, help="run one part only")
     ap.add_argument("--quick", action="store_true", help="small workload for iterating")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the engine runs, print top N")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="(b): rounds of on, off (the machine's speed drifts: each round's ratio and the median)")
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.videos, args.questions, args.ref_batches = 16, 4, 4, "16"
@@ -213,15 +217,22 @@ def _part_a_reference(args, ref, proc, texts, images, eng_tps: float, phases: Ph
           f"cost were its matmuls): {best_cpu / phases.seconds['matmuls']:.2f}x")
 
 
-def _part_b_runs(ckpt, reqs, prof, budgets) -> dict:
-    """(b) the same requests with prefix + vision caches on, then off; both split by phase."""
-    out = {}
-    for side, kw in (("on", budgets), ("off", {**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})):
-        phases = PhaseTimer()
-        engine, res, cpu, wall = _engine_run(ckpt, reqs, prof, phases, **kw)
-        out[side] = dict(tokens={r.id: r.token_ids for r in res}, cpu=cpu, wall=wall, stats=engine.stats(),
-                         phases=phases)
-        del engine
+def _part_b_runs(ckpt, reqs, prof, budgets, rounds: int) -> dict:
+    """(b) the same requests with prefix + vision caches on, then off, `rounds` times; each run
+    split by phase. -> {"on" / "off": the first round's run, "rounds": [(on cpu, off cpu)]}."""
+    out: dict = {"rounds": []}
+    for _ in range(rounds):
+        pair = {}
+        for side, kw in (("on", budgets), ("off", {**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})):
+            phases = PhaseTimer()
+            engine, res, cpu, wall = _engine_run(ckpt, reqs, prof, phases, **kw)
+            pair[side] = dict(tokens={r.id: r.token_ids for r in res}, cpu=cpu, wall=wall, stats=engine.stats(),
+                              phases=phases)
+            del engine
+        out.setdefault("on", pair["on"])
+        out.setdefault("off", pair["off"])
+        out["rounds"].append((pair["on"]["cpu"], pair["off"]["cpu"],
+                              pair["on"]["tokens"] == pair["off"]["tokens"] == out["on"]["tokens"]))
     return out
 
 
@@ -237,6 +248,11 @@ def _part_b_print(args, reqs, b: dict) -> None:
         print(f"  caches {side}, phases (cpu):\n{r['phases'].split(r['cpu'])}")
     mm_on, mm_off = on["phases"].seconds["matmuls"], off["phases"].seconds["matmuls"]
     print(f"  speed-up: {off['cpu'] / on['cpu']:.2f}x; identical outputs: {on['tokens'] == off['tokens']}")
+    if len(b["rounds"]) > 1:
+        ratios = [f / o for o, f, _ in b["rounds"]]
+        print(f"  rounds (on, off cpu s): {', '.join(f'{o:.1f} / {f:.1f}' for o, f, _ in b['rounds'])}; speed-ups "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}: median {float(np.median(ratios)):.2f}x; identical outputs in "
+              f"every round: {all(same for _, _, same in b['rounds'])}")
     # what the caches save is work: with every other cost gone on both sides the ratio is the matmuls'
     print(f"  matmul seconds off / on (the speed-up of engines whose only cost were their matmuls): "
           f"{mm_off / mm_on:.2f}x; off total / on matmuls: {off['cpu'] / mm_on:.2f}x")
@@ -275,7 +291,7 @@ def main(argv=None) -> int:
         prof = cProfile.Profile(time.process_time) if args.profile else None  # CPU time: the machine may be shared
         if do_a:
             engine, eng_tps, phases = _part_a_engine(args, ckpt, cap_reqs, prof, budgets)
-        b = _part_b_runs(ckpt, vqa_reqs, prof, budgets) if do_b else None
+        b = _part_b_runs(ckpt, vqa_reqs, prof, budgets, args.repeat) if do_b else None
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if do_a:
             _part_a_reference(args, ref, proc, cap_texts, images, eng_tps, phases)

@@ -8,6 +8,8 @@ from test_engine_support import assert_static_used, image, request
 from vlbatch.operators.engine.engine import Engine
 
 SYSTEM = "You are a careful visual assistant."
+# shared text after the image, longer than a KV block: the questions' branch point gets its own snapshot
+LEAD = "Look at the whole picture carefully, from left to right, then answer briefly. "
 QUESTIONS = ["Describe it.", "Describe the colours.", "Describe the shapes in detail.", "Describe the mood.",
              "Describe the light.", "Describe the background."]
 
@@ -57,10 +59,12 @@ def _branch_point(a, b) -> int:
 
 def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
     img = ("image", image(3, 48, 64))
-    reqs = [request(ckpt, f"q{i}", [img, q], system=SYSTEM, max_new_tokens=5) for i, q in enumerate(QUESTIONS[:3])]
+    reqs = [request(ckpt, f"q{i}", [img, LEAD + q], system=SYSTEM, max_new_tokens=5)
+            for i, q in enumerate(QUESTIONS[:3])]
     bp = _branch_point(reqs[0], reqs[1])
     block = 16 if bp % 16 else 12
-    assert bp % block and bp > reqs[0].media[0].spans[-1][1]  # shared text after the image, mid-block
+    # shared text after the image, more than a block of it (`spaced`), the branch mid-block
+    assert bp % block and bp - reqs[0].media[0].spans[-1][1] >= 16
     cached, plain = _engine(ckpt, engine_kw, block_size=block), _engine(ckpt, engine_kw, block_size=block, prefix_cache_bytes=0)
     rows_c, rows_p = _spy_prompt_logits(cached), _spy_prompt_logits(plain)
     res_c = {r.id: r for r in cached.generate(reqs)}
@@ -77,7 +81,7 @@ def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
 
 def test_copy_on_write_isolation(ckpt, engine_kw):
     img = ("image", image(4, 40, 72))
-    reqs = [request(ckpt, f"c{i}", [img, q], system=SYSTEM, max_new_tokens=7) for i, q in enumerate(QUESTIONS)]
+    reqs = [request(ckpt, f"c{i}", [img, LEAD + q], system=SYSTEM, max_new_tokens=7) for i, q in enumerate(QUESTIONS)]
     alone = _alone(ckpt, reqs, engine_kw)
     engine = _engine(ckpt, engine_kw, block_size=16)
     first = {r.id: r.token_ids for r in engine.generate(reqs[:2])}

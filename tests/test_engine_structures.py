@@ -214,16 +214,15 @@ def test_eviction_takes_expected_prefixes_last_and_still_frees_blocks():
     assert pc.evict_blocks(bm.num_blocks) is True and pc.nbytes == 0  # KV memory still comes first
 
 
-def test_snapshot_points_are_spaced_by_a_block_and_a_branch_replaces_the_media_end():
+def test_snapshot_points_are_spaced_by_a_block_keeping_the_earlier():
     from vlbatch.operators.engine.prefix_cache import spaced
 
     # a 13-token header, the media end at 461, all siblings branch at 463, pairs at 465 / 466
-    assert spaced((13, 463, 465, 466), 461, 486, 16) == (463,)
-    assert spaced((40, 100), 60, 120, 16) == (40, 60, 100)  # far enough apart: all kept
-    assert spaced((55, 80), 50, 120, 16) == (55, 80)  # the branch point replaces the media end
-    assert spaced((30,), 35, 120, 16) == (30,)  # a media end just after a branch adds nothing
-    assert spaced((20, 40), None, 40, 16) == (20,)  # never at the prompt's end
-    assert spaced((), None, 10, 16) == ()
+    assert spaced({13, 461, 463, 465, 466}, 486, 16) == (461,)
+    assert spaced({40, 60, 100}, 120, 16) == (40, 60, 100)  # far enough apart: all kept
+    assert spaced({16, 31, 32, 47, 48}, 120, 16) == (16, 32, 48)  # measured from the last kept one
+    assert spaced({20, 40}, 40, 16) == (20,)  # never at the prompt's end
+    assert spaced(set(), 10, 16) == ()
 
 
 # -- planning --------------------------------------------------------------------------------

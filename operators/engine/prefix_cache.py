@@ -106,25 +106,19 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if len(neq) else n
 
 
-def spaced(branches: tuple[int, ...], media_end: int | None, prompt_len: int, gap: int) -> tuple[int, ...]:
-    """The snapshot points of one prompt: its branch points and its last media item's end, ascending,
-    none closer than `gap` to the one before (or to 0), none at the prompt's end. Each snapshot
-    holds a whole DeltaNet state; one a few tokens past another (questions that share their
-    first word, a short chat header) would save a few tokens of prefill. Of two close points
-    the earlier is kept (every prompt that shares the later one shares it), except that a branch
-    point replaces the media end before it: the siblings of this call share the branch point,
-    and the tokens between (the template after the media) are those any question has."""
+def spaced(points, prompt_len: int, gap: int) -> tuple[int, ...]:
+    """The snapshot points of one prompt: `points` ascending, below `prompt_len`, each at least
+    `gap` past the one kept before it (and past 0). Each snapshot holds a whole DeltaNet state;
+    one a few tokens past another (questions that share their first word, a short chat header)
+    would save a few tokens of prefill. Of two close points the earlier is kept: every prompt
+    that shares the later one shares it, and a media's end stays the point a later call with
+    the same media and another question finds."""
     kept: list[int] = []
-    media = False  # is kept[-1] the media end?
-    for p in sorted(set(branches) | ({media_end} if media_end is not None else set())):
+    for p in sorted(points):
         if p >= prompt_len:
             break
-        branch = p in branches
         if p - (kept[-1] if kept else 0) >= gap:
             kept.append(p)
-            media = not branch
-        elif kept and media and branch:
-            kept[-1], media = p, False
     return tuple(kept)
 
 
@@ -262,7 +256,7 @@ class RadixPrefixCache(PrefixCache):
         """Where the prompts of one call branch off each other, plus the end of each prompt's
         last media item (so a later call with the same media reuses it), spaced by one KV
         block (`spaced`)."""
-        return [spaced(bp, r.media[-1].spans[-1][1] if r.media else None, r.prompt_len, self.bs)
+        return [spaced(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()), r.prompt_len, self.bs)
                 for r, bp in zip(requests, plan_branch_points(keys), strict=False)]
 
     # -- lookup ----------------------------------------------------------------------------
