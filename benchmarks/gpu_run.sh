@@ -5,7 +5,7 @@
 # blake3, and no network. Nothing the steps import goes beyond these and the carried wheels.
 #
 # Prepare here, once (the device reaches no package registry):
-#   bash benchmarks/gpu_wheels.sh      # fla-core, einops, blake3 (cp312) into .whl/ (excluded from git)
+#   bash benchmarks/gpu_wheels.sh      # fla-core, einops, blake3 (cp312) into .whl/ (git-ignored)
 # then the device tool's run: carry [".whl"], command "bash benchmarks/gpu_run.sh", timeout_s 480.
 # The CPU rehearsal (tests/test_gpu_run.py runs it in a venv holding only the packages above):
 #   python3 -m benchmarks.device_env /tmp/devenv --wheels /tmp/devwhl

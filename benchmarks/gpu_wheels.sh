@@ -3,13 +3,12 @@
 # which reaches no package registry: fla-core (fla's Triton kernels, pure Python) and its einops, and
 # blake3 (the engine's media hash; compiled, so the cp312 manylinux build). Run here, once, with network:
 #   bash benchmarks/gpu_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
-# .whl/ is added to .git/info/exclude (it never enters the repository); the device tool carries it.
+# .whl/ is git-ignored (.gitignore): it never enters the repository; the device tool carries it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.whl}
 PYV=${2:-3.12}
 mkdir -p "$DEST"
-grep -qxF "/$DEST/" .git/info/exclude 2>/dev/null || echo "/$DEST/" >> .git/info/exclude
 python3 -m pip download -q --no-deps -d "$DEST" fla-core==0.6.0 einops
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
   --platform manylinux_2_17_x86_64 -d "$DEST" blake3
