@@ -17,7 +17,8 @@
 # soon as it ends (a run stopped by its time limit keeps what it measured):
 #   00_check     one line: python, torch + CUDA + free GPU memory, triton, transformers, carried wheels,
 #                the tree's import, and what is missing (a fatal gap stops the run here)
-#   01_parity    greedy tokens of our engine vs transformers on tiny dense / tied / MoE checkpoints
+#   01_parity    greedy tokens of our engine vs transformers on tiny dense / tied / MoE checkpoints,
+#                teacher-forced logits of both against transformers in float32
 #   02_kernels   fla / Triton attention / MoE kernels vs their references
 #   03_nine_b    9B shape: engine vs transformers generate (images/s, tokens/s, CUDA graphs off/on,
 #                decode vs the HBM roofline), video QA caches on/off, peak memory vs the plan
@@ -82,6 +83,12 @@ step() {
 
 step 00_check 60 "$PY" -m benchmarks.gpu_check "${CHECK[@]}" --json "$OUT/00_check.json" || exit 1
 step 01_parity "${LIMITS[0]}" "$PY" -m benchmarks.gpu_parity "${PARITY[@]}" --json "$OUT/01_parity.json"
+if [[ $REHEARSE == 1 ]]; then
+  # bf16 on the CPU parts at near-ties (tiny random models have flat logits): the device run's report
+  # path (first divergence, both logits, router margins) runs here too; its verdict is not the test's
+  step 01b_parity_bf16 0 "$PY" -m benchmarks.gpu_parity --device cpu --dtype bfloat16 --new-tokens 16 --report-only \
+    --json "$OUT/01b_parity_bf16.json"
+fi
 if [[ $REHEARSE == 1 ]]; then
   # Triton runs on the CPU only in its interpreter, which must be on before triton is imported
   step 02_kernels 0 env TRITON_INTERPRET=1 "$PY" -m benchmarks.gpu_kernels "${KERNELS[@]}" --json "$OUT/02_kernels.json"

@@ -79,13 +79,22 @@ def test_rehearsal_runs_every_step_in_the_device_env(device_python, tmp_path):
                           env={**os.environ, **env}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert (out / "summary.txt").read_text().split("\n")[:-1] == [
-        f"{s}: exit 0" for s in ("00_check", "01_parity", "02_kernels", "03_nine_b")]
+        f"{s}: exit 0" for s in ("00_check", "01_parity", "01b_parity_bf16", "02_kernels", "03_nine_b")]
     check = _json(out, "00_check.json")
     assert check["missing"] == [] and check["carried"]["blake3"]
     parity = _json(out, "01_parity.json")
     assert parity["verdict"] == "same tokens" and parity["transformers"]
     assert sorted((c["variant"], c["prompt"]) for c in parity["cases"] if c["same"] and c["tokens"] == 8) == \
         sorted((v, p) for v in ("dense", "dense_tied", "moe") for p in ("image", "video"))
+    assert all(c["logits_ok"] and c["max_logit_err_vs_float32"]["ours"] < 1e-3 for c in parity["cases"])
+    bf16 = _json(out, "01b_parity_bf16.json")  # the report's shape, not its verdict (CPU rounding decides it)
+    assert len(bf16["cases"]) == 6 and bf16["dtype"] == "bfloat16"
+    for c in bf16["cases"]:
+        div = c["first_divergence"]
+        assert c["same"] == (div is None) and set(c["median_logit_err_vs_float32"]) == {"ours", "ref"}
+        if div is not None and "ref_logits" in div:
+            assert div["tie"] in ("logits", "router", None) and {"ref_token", "ours_token"} == set(div["ours_logits"])
+            assert c["variant"] == "moe" or div["router_margin"] is None  # dense models have no router
     kernels = _json(out, "02_kernels.json")
     assert kernels["failed"] == []
     assert {"torch/bfloat16", "naive/float32"} <= set(kernels["delta_rule"])
