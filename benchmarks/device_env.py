@@ -10,7 +10,8 @@ without system site-packages and links into its site-packages exactly those dist
 and their dependencies (requirement markers evaluated, no extras), taken from this
 interpreter's installs: nothing is downloaded, and it takes a second. What the device
 lacks stays missing here, so a step that imports ray fails the rehearsal as it would
-fail on the device.
+fail on the device. (A folder several distributions share, such as `nvidia/`, is linked
+whole: packages of the closure's namespaces come along; none of the absent ones live there.)
 
 `wheel_from_installed(name, dest)` packs an installed distribution back into a wheel, so
 a rehearsal can carry a wheel (blake3) the way the device run carries downloaded ones.

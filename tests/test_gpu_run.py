@@ -70,6 +70,7 @@ def _json(out: Path, name: str) -> dict:
     return json.loads((out / name).read_text())
 
 
+@pytest.mark.slow
 def test_rehearsal_runs_every_step_in_the_device_env(device_python, tmp_path):
     python, wheels = device_python
     out = tmp_path / "out"
