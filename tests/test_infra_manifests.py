@@ -5,6 +5,7 @@ the Dockerfile, and infra/job.yaml (validated by `vlbatch.pipeline.config.load_c
 """
 from __future__ import annotations
 
+import copy
 import re
 import shlex
 import tomllib
@@ -108,6 +109,20 @@ def _gib(q: str) -> float:
     return float(m.group(1)) / (1024 if m.group(2) == "Mi" else 1)
 
 
+CONFIG_MOUNT = "/etc/vlbatch"
+
+
+def split_config_mount(cluster_spec: dict) -> tuple[dict, dict, dict]:
+    """A RayJob's cluster spec -> (the spec less the job-config volume and its head mount,
+    the volume, the mount). The volume is the head pod's only one, a ConfigMap."""
+    spec = copy.deepcopy(cluster_spec)
+    pod = spec["headGroupSpec"]["template"]["spec"]
+    (volume,) = pod.pop("volumes")
+    (head,) = pod["containers"]
+    (mount,) = head.pop("volumeMounts")
+    return spec, volume, mount
+
+
 @pytest.mark.parametrize("rel,path", [("kuberay/rayjob.yaml", ("spec",)),
                                       ("kuberay/raycronjob.yaml", ("spec", "jobTemplate"))])
 def test_rayjob_and_cronjob_run_our_cli_on_the_same_cluster(rel, path, cluster, job):
@@ -116,12 +131,11 @@ def test_rayjob_and_cronjob_run_our_cli_on_the_same_cluster(rel, path, cluster, 
     spec = doc
     for key in path:
         spec = spec[key]
-    assert spec["rayClusterSpec"] == cluster["spec"], "same cluster shape as raycluster.yaml"
+    bare, _, _ = split_config_mount(spec["rayClusterSpec"])
+    assert bare == cluster["spec"], "same cluster shape as raycluster.yaml, plus the job config's mount"
     assert spec["shutdownAfterJobFinishes"] is True and spec["backoffLimit"] >= 1
     argv = shlex.split(spec["entrypoint"])
     assert argv[:4] == ["python", "-m", "vlbatch.jobs.cli", "run"]
-    config_in_image = argv[4]
-    assert config_in_image.startswith("/app/") and (REPO / config_in_image.removeprefix("/app/")).is_file()
     if "cron" in rel:
         from vlbatch.jobs.scheduling import parse_cron
 
@@ -129,6 +143,35 @@ def test_rayjob_and_cronjob_run_our_cli_on_the_same_cluster(rel, path, cluster, 
         parse_cron(schedule)
         assert argv[argv.index("--schedule") + 1] == schedule, "the run's slot follows the cron schedule"
         assert spec["activeDeadlineSeconds"] < 24 * 3600, "one night's run ends before the next starts"
+
+
+@pytest.mark.parametrize("rel,path", [("kuberay/rayjob.yaml", ("spec",)),
+                                      ("kuberay/raycronjob.yaml", ("spec", "jobTemplate"))])
+def test_rayjob_and_cronjob_read_the_job_config_from_a_configmap(rel, path, tmp_path):
+    """The entrypoint's config is the `job.yaml` key of a ConfigMap mounted on the head (where the
+    driver runs), not a file baked into the image; the manifest's header names the command that
+    creates that ConfigMap, and a config mounted that way (a ConfigMap volume: the key a symlink
+    into ..data/) loads."""
+    doc = _yaml(rel)
+    spec = doc
+    for key in path:
+        spec = spec[key]
+    _, volume, mount = split_config_mount(spec["rayClusterSpec"])
+    assert mount["name"] == volume["name"] and mount["mountPath"] == CONFIG_MOUNT and mount["readOnly"] is True
+    name = volume["configMap"]["name"]
+    config_path = shlex.split(spec["entrypoint"])[4]
+    assert config_path == f"{CONFIG_MOUNT}/job.yaml", "the ConfigMap's job.yaml, not the image's /app/infra/job.yaml"
+    header = (INFRA / rel).read_text().split("apiVersion:")[0]
+    m = re.search(r"kubectl create configmap (\S+) --from-file=job\.yaml=(\S+)", header)
+    assert m and m.group(1) == name, "the documented command creates the mounted ConfigMap"
+    assert (REPO / m.group(2)).is_file(), "the documented config exists"
+    # the layout kubelet gives a ConfigMap volume: <mount>/job.yaml -> ..data/job.yaml
+    data = tmp_path / "..2026_12_02" / "job.yaml"
+    data.parent.mkdir()
+    data.write_text((REPO / m.group(2)).read_text())
+    (tmp_path / "..data").symlink_to(data.parent.name)
+    (tmp_path / "job.yaml").symlink_to("..data/job.yaml")
+    assert load_config(tmp_path / "job.yaml") == load_config(REPO / m.group(2))
 
 
 def test_cluster_launcher_matches_kuberay(cluster):

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The wheels benchmarks/gpu_run.sh carries to a device machine whose python3 (3.12) lacks them and
+# which reaches no package registry: fla-core (fla's Triton kernels, pure Python) and its einops, and
+# blake3 (the engine's media hash; compiled, so the cp312 manylinux build). Run here, once, with network:
+#   bash benchmarks/gpu_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
+# .whl/ is git-ignored (.gitignore): it never enters the repository; the device tool carries it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=${1:-.whl}
+PYV=${2:-3.12}
+mkdir -p "$DEST"
+python3 -m pip download -q --no-deps -d "$DEST" fla-core==0.6.0 einops
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
+  --platform manylinux_2_17_x86_64 -d "$DEST" blake3
+ls -l "$DEST"
