@@ -41,7 +41,8 @@ text-align:center;font-size:11px;color:#6b7280;padding:6px;box-sizing:border-box
 .a{margin-top:2px;font-size:15px}.err{color:#a3231b;margin-top:6px;word-break:break-word}
 .meta{font-size:11px;color:#6b7280;margin-top:6px}.badge{font-size:11px;padding:1px 7px;border-radius:8px;margin-left:6px}
 .etype{margin-bottom:16px}.etype h3{margin:0 0 4px;font-size:15px}.emedia{display:flex;gap:10px;flex-wrap:wrap;margin-top:8px}
-.emedia .item{width:200px;font-size:11px}.emedia .item .uri{font-size:11px}
+.emedia .item{width:200px;font-size:11px}.emedia img{max-width:200px}.emedia .strip img{max-width:48px}
+.emedia .strip{flex-wrap:wrap}.emedia .placeholder{width:200px}.badge{white-space:nowrap}.emedia .item .uri{font-size:11px}
 svg text{font:11px system-ui,sans-serif;fill:#4b5563}
 """
 
@@ -122,10 +123,10 @@ def _errors(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
     if not rep.errors:
         return '<h2>Errors</h2><p class="muted">no error rows</p>'
     blocks = []
-    for et, n in rep.errors.most_common():
+    for et, n in sorted(rep.errors.items(), key=lambda x: (-x[1], x[0])):
         items = "".join(f'<div class="item">{_media(m["media_uri"], thumbs)[0]}<div class="uri">'
                         f'{e(m["media_uri"] or "(no media_uri)")}</div></div>' for m in rep.error_media.get(et, []))
-        blocks.append(f'<div class="etype panel"><h3>{e(et)} <span class="muted">{n} rows</span></h3>'
+        blocks.append(f'<div class="etype panel"><h3>{e(et)} <span class="muted">{n} row{"s" if n != 1 else ""}</span></h3>'
                       f'<div class="err">e.g. {e(rep.examples.get(et) or "")}</div><div class="emedia">{items}</div></div>')
     return f'<h2>Errors by type</h2><section id="errors">{"".join(blocks)}</section>'
 

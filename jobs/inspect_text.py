@@ -52,7 +52,7 @@ def print_report(rep: RunReport, out: TextIO) -> None:
     if rep.errors:
         w("errors by type (one example each):\n")
         width = max(len(t) for t in rep.errors)
-        for et, n in rep.errors.most_common():
+        for et, n in sorted(rep.errors.items(), key=lambda x: (-x[1], x[0])):
             w(f"  {et:<{width}} {n:>7}  e.g. {_one_line(rep.examples.get(et, ''))}\n")
     w("\ntokens per request (requests in each power-of-two bucket):\n")
     for name in TOKENS:
