@@ -159,24 +159,25 @@ def _throughput(summary: dict | None) -> str:
                                         ("visual tok/s", [p[3] for p in series], "#2f9d6a")]) + "</div>")
 
 
-def _nice(top: float) -> float:
-    """The smallest 1, 2 or 5 x 10^k at or above `top` (an axis maximum)."""
+def _nice(top: float, steps=(1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)) -> float:
+    """The smallest m x 10^k (m in `steps`) at or above `top`: an axis maximum or tick step."""
     k = 10 ** math.floor(math.log10(top)) if top > 0 else 1.0
-    return next(m * k for m in (1, 2, 5, 10) if m * k >= top)
+    return next(m * k for m in steps if m * k >= top * (1 - 1e-9))
 
 
 def _plot(title: str, width_s: float, series: list[tuple[str, list[float], str]], w: int = 580, h: int = 180) -> str:
     """One inline SVG bar chart: each series' value per time bucket (`width_s` seconds each), side by side."""
     left, right, top, bottom = 52, 18, 24, 26
     n = len(series[0][1])
-    x1, y1 = _nice(n * width_s), _nice(max(max(v) for _, v, _ in series) or 1.0)
+    x1, y1 = n * width_s, _nice(max(max(v) for _, v, _ in series) or 1.0)
+    xstep = _nice(x1 / 6, (1, 2, 5, 10))
     sx = lambda x: left + (w - left - right) * x / x1  # noqa: E731
     sy = lambda y: h - bottom - (h - top - bottom) * y / y1  # noqa: E731
     grid = "".join(f'<line x1="{left}" x2="{w - right}" y1="{sy(y1 * k / 4):.1f}" y2="{sy(y1 * k / 4):.1f}" '
                    f'stroke="#e5e7eb"/><text x="{left - 6}" y="{sy(y1 * k / 4) + 4:.1f}" text-anchor="end">'
                    f'{y1 * k / 4:g}</text>' for k in range(5))
-    xt = "".join(f'<text x="{sx(x1 * k / 5):.1f}" y="{h - 8}" text-anchor="middle">{x1 * k / 5:g} s</text>'
-                 for k in range(6))
+    xt = "".join(f'<text x="{sx(k * xstep):.1f}" y="{h - 8}" text-anchor="middle">{k * xstep:g} s</text>'
+                 for k in range(int(x1 / xstep + 1e-9) + 1))
     bars, legend = [], []
     bw = (sx(width_s) - sx(0)) / len(series)
     for j, (name, vals, color) in enumerate(series):

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from vlbatch.operators.sink import OutputRow, ParquetSink, rows_to_table
-from vlbatch.operators.storage import StorageOptions
+from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions
 from vlbatch.pipeline.runner import RunSummary
 from vlbatch.pipeline.timeline import Timeline
 
@@ -52,8 +52,8 @@ def image_bytes(color: tuple[int, int, int], size=(320, 200), fmt="PNG") -> byte
     return buf.getvalue()
 
 
-def write_media(media: Path) -> dict[str, Path | bytes]:
-    """The local media files (module docstring); returns their paths by role."""
+def write_media(media: Path) -> None:
+    """The local media files (module docstring) under `media`."""
     from vlbatch.devtools.samples import encode_video
 
     media.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def _id(uri: str | None, idx: int) -> str:
     return hashlib.sha256(f"{uri}#{idx}".encode()).hexdigest()[:32]
 
 
-def make_run(run_uri: str, rows: list[OutputRow], storage: StorageOptions = StorageOptions()) -> pa.Table:
+def make_run(run_uri: str, rows: list[OutputRow], storage: StorageOptions = DEFAULT_STORAGE) -> pa.Table:
     """Commit `rows` as two part files and the summary (with its timeline) under `run_uri`; the whole table."""
     sink = ParquetSink(run_uri, storage)
     sink.prepare()

@@ -15,8 +15,18 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from inspect_support import ARTIFACTS, MODEL, RUN_ID, StaticServer, cards, chromium, make_run, rows_for, section
-from inspect_support import write_media as write_media_files
+from inspect_support import (
+    ARTIFACTS,
+    MODEL,
+    RUN_ID,
+    StaticServer,
+    cards,
+    chromium,
+    make_run,
+    rows_for,
+    section,
+    write_media,
+)
 from PIL import Image
 
 from vlbatch.jobs.inspect_text import run_inspect
@@ -31,7 +41,7 @@ ERROR_TYPES = {"MediaError": 2, "MediaTimeoutError": 1, "InputError": 1, "Storag
 def run(tmp_path_factory):
     """(run directory, the rows' table, http server URL) of the module's run."""
     root = tmp_path_factory.mktemp("inspect")
-    write_media_files(root / "media")
+    write_media(root / "media")
     with StaticServer(root / "media") as web:
         run_dir = root / "output" / RUN_ID
         table = make_run(str(run_dir), rows_for(str(root / "media"), f"{web.url}/web.png"))
@@ -158,3 +168,27 @@ def test_timeline_buckets_merge_and_keep_totals():
     assert j["bucket_s"] == 4.0 and len(j["buckets"]) == 6  # 8 one-second buckets twice too few for 20.5 s
     assert [b[0] for b in j["buckets"]] == [6, 2, 2, 0, 0, 2]
     assert [sum(b[i] for b in j["buckets"]) for i in range(5)] == [12, 6, 60, 24, 18]
+
+
+@pytest.mark.slow
+def test_demo_ends_with_its_closing_line_and_inspect_reads_its_run(tmp_path):
+    """The real demo (local Ray, the bundled model): its listing, the next step (`vlbatch inspect`), the
+    closing line last; the runner recorded the timeline; the page has a card per sampled row."""
+    out = tmp_path / "demo"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HOME=str(tmp_path))
+    demo = subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", "demo", "--out", str(out)], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=tmp_path)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    lines = demo.stdout.splitlines()
+    run_dir = out / "output" / "demo"
+    # relative to the working directory, as the user types it
+    assert lines[-2] == "[vlbatch] next: vlbatch inspect demo/output/demo --html demo/report.html", lines[-4:]
+    assert lines[-1].startswith("[vlbatch] done: 12 ok, 8 error, 0 skipped"), lines[-4:]
+    assert any(line.startswith("20 rows in") for line in lines[:-2])  # the listing comes before
+    timeline = json.loads((run_dir / "_summary.json").read_text())["timeline"]
+    assert sum(b[0] for b in timeline["buckets"]) == 20 and timeline["fields"][0] == "rows"
+    page = tmp_path / "report.html"
+    res = _cli(str(run_dir), "--sample", "6", "--html", str(page))
+    assert res.returncode == 0 and "status: 12 ok, 8 error" in res.stdout, res.stderr
+    dom = chromium(page, tmp_path / "demo.png", tmp_path / "chromium")
+    assert len(cards(dom)) == 6 and 'data-thumbs-loaded="0"' not in dom
