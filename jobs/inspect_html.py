@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from vlbatch.jobs.inspect_run import TOKENS, RunReport, fingerprint_lines, hist_key, rates
@@ -55,7 +56,10 @@ e = html.escape
 
 def write_html(rep: RunReport, path: str | Path, opts: ThumbOptions | None = None, *, max_thumbs: int = 200) -> Path:
     """Thumbnails of the sampled rows' and the error examples' media (at most `max_thumbs`), then the page."""
-    opts = opts or ThumbOptions(storage=rep.ref.storage, sampling=rep.ref.sampling, media_column=rep.ref.media_column)
+    # a preview gives up sooner than a run: 2 attempts, 10 s to connect
+    storage = replace(rep.ref.storage, max_attempts=min(2, rep.ref.storage.max_attempts),
+                      connect_timeout_s=min(10.0, rep.ref.storage.connect_timeout_s))
+    opts = opts or ThumbOptions(storage=storage, sampling=rep.ref.sampling, media_column=rep.ref.media_column)
     media = [(r.get("media_uri"), r.get("media_type")) for r in rep.sample]
     media += [(m["media_uri"], m["media_type"]) for ms in rep.error_media.values() for m in ms]
     seen: dict[str, str | None] = {}

@@ -163,6 +163,9 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
         match = np.flatnonzero(_mask(t, rep.where))
         rep.matched += len(match)
         keys = rng.random(len(match))
+        if len(match) > sample:  # only this part's `sample` smallest keys can enter the sample
+            best = np.argpartition(keys, sample)[:sample] if sample else np.zeros(0, np.int64)
+            keys, match = keys[best], match[best]
         kept = sorted(kept + [(float(k), part, int(r)) for k, r in zip(keys, match, strict=True)])[:sample]
     rep.sample = _rows(sink, kept)
     rep.summary = read_json(join(ref.uri, SUMMARY_NAME), ref.storage)
