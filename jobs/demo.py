@@ -5,7 +5,8 @@ media (images and videos the bundled model `models/shapes-tiny` was trained to d
 deliberately bad files and a manifest under `out_dir`, then `configs/demo.yaml` runs
 through the real pipeline on a local Ray (decode, preprocess, engine, Parquet writer).
 Every output row is printed: the caption next to the scene's ground truth, or the error
-type of a bad file. A second run resumes: committed rows are not recomputed.
+type of a bad file; then the next step (`vlbatch inspect` on the run, with `--html`) and the
+run's closing line, last. A second run resumes: committed rows are not recomputed.
 
 `run_preprocess_demo(out_dir)` (`vlbatch demo --preprocess-only`) runs only
 `vlbatch.operators.preprocess.Processor` over a few generated images in several modes and
