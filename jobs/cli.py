@@ -32,6 +32,13 @@ def _cmd_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from vlbatch.jobs.inspect_text import run_inspect
+
+    return run_inspect(args.run, sample=args.sample, where=args.where, seed=args.seed, html=args.html,
+                       endpoint_url=args.endpoint_url)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vlbatch", description=__doc__.split("\n\n")[0],
@@ -44,6 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--preprocess-only", action="store_true",
                       help="only run preprocessing over generated samples and print what it produced")
     demo.set_defaults(func=_cmd_demo)
+
+    ins = sub.add_parser("inspect", help="what a run produced: counts, errors, tokens, throughput, sample rows")
+    ins.add_argument("run", help="run directory (<output.uri>/<run_id>, local or s3://) or a job config")
+    ins.add_argument("--sample", type=int, default=8, help="rows to show (default 8)")
+    ins.add_argument("--where", action="append", metavar="COLUMN=VALUE",
+                     help="sample only matching rows, e.g. status=error (repeatable: all must match)")
+    ins.add_argument("--seed", type=int, default=0, help="which random sample (default 0)")
+    ins.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page with thumbnails")
+    ins.add_argument("--endpoint-url", help="S3-compatible endpoint for an s3:// run directory")
+    ins.set_defaults(func=_cmd_inspect)
 
     tiny = sub.add_parser("make-tiny-checkpoint", help="write a tiny random Qwen3.5 checkpoint (HF layout)")
     tiny.add_argument("out_dir")

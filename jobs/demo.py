@@ -5,7 +5,8 @@ media (images and videos the bundled model `models/shapes-tiny` was trained to d
 deliberately bad files and a manifest under `out_dir`, then `configs/demo.yaml` runs
 through the real pipeline on a local Ray (decode, preprocess, engine, Parquet writer).
 Every output row is printed: the caption next to the scene's ground truth, or the error
-type of a bad file. A second run resumes: committed rows are not recomputed.
+type of a bad file; then the next step (`vlbatch inspect` on the run, with `--html`) and the
+run's closing line, last. A second run resumes: committed rows are not recomputed.
 
 `run_preprocess_demo(out_dir)` (`vlbatch demo --preprocess-only`) runs only
 `vlbatch.operators.preprocess.Processor` over a few generated images in several modes and
@@ -124,15 +125,29 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
 def run_demo(out_dir: str | Path = "out/demo", *, show: int = 40) -> int:
-    """The demo job through the whole pipeline on a local Ray; prints `show` output rows."""
-    from vlbatch.jobs.local import run_local
+    """The demo job through the whole pipeline on a local Ray; prints `show` output rows, then the run's
+    closing line and the next step (`vlbatch inspect` on the run)."""
+    from vlbatch.jobs.local import run_local, summary_line
     from vlbatch.pipeline.demo import demo_overrides, demo_truth, prepare_demo
 
     out = Path(out_dir)
     prepare_demo(out)
-    rc = run_local(DEMO_CONFIG, demo_overrides(out), name="demo", use_lock=False)
+    held: list = []
+    rc = run_local(DEMO_CONFIG, demo_overrides(out), name="demo", use_lock=False, report=held.append)
     _print_rows(out / "output", show, demo_truth(out))
+    for summary in held:  # the closing line last, the next step just before it
+        run_dir = summary.output_dir.rstrip("/")
+        print(f"[vlbatch] next: vlbatch inspect {_shown(run_dir)} --html {_shown(str(out / 'report.html'))}")
+        print(summary_line(summary), flush=True)
     return rc
+
+
+def _shown(path: str) -> str:
+    """`path` relative to the current directory when it is below it (as a user would type it)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
 
 
 def _print_rows(output_root: Path, show: int, truth: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ Ray's console noise stays in its log files unless ``verbose``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,14 @@ def run_local(
     lock_dir: Path | None = None,
     use_lock: bool = True,
     verbose: bool = False,
+    report: Callable[[Any], None] | None = None,
 ) -> int:
     """Run one job to completion here; raises ConfigError / OverlapError before any work,
     ClusterUnreachableError before the pipeline starts.
 
     With a `slot` (cron / RayCronJob runs) the run id is ``vlb-<name>-<slot>`` unless the
-    config pins one, so every retry of the same tick resumes the same output.
+    config pins one, so every retry of the same tick resumes the same output. `report` receives the
+    `RunSummary` (default: print its `summary_line`; the demo prints it after its listing).
     """
     from vlbatch.pipeline.checks import check_paths
     from vlbatch.pipeline.config import load_config
@@ -70,12 +73,12 @@ def run_local(
 
     check_output(config)  # the output bucket exists (never created): before Ray starts
     if not use_lock:
-        return _run(config, job_name, address, verbose)
+        return _run(config, job_name, address, verbose, report)
     with run_lock(job_name, lock_dir):
-        return _run(config, job_name, address, verbose)
+        return _run(config, job_name, address, verbose, report)
 
 
-def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
+def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
     import ray
 
     from vlbatch.pipeline.runner import run_job
@@ -91,5 +94,8 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
         finally:
             if ours:
                 ray.shutdown()
-    print(summary_line(summary), flush=True)
+    if report is None:
+        print(summary_line(summary), flush=True)
+    else:
+        report(summary)
     return summary_exit_code(summary)

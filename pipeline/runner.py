@@ -47,6 +47,7 @@ from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded, requests_per_media
 from vlbatch.pipeline.progress import Progress
+from vlbatch.pipeline.timeline import Timeline
 from vlbatch.pipeline.write_stage import check_output, open_sink
 
 log = logging.getLogger("vlbatch.pipeline")
@@ -85,6 +86,7 @@ class RunSummary:
     prompt_tokens: int = 0  # this call, summed over requests (visual placeholders included)
     visual_tokens: int = 0  # this call, per request (a media asked 3 questions counts 3 times)
     token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
+    timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
 
     @property
     def exceeded_error_fraction(self) -> bool:
@@ -229,7 +231,7 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str):
 
 
 def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
-                  known: int | None) -> None:
+                  known: int | None, timeline: Timeline) -> None:
     """Run the graph, feeding its stats rows to `progress`. A fresh run's total (`known`: from the
     source's metadata count) is set at once when each media's request count is fixed, else when
     the tally has seen every manifest row (the expansion finished)."""
@@ -250,6 +252,7 @@ def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress:
             if media >= known:  # every manifest row expanded: the exact total
                 progress.total, tally = requests, None
         progress.update(stats)
+        timeline.update(stats)
 
 
 def _open_run(cfg: JobConfig, run_uri: str):
@@ -294,8 +297,9 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
     progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
+    timeline = Timeline()
     if pending_n is None or pending_n:
-        _stream_graph(cfg, source, tasks_ds, sink, run_id, progress, tally, known)
+        _stream_graph(cfg, source, tasks_ds, sink, run_id, progress, tally, known, timeline)
     policy = cfg.output.roll_policy()
     sealed = sink.seal(policy.target_rows, policy.target_bytes)  # what writers still held at the end
     if tally is not None:
@@ -307,7 +311,7 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     progress.tick(final=True)
     after = sink.index()
     summary = _summary(cfg, run_id, run_uri, progress, index, after, purged, dropped, pending_n,
-                       elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand)
+                       elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand, timeline=timeline)
     log.debug("sealed %d parts at the end", len(sealed))
     sink.write_summary(summary.to_json())
     sink.finish()
@@ -316,7 +320,8 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     return summary
 
 
-def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pending_n, *, elapsed, expand_s):
+def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pending_n, *, elapsed, expand_s,
+             timeline=None):
     total = sum(after.status_counts.values())
     errors = after.status_counts.get("error", 0)
     rates = progress.rates()
@@ -334,7 +339,8 @@ def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pen
         files_written=len(set(after.files) - set(before.files)),
         stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()},
         prompt_tokens=progress.prompt_tokens, visual_tokens=progress.visual_tokens,
-        token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)})
+        token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)},
+        timeline=timeline.to_json() if timeline is not None else {})
 
 
 def _hist_text(h: dict) -> str:

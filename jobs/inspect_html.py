@@ -1,0 +1,194 @@
+"""`vlbatch inspect RUN --html report.html`: the run as one self-contained static page.
+
+No server and nothing fetched: thumbnails are inlined as small JPEGs (`data:` URIs,
+`vlbatch.jobs.thumbnails`), plots are inline SVG, the style is inline CSS. Sections: the run's
+identity and counts; rows/s and tokens/s over time (`inspect_run.rates`); token histograms;
+the sampled rows as cards (`#sample .card`, one per sampled row: an image thumbnail or a
+video's frame strip beside the caption or question and answer); the errors grouped by type,
+each with one example message and a few of its media. A small inline script records on
+`<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from vlbatch.jobs.inspect_run import TOKENS, RunReport, fingerprint_lines, hist_key, rates
+from vlbatch.jobs.thumbnails import Thumb, ThumbOptions, thumbnails
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;background:#f4f5f7;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:18px 28px}header h1{margin:0 0 4px;font-size:20px}
+header .where{font:12px ui-monospace,monospace;color:#c7ccd6}main{padding:8px 28px 40px}
+h2{font-size:16px;margin:26px 0 10px}.muted{color:#6b7280}.fp{font:12px ui-monospace,monospace;margin-top:6px}
+.chips span{display:inline-block;border-radius:12px;padding:2px 10px;margin:8px 6px 0 0;font-weight:600}
+.ok{background:#d9f2e3;color:#11693a}.error{background:#fde2e1;color:#a3231b}.other{background:#e5e7eb}
+.panel{background:#fff;border-radius:8px;box-shadow:0 1px 2px #0002;padding:12px 16px}
+.row{display:flex;gap:16px;flex-wrap:wrap}.hist{flex:1;min-width:220px}.hist table{width:100%;font-size:12px}
+.hist td{padding:1px 4px}.hist td.k{width:80px;white-space:nowrap}.hist td.n{text-align:right;width:48px}.hist .b{background:#6b8fd6;height:10px;border-radius:2px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));grid-auto-flow:dense;gap:14px}
+.plots{display:flex;flex-wrap:wrap;gap:8px 24px}
+.card{background:#fff;border-radius:8px;box-shadow:0 1px 2px #0002;display:flex;gap:12px;padding:10px;min-width:0}
+.card.video{grid-column:1/-1}.card .media{flex:none}.card .text{min-width:0;flex:1}
+.media img{display:block;border-radius:4px;max-width:220px;height:auto}
+.strip{display:flex;gap:4px}.strip figure{margin:0;text-align:center;font-size:11px;color:#6b7280}
+.strip img{max-width:120px}.placeholder{width:160px;height:110px;border-radius:4px;background:repeating-linear-gradient(
+45deg,#eceef2,#eceef2 8px,#e2e5ea 8px,#e2e5ea 16px);display:flex;align-items:center;justify-content:center;
+text-align:center;font-size:11px;color:#6b7280;padding:6px;box-sizing:border-box;overflow:hidden}
+.uri{font:12px ui-monospace,monospace;word-break:break-all;color:#374151}.q{color:#6b7280;margin-top:6px}
+.a{margin-top:2px;font-size:15px}.err{color:#a3231b;margin-top:6px;word-break:break-word}
+.meta{font-size:11px;color:#6b7280;margin-top:6px}.badge{font-size:11px;padding:1px 7px;border-radius:8px;margin-left:6px}
+.etype{margin-bottom:16px}.etype h3{margin:0 0 4px;font-size:15px}.emedia{display:flex;gap:10px;flex-wrap:wrap;margin-top:8px}
+.emedia .item{width:200px;font-size:11px}.emedia img{max-width:200px}.emedia .strip img{max-width:48px}
+.emedia .strip{flex-wrap:wrap}.emedia .placeholder{width:200px}.badge{white-space:nowrap}.emedia .item .uri{font-size:11px}
+svg text{font:11px system-ui,sans-serif;fill:#4b5563}
+"""
+
+SCRIPT = """addEventListener('load',()=>{const im=[...document.querySelectorAll('img.thumb')];
+document.body.dataset.thumbsLoaded=im.filter(i=>i.complete&&i.naturalWidth>0).length;
+document.body.dataset.thumbs=im.length;});"""
+
+e = html.escape
+
+
+def write_html(rep: RunReport, path: str | Path, opts: ThumbOptions | None = None, *, max_thumbs: int = 200) -> Path:
+    """Thumbnails of the sampled rows' and the error examples' media (at most `max_thumbs`), then the page."""
+    # a preview gives up sooner than a run: 2 attempts, 10 s to connect
+    storage = replace(rep.ref.storage, max_attempts=min(2, rep.ref.storage.max_attempts),
+                      connect_timeout_s=min(10.0, rep.ref.storage.connect_timeout_s))
+    opts = opts or ThumbOptions(storage=storage, sampling=rep.ref.sampling, media_column=rep.ref.media_column)
+    media = [(r.get("media_uri"), r.get("media_type")) for r in rep.sample]
+    media += [(m["media_uri"], m["media_type"]) for ms in rep.error_media.values() for m in ms]
+    seen: dict[str, str | None] = {}
+    for uri, kind in media:
+        if uri and uri not in seen and len(seen) < max_thumbs:
+            seen[uri] = kind
+    out = Path(path)
+    out.write_text(render(rep, thumbnails(seen.items(), opts)), encoding="utf-8")
+    return out
+
+
+def render(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
+    run_id = ", ".join(k for k, _ in rep.run_ids.most_common(2)) or rep.ref.uri.rsplit("/", 1)[-1]
+    chips = "".join(f'<span class="{s if s in ("ok", "error") else "other"}">{n} {e(s)}</span>'
+                    for s, n in sorted(rep.status.items(), key=lambda x: (x[0] != "ok", x[0])))
+    fp = "<br>".join(e(x) for x in fingerprint_lines(rep))
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>vlbatch run {e(run_id)}</title>'
+            f'<style>{CSS}</style><script>{SCRIPT}</script></head><body>'
+            f'<header><h1>vlbatch run {e(run_id)}</h1><div class="where">{e(rep.ref.uri)} · {rep.rows} rows in '
+            f'{rep.parts} Parquet files</div><div class="fp">{fp}</div></header><main>'
+            f'<div class="chips">{chips}</div>'
+            f'<h2>Throughput</h2><div class="panel">{_throughput(rep.summary)}</div>'
+            f'<h2>Tokens per request</h2><div class="row">{_histograms(rep)}</div>'
+            f'{_sample(rep, thumbs)}{_errors(rep, thumbs)}</main></body></html>\n')
+
+
+def _img(frame, cls: str = "thumb") -> str:
+    src = "data:image/jpeg;base64," + base64.b64encode(frame.jpeg).decode()
+    return f'<img class="{cls}" src="{src}" width="{frame.width}" height="{frame.height}" alt="">'
+
+
+def _media(uri: str | None, thumbs: dict[str, Thumb]) -> tuple[str, bool]:
+    """(the media's HTML, is a strip)."""
+    t = thumbs.get(uri or "")
+    if t is None or not t.frames:
+        why = "no media_uri" if not uri else (t.note if t is not None else "not previewed (thumbnail limit)")
+        return f'<div class="placeholder" title="{e(why or "")}">{e((why or "")[:140])}</div>', False
+    if len(t.frames) == 1 and t.frames[0].label is None:
+        return _img(t.frames[0]), False
+    figs = "".join(f"<figure>{_img(f)}<figcaption>{e(f.label or '')}</figcaption></figure>" for f in t.frames)
+    return f'<div class="strip" title="{e(t.note or "")}">{figs}</div>', True
+
+
+def _sample(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
+    cond = " and ".join(f"{c}={v}" for c, v in rep.where)
+    head = (f'<h2>Sample <span class="muted">{len(rep.sample)} of {rep.matched} rows'
+            f'{" where " + e(cond) if cond else ""}, seed {rep.seed}</span></h2>')
+    cards = []
+    for r in rep.sample:
+        media, strip = _media(r.get("media_uri"), thumbs)
+        ok = r["status"] == "ok"
+        body = (f'<div class="a">{e(r.get("answer") or "")}</div>' if ok else
+                f'<div class="err">{e(r.get("error_type") or "")}: {e(r.get("error_message") or "")}</div>')
+        toks = " · ".join(f"{k} {r.get(f'{k}_tokens')}" for k in TOKENS if r.get(f"{k}_tokens") is not None)
+        cards.append(
+            f'<div class="card{" video" if strip else ""}"><div class="media">{media}</div><div class="text">'
+            f'<div class="uri">{e(r.get("media_uri") or "(no media_uri)")}<span class="badge '
+            f'{"ok" if ok else "error"}">{e(r["status"])}</span></div>'
+            f'<div class="q">{e(r.get("prompt") or "")}</div>{body}'
+            f'<div class="meta">{e(r.get("media_type") or "")}{" · " + toks if toks else ""}</div></div></div>')
+    return f'{head}<section id="sample" class="grid">{"".join(cards)}</section>'
+
+
+def _errors(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
+    if not rep.errors:
+        return '<h2>Errors</h2><p class="muted">no error rows</p>'
+    blocks = []
+    for et, n in sorted(rep.errors.items(), key=lambda x: (-x[1], x[0])):
+        items = "".join(f'<div class="item">{_media(m["media_uri"], thumbs)[0]}<div class="uri">'
+                        f'{e(m["media_uri"] or "(no media_uri)")}</div></div>' for m in rep.error_media.get(et, []))
+        blocks.append(f'<div class="etype panel"><h3>{e(et)} <span class="muted">{n} row{"s" if n != 1 else ""}</span></h3>'
+                      f'<div class="err">e.g. {e(rep.examples.get(et) or "")}</div><div class="emedia">{items}</div></div>')
+    return f'<h2>Errors by type</h2><section id="errors">{"".join(blocks)}</section>'
+
+
+def _histograms(rep: RunReport) -> str:
+    out = []
+    for name in TOKENS:
+        h = rep.hist[name]
+        top = max(h.values(), default=1)
+        rows = "".join(f'<tr><td class="k">{e(k)}</td><td><div class="b" style="width:{100 * h[k] / top:.0f}%"></div></td>'
+                       f'<td class="n">{h[k]}</td></tr>' for k in sorted(h, key=hist_key))
+        out.append(f'<div class="hist panel"><b>{name}</b><table>{rows or "<tr><td>none recorded</td></tr>"}'
+                   f'</table></div>')
+    return "".join(out)
+
+
+def _throughput(summary: dict | None) -> str:
+    series = rates(summary)
+    if not series:
+        return '<p class="muted">no throughput timeline recorded for this run</p>'
+    s = summary or {}
+    first = s.get("time_to_first_row_s")
+    line = (f'<p>{s.get("rows_per_s", 0):.2f} rows/s, {s.get("generated_tokens_per_s", 0):.1f} generated tok/s, '
+            f'{s.get("visual_tokens_per_s", 0):.0f} visual tok/s over {s.get("elapsed_s", 0):.1f} s (the last call)'
+            f'{"" if first is None else f"; first row after {first:.1f} s"}</p>')
+    width = 2 * series[0][0]  # bucket width, s
+    return (line + '<div class="plots">'
+            + _plot("rows/s", width, [("rows/s", [p[1] for p in series], "#2f6fd6")])
+            + _plot("tokens/s", width, [("generated tok/s", [p[2] for p in series], "#d6492f"),
+                                        ("visual tok/s", [p[3] for p in series], "#2f9d6a")]) + "</div>")
+
+
+def _nice(top: float, steps=(1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)) -> float:
+    """The smallest m x 10^k (m in `steps`) at or above `top`: an axis maximum or tick step."""
+    k = 10 ** math.floor(math.log10(top)) if top > 0 else 1.0
+    return next(m * k for m in steps if m * k >= top * (1 - 1e-9))
+
+
+def _plot(title: str, width_s: float, series: list[tuple[str, list[float], str]], w: int = 580, h: int = 180) -> str:
+    """One inline SVG bar chart: each series' value per time bucket (`width_s` seconds each), side by side."""
+    left, right, top, bottom = 52, 18, 24, 26
+    n = len(series[0][1])
+    x1, y1 = n * width_s, _nice(max(max(v) for _, v, _ in series) or 1.0)
+    xstep = _nice(x1 / 6, (1, 2, 5, 10))
+    sx = lambda x: left + (w - left - right) * x / x1  # noqa: E731
+    sy = lambda y: h - bottom - (h - top - bottom) * y / y1  # noqa: E731
+    grid = "".join(f'<line x1="{left}" x2="{w - right}" y1="{sy(y1 * k / 4):.1f}" y2="{sy(y1 * k / 4):.1f}" '
+                   f'stroke="#e5e7eb"/><text x="{left - 6}" y="{sy(y1 * k / 4) + 4:.1f}" text-anchor="end">'
+                   f'{y1 * k / 4:g}</text>' for k in range(5))
+    xt = "".join(f'<text x="{sx(k * xstep):.1f}" y="{h - 8}" text-anchor="middle">{k * xstep:g} s</text>'
+                 for k in range(int(x1 / xstep + 1e-9) + 1))
+    bars, legend = [], []
+    bw = (sx(width_s) - sx(0)) / len(series)
+    for j, (name, vals, color) in enumerate(series):
+        bars += [f'<rect x="{sx(i * width_s) + j * bw:.2f}" y="{sy(v):.1f}" width="{max(bw * 0.9, 0.8):.2f}" '
+                 f'height="{sy(0) - sy(v):.1f}" fill="{color}"><title>{i * width_s:g}-{(i + 1) * width_s:g} s: '
+                 f'{v:.3g} {e(name)}</title></rect>' for i, v in enumerate(vals) if v > 0]
+        legend.append(f'<text x="{left + 4 + 150 * j}" y="14" style="fill:{color}">■ {e(name)}</text>')
+    axis = f'<line x1="{left}" x2="{w - right}" y1="{sy(0):.1f}" y2="{sy(0):.1f}" stroke="#9ca3af"/>'
+    return (f'<svg class="plot" role="img" aria-label="{e(title)} over time" width="{w}" height="{h}" '
+            f'viewBox="0 0 {w} {h}">{grid}{"".join(bars)}{axis}{xt}{"".join(legend)}</svg>')

@@ -1,0 +1,243 @@
+"""`vlbatch inspect RUN`: what a run produced, read from its output (no Ray, no model).
+
+RUN is a run directory (`<output.uri>/<run_id>`, local or s3://; an `output.uri` holding one run
+is taken to mean that run) or a job config (its `output.uri` / run id, storage and video
+settings). `read_run` streams the committed part files once (a few columns, one part at a time:
+memory does not grow with the run), counting statuses, error types (one example message each)
+and token histograms, and keeps a seeded random sample of the rows matching `--where` (each row a
+random key; the `n` smallest kept). The run's `_summary.json` gives the throughput timeline
+(`pipeline/timeline.py`); the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the
+terminal form (and is the command), `vlbatch.jobs.inspect_html` the page.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlbatch.operators.errors import ConfigError, MediaError
+from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
+from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions, filesystem, join, read_bytes
+
+FINGERPRINT_NAME = "_fingerprint.json"  # the run's config fingerprint, beside the part files (when recorded)
+SUMMARY_NAME = "_summary.json"
+WHERE_COLUMNS = ("status", "error_type", "media_type", "finish_reason", "model")
+SCAN_COLUMNS = ["media_uri", "media_type", "status", "error_type", "error_message", "prompt_tokens",
+                "visual_tokens", "generated_tokens", "model", "run_id"]
+TOKENS = ("prompt", "visual", "generated")
+ERROR_MEDIA = 4  # media kept per error type for the page
+
+
+@dataclass(frozen=True)
+class RunRef:
+    uri: str  # the run directory
+    storage: StorageOptions = DEFAULT_STORAGE
+    sampling: FrameSampling = DEFAULT_SAMPLING  # the run's video sampling (the config's, else the defaults)
+    media_column: str | None = None  # embedded media: the manifest's media column (from the config)
+    from_config: bool = False
+
+
+@dataclass
+class RunReport:
+    ref: RunRef
+    parts: int = 0
+    rows: int = 0
+    status: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)  # error_type -> rows
+    examples: dict = field(default_factory=dict)  # error_type -> one message
+    error_media: dict = field(default_factory=dict)  # error_type -> [{media_uri, media_type, error_message}]
+    hist: dict = field(default_factory=lambda: {k: Counter() for k in TOKENS})  # power-of-two buckets
+    run_ids: Counter = field(default_factory=Counter)
+    models: Counter = field(default_factory=Counter)
+    summary: dict | None = None  # _summary.json
+    fingerprint: dict | None = None
+    where: tuple[tuple[str, str], ...] = ()
+    matched: int = 0  # rows matching `where`
+    sample: list[dict] = field(default_factory=list)  # full rows, sorted by media_uri, request_index
+    seed: int = 0
+
+
+def parse_where(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """['status=error'] -> (('status', 'error'),); ConfigError naming the bad one."""
+    out = []
+    for item in items or []:
+        col, sep, value = item.partition("=")
+        if not sep or col.strip() not in WHERE_COLUMNS:
+            raise ConfigError(f"--where {item!r}: expected COLUMN=VALUE with COLUMN one of {', '.join(WHERE_COLUMNS)}")
+        out.append((col.strip(), value.strip()))
+    return tuple(out)
+
+
+def resolve_run(target: str, endpoint_url: str | None = None) -> RunRef:
+    """A run directory or a job config -> RunRef (ConfigError when neither)."""
+    if os.path.isfile(target):
+        from vlbatch.pipeline.config import load_config
+
+        cfg = load_config(target)
+        v = cfg.video
+        sampling = FrameSampling(fps=v.fps, num_frames=v.num_frames, min_frames=v.min_frames, max_frames=v.max_frames)
+        storage = cfg.storage.options()
+        return RunRef(join(cfg.output.uri, cfg.resolved_run_id()), storage, sampling, cfg.input.columns.media, True)
+    storage = StorageOptions(endpoint_url=endpoint_url) if endpoint_url else DEFAULT_STORAGE
+    return RunRef(_run_dir(target.rstrip("/"), storage), storage)
+
+
+def _run_dir(uri: str, storage: StorageOptions) -> str:
+    """`uri` if it holds part files; else its one sub-folder that does."""
+    from vlbatch.operators.sink.parquet import PART_PREFIX
+
+    fs, path = filesystem(uri, storage)
+    if not fs.exists(path):
+        raise ConfigError(f"{uri}: no such run directory or config file")
+    names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(path, detail=False)]
+    if any(n.startswith(PART_PREFIX) for n in names) or SUMMARY_NAME in names:
+        return uri
+    runs = sorted(n for n in names if not n.startswith(("_", ".")) and
+                  any(m.rsplit("/", 1)[-1].startswith(PART_PREFIX) for m in _ls(fs, f"{path}/{n}")))
+    if len(runs) == 1:
+        return join(uri, runs[0])
+    if runs:
+        raise ConfigError(f"{uri} holds {len(runs)} runs ({', '.join(runs[:10])}); name one: {join(uri, runs[0])}")
+    raise ConfigError(f"{uri}: no committed output (no part files) here or in its sub-folders")
+
+
+def _ls(fs, path: str) -> list[str]:
+    try:
+        return fs.ls(path, detail=False) if fs.isdir(path) else []
+    except OSError:
+        return []
+
+
+def read_json(uri: str, storage: StorageOptions) -> dict | None:
+    """A small JSON file of the run (None when absent or not JSON)."""
+    try:
+        data = json.loads(read_bytes(uri, storage, max_bytes=16 << 20))
+    except (MediaError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_fingerprint(ref: RunRef) -> dict | None:
+    """The run's recorded config fingerprint (`FINGERPRINT_NAME` beside the parts), None if not recorded."""
+    return read_json(join(ref.uri, FINGERPRINT_NAME), ref.storage)
+
+
+def fingerprint_lines(report: RunReport) -> list[str]:
+    """What identifies the run: its fingerprint's fields, else its run id and model."""
+    fp = report.fingerprint
+    if fp:
+        return [f"{k}: {json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v}"
+                for k, v in sorted(_flat(fp).items())]
+    ids = ", ".join(k for k, _ in report.run_ids.most_common(3)) or "-"
+    models = ", ".join(k for k, _ in report.models.most_common(3)) or "-"
+    return [f"no fingerprint recorded; run_id: {ids}; model: {models}"]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunReport:
+    """Stream the run's parts once (module docstring)."""
+    from vlbatch.operators.sink.parquet import ParquetSink
+
+    sink = ParquetSink(ref.uri, ref.storage)
+    parts = sink.parts()
+    rep = RunReport(ref=ref, parts=len(parts), where=tuple(where), seed=seed)
+    rng = np.random.default_rng(seed)
+    kept: list[tuple[float, str, int]] = []  # (key, part, row) of the sample so far
+    for part in parts:
+        t = sink.read_part(part, SCAN_COLUMNS)
+        _count(rep, t)
+        match = np.flatnonzero(_mask(t, rep.where))
+        rep.matched += len(match)
+        keys = rng.random(len(match))
+        if len(match) > sample:  # only this part's `sample` smallest keys can enter the sample
+            best = np.argpartition(keys, sample)[:sample] if sample else np.zeros(0, np.int64)
+            keys, match = keys[best], match[best]
+        kept = sorted(kept + [(float(k), part, int(r)) for k, r in zip(keys, match, strict=True)])[:sample]
+    rep.sample = _rows(sink, kept)
+    rep.summary = read_json(join(ref.uri, SUMMARY_NAME), ref.storage)
+    rep.fingerprint = read_fingerprint(ref)
+    return rep
+
+
+def _count(rep: RunReport, t: pa.Table) -> None:
+    rep.rows += t.num_rows
+    rep.status.update(dict(zip(*_value_counts(t["status"]), strict=True)))
+    rep.run_ids.update(dict(zip(*_value_counts(t["run_id"]), strict=True)))
+    rep.models.update(dict(zip(*_value_counts(t["model"]), strict=True)))
+    for name in TOKENS:
+        rep.hist[name].update(histogram(t[f"{name}_tokens"]))
+    errs = t.filter(pc.equal(t["status"], "error"))
+    for d in errs.select(["media_uri", "media_type", "error_type", "error_message"]).to_pylist():
+        et = d["error_type"] or "unknown"
+        rep.errors[et] += 1
+        rep.examples.setdefault(et, d["error_message"] or "")
+        media = rep.error_media.setdefault(et, [])
+        if len(media) < ERROR_MEDIA and all(m["media_uri"] != d["media_uri"] for m in media):
+            media.append(d)
+
+
+def _value_counts(col) -> tuple[list, list]:
+    vc = pc.value_counts(col)
+    return [v if v is not None else "null" for v in vc.field("values").to_pylist()], vc.field("counts").to_pylist()
+
+
+def histogram(col) -> Counter:
+    """Counts per power-of-two bucket, labelled as `pipeline.progress.token_histogram` ('0', '<lo>-<2lo>')."""
+    v = np.asarray(pc.drop_null(col).to_numpy(zero_copy_only=False), dtype=np.int64)
+    v = v[v >= 0]
+    out = Counter({"0": int((v == 0).sum())} if (v == 0).any() else {})
+    pos = v[v > 0]
+    if len(pos):
+        bits = np.floor(np.log2(pos)).astype(np.int64)  # exact for ints below 2**50
+        for b, n in zip(*np.unique(bits, return_counts=True), strict=True):
+            out[f"{1 << int(b)}-{1 << (int(b) + 1)}"] += int(n)
+    return out
+
+
+def _mask(t: pa.Table, where) -> np.ndarray:
+    m = np.ones(t.num_rows, dtype=bool)
+    for col, value in where:
+        m &= pc.fill_null(pc.equal(t[col], value), False).to_numpy(zero_copy_only=False)
+    return m
+
+
+def _rows(sink, kept: list[tuple[float, str, int]]) -> list[dict]:
+    """The sampled rows in full (each part holding one read once)."""
+    by_part: dict[str, list[int]] = {}
+    for _, part, row in kept:
+        by_part.setdefault(part, []).append(row)
+    rows = []
+    for part, idx in by_part.items():
+        rows += sink.read_part(part).take(pa.array(idx)).to_pylist()
+    return sorted(rows, key=lambda r: (r["status"] != "ok", r.get("media_uri") or "", r.get("request_index") or 0,
+                                       r["id"]))
+
+
+def hist_key(label: str) -> int:
+    return 0 if label == "0" else int(label.split("-")[0])
+
+
+def rates(summary: dict | None) -> list[tuple[float, float, float, float]]:
+    """The timeline as [(t_mid_s, rows/s, generated tok/s, visual tok/s)] (empty when not recorded)."""
+    tl = (summary or {}).get("timeline") or {}
+    w, buckets, names = tl.get("bucket_s"), tl.get("buckets") or [], tl.get("fields") or []
+    if not w or not buckets or not {"rows", "generated_tokens", "visual_tokens"} <= set(names):
+        return []
+    i = {n: names.index(n) for n in names}
+    return [((k + 0.5) * w, b[i["rows"]] / w, b[i["generated_tokens"]] / w, b[i["visual_tokens"]] / w)
+            for k, b in enumerate(buckets)]
+

@@ -1,0 +1,132 @@
+"""`vlbatch inspect RUN` in the terminal: the report `print_report` writes, and the command (`run_inspect`).
+
+Sections: the run's identity (its fingerprint, else run id and model), counts by status, error types
+with one example message each, token histograms (power-of-two buckets), throughput over the run
+(sparklines of rows/s and tokens/s from the summary's timeline), then the sampled rows (media URI,
+prompt, answer or error). The data comes from `vlbatch.jobs.inspect_run.read_run`; `--html` adds the
+page (`vlbatch.jobs.inspect_html`).
+"""
+from __future__ import annotations
+
+from typing import TextIO
+
+import numpy as np
+
+from vlbatch.jobs.inspect_run import (
+    TOKENS,
+    RunReport,
+    fingerprint_lines,
+    hist_key,
+    parse_where,
+    rates,
+    read_run,
+    resolve_run,
+)
+from vlbatch.operators.errors import ConfigError
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """Values as one line of block characters (averaged down to `width` columns)."""
+    if not values:
+        return ""
+    chunks = np.array_split(np.asarray(values, dtype=float), min(width, len(values)))
+    v = np.array([c.mean() for c in chunks])
+    top = v.max() or 1.0
+    return "".join(SPARK[int(round(x / top * (len(SPARK) - 1)))] for x in v)
+
+
+def _bar(n: int, top: int, width: int = 30) -> str:
+    return "█" * max(1, round(n / top * width)) if n else ""
+
+
+def print_report(rep: RunReport, out: TextIO) -> None:
+    """The terminal report: identity, counts, errors, token histograms, throughput, sample rows."""
+    w = out.write
+    w(f"run {rep.ref.uri}: {rep.rows} rows in {rep.parts} Parquet files\n")
+    for line in fingerprint_lines(rep):
+        w(f"  {line}\n")
+    status = sorted(rep.status.items(), key=lambda x: (x[0] != "ok", x[0]))
+    w("\nstatus: " + (", ".join(f"{n} {s}" for s, n in status) or "no rows") + "\n")
+    if rep.errors:
+        w("errors by type (one example each):\n")
+        width = max(len(t) for t in rep.errors)
+        for et, n in sorted(rep.errors.items(), key=lambda x: (-x[1], x[0])):
+            w(f"  {et:<{width}} {n:>7}  e.g. {_one_line(rep.examples.get(et, ''))}\n")
+    w("\ntokens per request (requests in each power-of-two bucket):\n")
+    for name in TOKENS:
+        h = rep.hist[name]
+        w(f"  {name}:{'' if h else ' none recorded'}\n")
+        top = max(h.values(), default=0)
+        for label in sorted(h, key=hist_key):
+            w(f"    {label:>11} {h[label]:>7} {_bar(h[label], top)}\n")
+    _print_throughput(rep.summary, w)
+    _print_sample(rep, w)
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _print_throughput(summary: dict | None, w) -> None:
+    if summary is None:
+        w("\nthroughput: no _summary.json (the run has not finished a call)\n")
+        return
+    w(f"\nthroughput (the last call): {summary.get('rows_per_s', 0):.2f} rows/s, "
+      f"{summary.get('generated_tokens_per_s', 0):.1f} generated tok/s, "
+      f"{summary.get('visual_tokens_per_s', 0):.0f} visual tok/s over {summary.get('elapsed_s', 0):.1f} s")
+    first, steady = summary.get("time_to_first_row_s"), summary.get("steady_rows_per_s")
+    if first is not None:
+        w(f"; first row after {first:.1f} s")
+    if steady is not None:
+        w(f"; steady {steady:.2f} rows/s")
+    w("\n")
+    series = rates(summary)
+    if not series:
+        w("  no timeline recorded\n")
+        return
+    span = series[-1][0] + series[0][0]
+    for label, col in (("rows/s", 1), ("generated tok/s", 2), ("visual tok/s", 3)):
+        vals = [s[col] for s in series]
+        w(f"  {label:>15} {sparkline(vals)}  peak {max(vals):.1f}\n")
+    w(f"  {'':>15} 0 s{'':>{max(0, min(60, len(series)) - 8)}}{span:.0f} s\n")
+
+
+def _print_sample(rep: RunReport, w) -> None:
+    cond = " and ".join(f"{c}={v}" for c, v in rep.where)
+    w(f"\nsample: {len(rep.sample)} of {rep.matched} rows{' where ' + cond if cond else ''} (seed {rep.seed})\n")
+    for i, r in enumerate(rep.sample, 1):
+        toks = "/".join("-" if r.get(f"{k}_tokens") is None else str(r[f"{k}_tokens"]) for k in TOKENS)
+        w(f"[{i}] {r.get('media_uri') or '(no media_uri)'}  {r.get('media_type')}, {r['status']}, "
+          f"tokens prompt/visual/generated {toks}\n")
+        w(f"    prompt: {_one_line(r.get('prompt') or '')}\n")
+        if r["status"] == "ok":
+            w(f"    answer: {_one_line(r.get('answer') or '', 400)}\n")
+        else:
+            w(f"    error:  {r.get('error_type')}: {_one_line(r.get('error_message') or '', 400)}\n")
+
+
+def run_inspect(target: str, *, sample: int = 8, where: list[str] | None = None, seed: int = 0,
+                html: str | None = None, endpoint_url: str | None = None, out: TextIO | None = None) -> int:
+    """`vlbatch inspect`: the report on `out` (stdout), the page at `html`; exit code 0, or 2 when RUN
+    cannot be read as a run (one line on stderr)."""
+    import sys
+
+    from vlbatch.operators.errors import VlbatchError
+
+    out = out or sys.stdout
+    try:
+        if sample < 0:
+            raise ConfigError(f"--sample must be 0 or more, got {sample}")
+        rep = read_run(resolve_run(target, endpoint_url), sample=sample, where=parse_where(where), seed=seed)
+    except VlbatchError as e:
+        print(f"vlbatch inspect: {e}", file=sys.stderr)
+        return 2
+    print_report(rep, out)
+    if html:
+        from vlbatch.jobs.inspect_html import write_html
+
+        print(f"\nwrote {write_html(rep, html)}", file=out)
+    return 0
