@@ -15,6 +15,8 @@ Methods, each in its own child process (so peak RSS is per method):
 - torchcodec:    our TorchCodec backend (exact seek mode: its own packet scan, frames by index)
 - torchcodec-approx: TorchCodec's approximate seek mode, frames by index (as vLLM uses it):
                  no scan, timestamps from the average rate; `ok` shows whether the frames are right
+- torchcodec-cuda: `video.decode_device: cuda`'s decode (`operators/media/gpu_decode.decode_on_device`,
+                 NVDEC; frames left on the GPU, synchronised); not in the default list (needs a GPU)
 - decord+worker, pyav+worker, torchcodec+worker: the production path: the backend in the killable
                  `DecodeWorker` child, frames streamed back over a pipe (RSS and CPU =
                  parent + child)
@@ -78,8 +80,9 @@ def torchcodec_approx(data: bytes, sampling):
     return dec.get_frames_at(indices).data.numpy(), indices
 
 
-def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
-    """Encode the benchmark clip straight from YUV planes (cheap to generate; written via a temp name)."""
+def make_clip(path: Path, width: int, height: int, seconds: int, offset: int = 0) -> None:
+    """Encode the benchmark clip straight from YUV planes (cheap to generate; written via a temp name).
+    offset: frame i carries index i + offset (distinct clips for bench_pipeline's video mode)."""
     import av
     import numpy as np
 
@@ -91,8 +94,8 @@ def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
     base = np.empty((height * 3 // 2, width), np.uint8)
     base[:height], base[height:] = 24, 128
     bw, bh, side = width // 8, height // 4, height // 6
-    for i in range(seconds * CLIP_FPS):
-        y = base.copy()
+    for j in range(seconds * CLIP_FPS):
+        y, i = base.copy(), j + offset
         for b in range(16):  # the same bit layout as vlbatch.devtools.samples.index_pattern
             if (i >> b) & 1:
                 r, c = divmod(b, 8)
@@ -129,6 +132,10 @@ def run_one(method: str, path: str, fps: float) -> dict:
     sampling = FrameSampling(fps=fps, max_frames=10**7)
     if method.startswith("torchcodec"):  # imported before timing, as the worker child does before "ready"
         import torchcodec.decoders  # noqa: F401
+        if method == "torchcodec-cuda":  # the model actor's CUDA context exists before any video
+            import torch
+
+            torch.zeros(1, device="cuda")
     base_rss = peak_rss_mb()
     cpu = cpu_seconds()
     t = time.perf_counter()
@@ -139,6 +146,15 @@ def run_one(method: str, path: str, fps: float) -> dict:
         indices = list(meta.frames_indices)
     elif method == "torchcodec-approx":
         frames, indices = torchcodec_approx(Path(path).read_bytes(), sampling)
+    elif method == "torchcodec-cuda":
+        import torch
+
+        from vlbatch.operators.media.gpu_decode import decode_on_device
+
+        clip = decode_on_device(Path(path).read_bytes(), sampling, "cuda")
+        torch.cuda.synchronize()
+        done = time.perf_counter()  # wall time ends here: the frames' copy to the host below is for `ok` only
+        frames, indices = clip.frames.cpu().numpy(), list(clip.indices)
     else:
         data = Path(path).read_bytes()
         if method.endswith("+worker"):
@@ -147,7 +163,7 @@ def run_one(method: str, path: str, fps: float) -> dict:
         else:
             clip = decode_video_inprocess(data, sampling, BACKEND_OF.get(method, method))
         frames, indices = clip.frames, list(clip.indices)
-    seconds = time.perf_counter() - t
+    seconds = (done if method == "torchcodec-cuda" else time.perf_counter()) - t
     cpu = cpu_seconds() - cpu  # a worker child is counted once it has exited (the with-block above)
     ok = float(np.mean([frame_index(f) == (i % 65536) for f, i in zip(frames, indices, strict=True)]))
     return {"frames": len(indices), "seconds": seconds, "cpu": cpu, "ok": ok, "rss_mb": peak_rss_mb(),
@@ -197,7 +213,7 @@ def main() -> None:
     p.add_argument("--fps", type=float, default=2.0)
     p.add_argument("--clips", nargs="+", default=list(CLIPS), choices=list(CLIPS))
     p.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead line")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, "torchcodec-cuda"])
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:

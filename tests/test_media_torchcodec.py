@@ -186,3 +186,12 @@ def test_decode_on_device_plumbing_gives_the_cpu_paths_frames(videos):
         assert (got.indices, got.total_frames, got.source_fps) == (ref.indices, ref.total_frames, ref.source_fps)
         assert str(got.frames.device) == "cpu" and got.frames.dtype.is_floating_point is False, name
         assert np.array_equal(got.frames.numpy(), ref.frames), name
+
+
+def test_sparse_samples_seek_to_keyframes_instead_of_decoding_every_frame(long_gop):
+    """Two samples, at frame 0 and frame 299 (keyframes at 0 and 250): the decoder seeks to 250 and
+    decodes from there, not the 300 frames between; the frames are still the right ones."""
+    with PyAVDecoder(skip_nonref=False).open(long_gop) as video:
+        frames = list(video.iter_frames([0, 299]))
+        assert [frame_index(f) for f in frames] == [0, 299]
+        assert video.decoded < 100, video.decoded
