@@ -81,7 +81,7 @@ def test_torchcodec_sampled_clips_equal_pyav_including_vfr_and_rotation(videos):
 
 @needs_torchcodec
 def test_torchcodec_in_the_worker_clamps_lying_headers_and_types_bad_files(videos):
-    with DecodeWorker(timeout_s=60) as w:
+    with DecodeWorker(timeout_s=60, preload="torchcodec") as w:  # the child imports torchcodec before "ready"
         v = videos["claims_more.mp4"]
         clip = w.decode(read(v), FrameSampling(fps=25), "torchcodec")
         assert 0 < clip.total_frames < v.header_frames  # clamped to what decodes
