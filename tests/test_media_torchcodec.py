@@ -155,6 +155,10 @@ def test_validate_without_torchcodec_says_what_to_install_in_one_line(tmp_path, 
     assert len(lines) == 1 and "apt-get install libavcodec59" in lines[0] and "pip install" in lines[0], bad.stderr
     ok = vlbatch("validate", str(cfg), "--set", "video.decoder=auto", env=env)  # auto falls back quietly
     assert ok.returncode == 0, ok.stderr
+    gpu = vlbatch("validate", str(cfg), "--set", "video.decode_device=cuda", "--set", "model.device=cpu")
+    assert gpu.returncode == EXIT_USAGE, gpu.stderr
+    lines = [ln for ln in gpu.stderr.splitlines() if "video.decode_device" in ln]
+    assert len(lines) == 1 and "model.device is cpu" in lines[0], gpu.stderr
 
 
 def test_decode_device_refuses_cleanly_where_cuda_cannot_decode():
