@@ -2,6 +2,8 @@
 
     python benchmarks/bench_pipeline.py [--model bench|tiny|shapes-tiny|DIR] [--media 480]
         [--questions 2] [--max-tokens 16] [--baseline-media 48] [--skip-baseline] [--quick]
+    python benchmarks/bench_pipeline.py --videos 6 [--video-seconds 60] [--decoders decord pyav torchcodec]
+        (video mode: benchmarks/pipeline_video.py)
 
 Same requests (`--media` images x `--questions` questions), three ways, side by side in one
 run on a local Ray (local output):
@@ -242,6 +244,11 @@ def main(argv=None) -> None:
     ap.add_argument("--baseline-media", type=int, default=48, help="media the (slow) baseline runs on")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--quick", action="store_true", help="64 media, baseline on 16 (iterating)")
+    ap.add_argument("--videos", type=int, default=0, help="video mode: N videos, the job once per --decoders "
+                    "(benchmarks/pipeline_video.py); the image options above are then unused")
+    ap.add_argument("--video-seconds", type=int, default=60)
+    ap.add_argument("--video-max-pixels", type=int, default=128 * 128)
+    ap.add_argument("--decoders", nargs="+", default=["decord", "pyav", "torchcodec"])
     args = ap.parse_args(argv)
     if args.quick:
         args.media, args.baseline_media = 64, 16
@@ -264,6 +271,10 @@ def main(argv=None) -> None:
     retain_freed_memory()
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     model = make_model(args.model, work)
+    if args.videos:
+        from benchmarks.pipeline_video import main as video_main
+
+        return video_main(args, work, model)
     media = make_inputs(work, args.media)
     questions = [f"Question {k}: what is in the picture?" for k in range(args.questions)]
     manifest = work / "manifest.jsonl"

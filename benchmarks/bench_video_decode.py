@@ -1,16 +1,23 @@
 """Video decoding benchmark: sampled frames/s at 2 fps and peak RSS, ours vs transformers.
 
-    python3 -m benchmarks.bench_video_decode [--cache DIR] [--fps 2] [--clips 720p_60s 480p_10min]
+    flock /work/bench.lock python3 -m benchmarks.bench_video_decode [--cache DIR] [--fps 2]
+        [--clips 720p_60s 480p_10min 1080p_30s 4k_10s] [--methods ...]
 
 Clips (generated once into the cache dir, H.264 High with B-frames, GOP 250, 25 fps,
-low-complexity content whose frames carry their index): a 60 s 1280x720 clip and a
-10 min 854x480 clip. Every sampled frame is decoded (`max_frames` lifted), so each
+low-complexity content whose frames carry their index): 60 s 1280x720, 10 min 854x480,
+30 s 1920x1080 and 10 s 3840x2160. Every sampled frame is decoded (`max_frames` lifted), so each
 method returns the same number of frames: int(total / 25 * fps).
 
 Methods, each in its own child process (so peak RSS is per method):
 - decord:        our decord backend in process (`decode_video_inprocess`, 1 thread)
-- pyav:          our PyAV backend in process (1 thread)
-- decord+worker, pyav+worker: the production path: the backend in the killable
+- pyav-full:     our PyAV backend decoding every picture (`skip_nonref=False`: before issue 35)
+- pyav:          our PyAV backend (1 thread), non-reference pictures between samples not decoded
+- torchcodec:    our TorchCodec backend (exact seek mode: its own packet scan, frames by index)
+- torchcodec-approx: TorchCodec's approximate seek mode, frames by index (as vLLM uses it):
+                 no scan, timestamps from the average rate; `ok` shows whether the frames are right
+- torchcodec-cuda: `video.decode_device: cuda`'s decode (`operators/media/gpu_decode.decode_on_device`,
+                 NVDEC; frames left on the GPU, synchronised); not in the default list (needs a GPU)
+- decord+worker, pyav+worker, torchcodec+worker: the production path: the backend in the killable
                  `DecodeWorker` child, frames streamed back over a pipe (RSS and CPU =
                  parent + child)
 - transformers:  `transformers.video_utils.load_video(path, fps=fps)` with its default
@@ -19,7 +26,7 @@ Methods, each in its own child process (so peak RSS is per method):
 method claims to have sampled. Ratios are frames/s over transformers'. `cpu s` is
 user + system CPU time of the decode (less sensitive than wall time to other load on
 a shared machine; frames/s is wall-clock); `cpu x ref` is transformers' CPU seconds over the
-method's (above 1: less CPU than the reference).
+method's (above 1: less CPU than the reference); `cpu x decord` the same against our decord backend.
 A last line measures per-call overhead of the worker on a 1 s 160x96 clip.
 """
 from __future__ import annotations
@@ -33,13 +40,49 @@ import sys
 import time
 from pathlib import Path
 
-CLIPS = {"720p_60s": (1280, 720, 60), "480p_10min": (854, 480, 600)}
+CLIPS = {"720p_60s": (1280, 720, 60), "480p_10min": (854, 480, 600), "1080p_30s": (1920, 1080, 30),
+         "4k_10s": (3840, 2160, 10)}
 CLIP_FPS = 25
-METHODS = ("decord", "pyav", "decord+worker", "pyav+worker", "transformers")
+METHODS = ("decord", "pyav-full", "pyav", "torchcodec", "torchcodec-approx", "decord+worker", "pyav+worker",
+           "torchcodec+worker", "transformers")
+BACKEND_OF = {"pyav-full": "benchmarks.bench_video_decode:PyAVFull"}  # method -> get_decoder name
 
 
-def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
-    """Encode the benchmark clip straight from YUV planes (cheap to generate; written via a temp name)."""
+def _pyav_full():
+    from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
+
+    class PyAVFull(PyAVDecoder):
+        """PyAV decoding every picture (the backend before issue 35's sparse skipping)."""
+
+        def __init__(self, threads: int = 1):
+            super().__init__(threads, skip_nonref=False)
+
+    return PyAVFull
+
+
+def __getattr__(name):  # get_decoder("benchmarks.bench_video_decode:PyAVFull") without importing av here
+    if name == "PyAVFull":
+        return _pyav_full()
+    raise AttributeError(name)
+
+
+def torchcodec_approx(data: bytes, sampling):
+    """TorchCodec approximate mode, frames by index over its header metadata: ([F, H, W, 3], indices)."""
+    from torchcodec.decoders import VideoDecoder
+
+    dec = VideoDecoder(data, seek_mode="approximate", dimension_order="NHWC", num_ffmpeg_threads=1)
+    meta = dec.metadata
+    from vlbatch.operators.media.decoders import VideoInfo
+
+    info = VideoInfo(fps=meta.average_fps, frames=meta.num_frames, header_frames=meta.num_frames,
+                     duration_s=meta.duration_seconds, width=meta.width, height=meta.height, rotation=0, codec="")
+    indices = [int(i) for i in sampling.indices(info)]
+    return dec.get_frames_at(indices).data.numpy(), indices
+
+
+def make_clip(path: Path, width: int, height: int, seconds: int, offset: int = 0) -> None:
+    """Encode the benchmark clip straight from YUV planes (cheap to generate; written via a temp name).
+    offset: frame i carries index i + offset (distinct clips for bench_pipeline's video mode)."""
     import av
     import numpy as np
 
@@ -51,8 +94,8 @@ def make_clip(path: Path, width: int, height: int, seconds: int) -> None:
     base = np.empty((height * 3 // 2, width), np.uint8)
     base[:height], base[height:] = 24, 128
     bw, bh, side = width // 8, height // 4, height // 6
-    for i in range(seconds * CLIP_FPS):
-        y = base.copy()
+    for j in range(seconds * CLIP_FPS):
+        y, i = base.copy(), j + offset
         for b in range(16):  # the same bit layout as vlbatch.devtools.samples.index_pattern
             if (i >> b) & 1:
                 r, c = divmod(b, 8)
@@ -87,6 +130,12 @@ def run_one(method: str, path: str, fps: float) -> dict:
     from vlbatch.operators.media.worker import DecodeWorker
 
     sampling = FrameSampling(fps=fps, max_frames=10**7)
+    if method.startswith("torchcodec"):  # imported before timing, as the worker child does before "ready"
+        import torchcodec.decoders  # noqa: F401
+        if method == "torchcodec-cuda":  # the model actor's CUDA context exists before any video
+            import torch
+
+            torch.zeros(1, device="cuda")
     base_rss = peak_rss_mb()
     cpu = cpu_seconds()
     t = time.perf_counter()
@@ -95,15 +144,26 @@ def run_one(method: str, path: str, fps: float) -> dict:
 
         frames, meta = load_video(path, fps=fps)
         indices = list(meta.frames_indices)
+    elif method == "torchcodec-approx":
+        frames, indices = torchcodec_approx(Path(path).read_bytes(), sampling)
+    elif method == "torchcodec-cuda":
+        import torch
+
+        from vlbatch.operators.media.gpu_decode import decode_on_device
+
+        clip = decode_on_device(Path(path).read_bytes(), sampling, "cuda")
+        torch.cuda.synchronize()
+        done = time.perf_counter()  # wall time ends here: the frames' copy to the host below is for `ok` only
+        frames, indices = clip.frames.cpu().numpy(), list(clip.indices)
     else:
         data = Path(path).read_bytes()
         if method.endswith("+worker"):
             with DecodeWorker(timeout_s=3600) as w:
                 clip = w.decode(data, sampling, method.split("+")[0])
         else:
-            clip = decode_video_inprocess(data, sampling, method)
+            clip = decode_video_inprocess(data, sampling, BACKEND_OF.get(method, method))
         frames, indices = clip.frames, list(clip.indices)
-    seconds = time.perf_counter() - t
+    seconds = (done if method == "torchcodec-cuda" else time.perf_counter()) - t
     cpu = cpu_seconds() - cpu  # a worker child is counted once it has exited (the with-block above)
     ok = float(np.mean([frame_index(f) == (i % 65536) for f, i in zip(frames, indices, strict=True)]))
     return {"frames": len(indices), "seconds": seconds, "cpu": cpu, "ok": ok, "rss_mb": peak_rss_mb(),
@@ -152,7 +212,8 @@ def main() -> None:
     p.add_argument("--cache", default=os.path.expanduser("~/.cache/vlbatch/bench_video"))
     p.add_argument("--fps", type=float, default=2.0)
     p.add_argument("--clips", nargs="+", default=list(CLIPS), choices=list(CLIPS))
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead line")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, "torchcodec-cuda"])
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -162,8 +223,8 @@ def main() -> None:
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     print(f"video decode benchmark: sampling {a.fps:g} fps, every sampled frame decoded; cache {cache}")
-    print(f"{'clip':11s} {'method':14s} {'frames':>6s} {'s':>7s} {'cpu s':>7s} {'frames/s':>9s} {'x ref':>6s} "
-          f"{'cpu x ref':>9s} {'peak RSS MB':>11s} {'x ref':>6s} {'ok':>5s}")
+    print(f"{'clip':11s} {'method':18s} {'frames':>6s} {'wall s':>7s} {'cpu s':>7s} {'frames/s':>9s} {'x ref':>6s} "
+          f"{'cpu x ref':>9s} {'cpu x decord':>12s} {'peak RSS MB':>11s} {'x ref':>6s} {'ok':>5s}")
     for name in a.clips:
         w, h, secs = CLIPS[name]
         path = cache / f"{name}.mp4"
@@ -173,17 +234,19 @@ def main() -> None:
             print(f"  generated {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t:.0f} s")
         results = {m: child([m, str(path), str(a.fps)]) for m in a.methods}
         ref = results.get("transformers", {})
+        base = results.get("decord", {})
         for m, r in results.items():
             if "error" in r:
-                print(f"{name:11s} {m:14s} error: {r['error']}")
+                print(f"{name:11s} {m:18s} error: {r['error']}")
                 continue
             fps = r["frames"] / r["seconds"]
             speed = f"{fps / (ref['frames'] / ref['seconds']):.2f}" if "seconds" in ref else "-"
             mem = f"{r['rss_mb'] / ref['rss_mb']:.2f}" if "rss_mb" in ref else "-"
             cpu = f"{ref['cpu'] / r['cpu']:.2f}" if "cpu" in ref else "-"
-            print(f"{name:11s} {m:14s} {r['frames']:6d} {r['seconds']:7.2f} {r['cpu']:7.2f} {fps:9.1f} {speed:>6s} "
-                  f"{cpu:>9s} {r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
-    o = child(["overhead"])
+            vs_decord = f"{base['cpu'] / r['cpu']:.2f}" if "cpu" in base else "-"
+            print(f"{name:11s} {m:18s} {r['frames']:6d} {r['seconds']:7.2f} {r['cpu']:7.2f} {fps:9.1f} {speed:>6s} "
+                  f"{cpu:>9s} {vs_decord:>12s} {r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
+    o = {"error": "skipped"} if a.no_overhead else child(["overhead"])
     if "error" not in o:
         print(f"per-call overhead, 1 s 160x96 clip: in-process {o['inprocess_ms']:.1f} ms, worker warm "
               f"{o['worker_warm_ms']:.1f} ms, worker first call (process start) {o['worker_first_call_ms']:.0f} ms")

@@ -1,5 +1,8 @@
 """Start-up checks of a validated job config against the disk: `check_paths(config)`.
 
+Also that the chosen video decoder (`video.decoder`, `video.decode_device`) can run on this machine
+(TorchCodec needs FFmpeg's shared libraries; GPU decode needs CUDA): one line naming what to install.
+
 Run by `vlbatch run` and `vlbatch validate` before Ray starts (not by `submit`, whose paths
 are the cluster's). Local paths only: the model folder holds config.json, *.safetensors and
 tokenizer.json, and the input matches at least one file. s3:// and other remote URIs are left
@@ -49,6 +52,21 @@ def _input_problem(uri: str, fmt: str) -> str | None:
     return None if os.path.isfile(path) else f"{uri} does not exist"
 
 
+def _decoder_problems(config: JobConfig) -> list[str]:
+    """The chosen video decoder (and decode device) can run on this machine: one line each if not."""
+    from vlbatch.operators.media.decoders import backend_problem
+
+    v, problems = config.video, []
+    if v.decoder != "auto" and (why := backend_problem(v.decoder)):
+        problems.append(f"video.decoder: {v.decoder} cannot run here: {why}")
+    if v.decode_device != "cpu":
+        from vlbatch.operators.media.gpu_decode import decode_device_problem
+
+        if why := decode_device_problem(v.decode_device, config.model.device):
+            problems.append(f"video.decode_device: {why}")
+    return problems
+
+
 def check_paths(config: JobConfig) -> None:
     """Local `model.path` and `input.uri` exist and hold what the run reads, else one
     ConfigError naming each bad field; remote URIs (s3://...) are left to run time."""
@@ -57,6 +75,7 @@ def check_paths(config: JobConfig) -> None:
         problems.append(f"model.path: {why}")
     if is_local(config.input.uri) and (why := _input_problem(config.input.uri, config.input.format)):
         problems.append(f"input.uri: {why}")
+    problems += _decoder_problems(config)
     if problems:
         raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
 

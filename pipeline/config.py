@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vlbatch.operators.errors import ConfigError
 
@@ -159,7 +159,13 @@ class VideoConfig(_Section):
     max_frames: int = Field(768, ge=1)
     min_pixels: int | None = Field(None, ge=1, description="per frame; None = the model's video_preprocessor value")
     max_pixels: int | None = Field(None, ge=1)
-    backend: Literal["decord", "pyav"] = "decord"
+    decoder: Literal["auto", "torchcodec", "pyav", "decord"] = Field(
+        "auto", validation_alias=AliasChoices("decoder", "backend"),
+        description="video decoder (`backend` is its old name); auto: the fastest installed, in the order "
+                    "bench_video_decode measured (vlbatch.operators.media.decoders.AUTO_ORDER)")
+    decode_device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="cuda: decode with TorchCodec on the model actor's GPU (NVDEC); needs model.device "
+                           "cuda (or auto on a GPU node) and torchcodec; the CPU stage then only probes")
     decode_timeout_s: float = Field(60.0, gt=0.0, description="decoder subprocess is killed after this")
     max_bytes: int = Field(2 << 30, ge=1)
 
@@ -296,6 +302,8 @@ class JobConfig(_Section):
         basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
         for how in ("engine", "tensor_parallel_size", "expert_parallel"):  # how the model runs, not what it answers
             basis["model"].pop(how, None)
+        for how in ("decoder", "decode_device"):  # every decoder returns the same frames (tests/test_media_torchcodec.py)
+            basis["video"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return f"run-{digest[:12]}"
 

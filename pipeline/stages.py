@@ -60,7 +60,7 @@ class DecodeStage:
         v = cfg.video
         self.sampling = FrameSampling(fps=v.fps, num_frames=v.num_frames, min_frames=v.min_frames,
                                       max_frames=v.max_frames)
-        self.worker = DecodeWorker(timeout_s=v.decode_timeout_s)
+        self.worker = DecodeWorker(timeout_s=v.decode_timeout_s, preload=v.decoder)
         self.lock = threading.Lock()
         from vlbatch.operators.storage.http import HostLimiter
 
@@ -94,7 +94,7 @@ class DecodeStage:
 
             img = load_image(data)
             return Decoded(**_base(row), frames=img[None], decode_s=time.perf_counter() - t0)
-        clip = self.worker.decode(data, self.sampling, self.cfg.video.backend)
+        clip = self.worker.decode(data, self.sampling, self.cfg.video.decoder)
         return Decoded(**_base(row), frames=clip.frames, source_fps=clip.source_fps,
                        total_frames=clip.total_frames, frame_indices=tuple(int(i) for i in clip.indices),
                        decode_s=time.perf_counter() - t0)

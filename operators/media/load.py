@@ -71,7 +71,7 @@ def load_media(
     *,
     media_type: str | None = None,
     sampling: FrameSampling = DEFAULT_SAMPLING,
-    backend: str = "decord",
+    backend: str = "auto",
     timeout_s: float = 60.0,
     worker: DecodeWorker | None = None,
     max_bytes: int | None = None,

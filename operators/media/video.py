@@ -12,7 +12,7 @@ Owns the decode plan shared by the in-process path and the worker process:
 
 Memory bound (per video): the input bytes + the output `F x H x W x 3` bytes (refused
 above `FrameSampling.max_output_bytes`, 8 GiB by default) + the
-backend's working set (decord: `chunk` = 8 frames; PyAV: one frame plus the
+backend's working set (decord, TorchCodec: `chunk` = 8 frames; PyAV: one frame plus the
 codec's reference frames, <= 16). Nothing scales with the video's length except
 the packet index (16 bytes per frame).
 
@@ -79,7 +79,7 @@ class Plan:
         return self
 
 
-def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "decord",
+def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "auto",
                   threads: int = 1) -> Iterator[Plan | tuple[int, np.ndarray]]:
     """Yield a `Plan`, then `(slot, frame [H, W, 3])` per sampled frame; a second `Plan` restarts the slots."""
     decoder = get_decoder(backend, threads)
@@ -122,7 +122,7 @@ def collect(stream: Iterator[Plan | tuple[int, np.ndarray]]) -> VideoClip:
     return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames, indices=plan.indices)
 
 
-def decode_video_inprocess(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord",
+def decode_video_inprocess(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",
                            threads: int = 1) -> VideoClip:
     """Decode in this process (no time limit: tests and benchmarks; production uses `DecodeWorker`)."""
     return collect(decode_stream(data, sampling, backend, threads))

@@ -38,6 +38,7 @@ from vlbatch.operators.types import VideoClip
 
 STARTUP_TIMEOUT_S = 120.0  # generous: a loaded node can take seconds to import av + decord
 CHILD_MODULE = "vlbatch.operators.media.worker"
+PRELOAD_ENV = "VLBATCH_DECODE_PRELOAD"  # the decoder the child imports before "ready" (torchcodec: torch)
 
 
 class DecodeWorker:
@@ -46,16 +47,19 @@ class DecodeWorker:
     timeout_s: wall-clock limit per video (probe + decode + transfer);
     max_calls: recycle the child after this many videos;
     child_argv: the command before the two pipe fd numbers (default: this module under the
-    current interpreter); e.g. a sandbox wrapper, or a stand-in child in tests.
+    current interpreter); e.g. a sandbox wrapper, or a stand-in child in tests;
+    preload: the decoder the calls will name (`video.decoder`); the child imports it before it says
+    ready (TorchCodec imports torch: about 3 s of CPU and 700 MB, only where it is the one used).
     """
 
     def __init__(self, timeout_s: float = 60.0, max_calls: int = 500, threads: int = 1,
-                 child_argv: Sequence[str] | None = None):
+                 child_argv: Sequence[str] | None = None, preload: str = "auto"):
         if not timeout_s > 0:
             raise errors.ConfigError(f"decode timeout_s must be positive, got {timeout_s!r}")
         self.timeout_s = timeout_s
         self.max_calls = max_calls
         self.threads = threads
+        self.preload = preload
         self.child_argv = tuple(child_argv) if child_argv is not None else (sys.executable, "-m", CHILD_MODULE)
         self._proc: subprocess.Popen | None = None
         self._calls = 0
@@ -76,6 +80,7 @@ class DecodeWorker:
         res_r, res_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         env.setdefault("OMP_NUM_THREADS", "1")
+        env[PRELOAD_ENV] = self.preload
         self._proc = subprocess.Popen(
             [*self.child_argv, str(req_r), str(res_w)],
             pass_fds=(req_r, res_w), env=env, stdin=subprocess.DEVNULL,
@@ -123,7 +128,7 @@ class DecodeWorker:
             self._close_pipes()
             self._proc = None
 
-    def decode(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord") -> VideoClip:
+    def decode(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto") -> VideoClip:
         """Decode the sampled frames of `data` in the child within `timeout_s`.
 
         Raises `MediaError` (not a video, crash, a child breaking the protocol), `MediaTimeoutError`
@@ -207,7 +212,7 @@ class DecodeWorker:
                 raise MediaError(f"the decoder sent {kind[:50]!r} out of order ({filled} frames in)")
 
 
-def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "decord",
+def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",
                  timeout_s: float = 60.0, worker: DecodeWorker | None = None) -> VideoClip:
     """Decode sampled frames in a killable child. Pass a long-lived `worker` to avoid a start per call."""
     if worker is not None:
@@ -273,6 +278,12 @@ def main(argv: list[str]) -> None:
 
     import vlbatch.operators.media.decoders.decord_backend  # noqa: F401
     import vlbatch.operators.media.decoders.pyav_backend  # noqa: F401
+    from vlbatch.operators.media.decoders import resolve_backend
+
+    if resolve_backend(os.environ.get(PRELOAD_ENV, "auto")) == "torchcodec":  # torch + FFmpeg: ~3 s, before "ready"
+        import torchcodec.decoders  # noqa: F401
+
+        import vlbatch.operators.media.decoders.torchcodec_backend  # noqa: F401
 
     av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
     req, res = int(argv[1]), int(argv[2])

@@ -11,6 +11,14 @@ it. Memory: one decoded frame plus FFmpeg's reference frames (bounded by the
 codec's DPB, <= 16 frames), never the whole file.
 Damaged packets are skipped (FFmpeg conceals what it can); a stream that ends
 before a wanted frame raises `ShortVideo`.
+
+Sparse sampling (`skip_nonref`, on by default): between wanted frames, H.264 pictures that no other
+picture references (nal_ref_idc 0: most B-frames) are not decoded at all (FFmpeg's
+`skip_frame = NONREF`, switched per packet by its timestamp). By the standard such a picture is never
+used for prediction, so every other frame decodes bit-identically (tests/test_media_torchcodec.py
+checks it against a full decode); a wanted picture is always decoded. Only H.264, and only with one
+decoding thread (frame threads would see the switch late); HEVC's "sub-layer non-reference" pictures
+may still be referenced by higher sub-layers, so HEVC decodes everything.
 """
 from __future__ import annotations
 
@@ -40,18 +48,24 @@ class PyAVDecoder(VideoDecoder):
 
     name = "pyav"
 
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1, skip_nonref: bool = True):
         self.threads = threads
+        self.skip_nonref = skip_nonref
 
     def open(self, data: bytes) -> PyAVVideo:
-        return PyAVVideo(data, self.threads)
+        return PyAVVideo(data, self.threads, self.skip_nonref)
+
+
+SKIP_NONREF_CODECS = ("h264",)  # codecs whose non-reference pictures are never referenced (see above)
 
 
 class PyAVVideo(OpenVideo):
-    def __init__(self, data: bytes, threads: int):
+    def __init__(self, data: bytes, threads: int, skip_nonref: bool = True):
         import av
 
         self._av = av
+        self._wanted: frozenset[int] = frozenset()  # pts that must be decoded; empty: decode everything
+        self.decoded = 0  # pictures the codec returned (observable by tests and benchmarks)
         self.container, self.stream = open_container(data)
         try:
             self.index: PacketIndex = scan_packets(self.container, self.stream)
@@ -66,6 +80,7 @@ class PyAVVideo(OpenVideo):
             if first is None:
                 raise MediaError("no frame of the video stream could be decoded")
             self.info = probe_container(self.container, self.stream, self.index, first)
+            self._skip = skip_nonref and threads <= 1 and cc.name in SKIP_NONREF_CODECS
         except BaseException:
             self.container.close()
             raise
@@ -87,11 +102,21 @@ class PyAVVideo(OpenVideo):
                 packet = next(packets)
             except (StopIteration, av.FFmpegError, OSError):
                 return  # end of data, or the data was cut inside a packet
+            if self._wanted:
+                self._set_skip(packet.pts is not None and packet.pts not in self._wanted)
             try:
                 frames = packet.decode()
             except av.FFmpegError:
                 continue  # a damaged packet: skip it, the decoder conceals what it can
+            self.decoded += len(frames)
             yield from frames
+
+    def _set_skip(self, skip: bool) -> None:
+        """Decode (False) or drop (True) the next packet's picture if it is a non-reference one."""
+        cc = self.stream.codec_context
+        mode = "NONREF" if skip else "DEFAULT"
+        if cc.skip_frame != mode:
+            cc.skip_frame = mode
 
     def _to_rgb(self, frame) -> np.ndarray:
         return upright(frame.to_ndarray(format="rgb24"), self.info.rotation)
@@ -99,7 +124,10 @@ class PyAVVideo(OpenVideo):
     def iter_frames(self, indices) -> Iterator[np.ndarray]:
         pts, keys = self.index.pts, self.index.keyframe_pts
         pos = None  # pts of the last decoded frame in the current run
-        for i, repeat in unique_runs(indices):
+        runs = unique_runs(indices)
+        if self._skip and all(0 <= i < self.info.frames for i, _ in runs):
+            self._wanted = frozenset(int(pts[i]) for i, _ in runs)
+        for i, repeat in runs:
             if not 0 <= i < self.info.frames:
                 raise IndexError(f"frame {i} outside [0, {self.info.frames})")
             target = int(pts[i])
@@ -134,6 +162,8 @@ class PyAVVideo(OpenVideo):
         Rebuilds the index from the decoded frames' timestamps and returns the
         updated `info` (fewer `frames`); raises `MediaError` if nothing decodes.
         """
+        self._wanted = frozenset()  # count every picture: nothing skipped
+        self._set_skip(False)
         try:
             self._rewind(int(self.index.pts[0]))
             seen = np.asarray([f.pts for f in self._gen if f.pts is not None], dtype=np.int64)
