@@ -246,6 +246,9 @@ class StorageConfig(_Section):
 class ResumeConfig(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")
     retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
+    allow_config_change: bool = Field(
+        False, description="resume a run whose answers were made with another config (pipeline/fingerprint.py): "
+                           "keep the old rows of the ids already done (`vlbatch run --allow-config-change`)")
 
 
 class RayConfig(_Section):
