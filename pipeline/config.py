@@ -8,9 +8,9 @@ for choices, the allowed values. Everything past this module uses the frozen
 
 `load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
 local paths in the file (`model.path`, `input.uri`, `output.uri`) resolve against the config
-file's folder, so a config means the same from any working directory; ``--set`` overrides
-are taken as given (relative to the current directory), as is everything `validate_config`
-gets directly. `vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
+file's folder, so a config means the same from any working directory; the same paths given
+by ``--set`` overrides resolve against the current directory (both made absolute before the
+run id is derived from them); what `validate_config` gets directly is taken as given. `vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
 starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the
 model folder holds config.json, *.safetensors and tokenizer.json, and the input matches at
 least one file. s3:// and other remote URIs (a remote `model.path` is downloaded by each node
@@ -107,8 +107,10 @@ class InputColumns(_Section):
 
 
 class InputConfig(_Section):
-    uri: str = Field(..., min_length=1, description="manifest file, folder or glob; local path (relative: to the "
-                                                    "config file's folder) or s3://")
+    uri: str = Field(..., min_length=1, description="manifest file, folder of manifests or glob; format=glob: a "
+                                                    "glob of media, or a folder whose media (image and video files, "
+                                                    "recursively) are read; local path (relative: to the config file's "
+                                                    "folder; given by --set: to the current directory) or s3://")
     format: Literal["parquet", "jsonl", "csv", "glob", "webdataset"] = Field(
         "parquet", description="glob: `uri` is a glob of media files, one request set per file; webdataset: `uri` "
                                "names tar shards (a glob or brace notation: shards/train-{000000..000127}.tar)"
@@ -372,13 +374,22 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
-def _resolve_file_paths(data: dict, base: Path) -> None:
-    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` -> absolute under `base` (in place)."""
+def _resolve_file_paths(data: dict, base: Path, only: set[tuple[str, str]] | None = None) -> None:
+    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` (those in `only`, when given) ->
+    absolute under `base`, `~` expanded (in place). Globs stay globs (`media/*` -> `/abs/media/*`)."""
     for section, key in FILE_RELATIVE_PATHS:
         node = data.get(section)
         value = node.get(key) if isinstance(node, dict) else None
-        if isinstance(value, str) and value and "://" not in value and not value.startswith("/"):
+        if (only is not None and (section, key) not in only) or not isinstance(value, str) or not value:
+            continue
+        if value.startswith("~"):
+            value = node[key] = os.path.expanduser(value)
+        if "://" not in value and not value.startswith("/"):
             node[key] = os.path.normpath(base / value)
+
+
+def _override_key(override: str) -> tuple[str, ...]:
+    return tuple(override.split("=", 1)[0].strip().split("."))
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -398,6 +409,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     _resolve_file_paths(data, p.absolute().parent)
     for ov in overrides:
         apply_override(data, ov)
+    # an overridden path is the current directory's: made absolute before the run id is derived from
+    # it, so the same command resumes the same run from any directory
+    keys = [_override_key(ov) for ov in overrides]
+    _resolve_file_paths(data, Path.cwd(), {path for path in FILE_RELATIVE_PATHS for k in keys if path[: len(k)] == k})
     return validate_config(data)
 
 
