@@ -140,6 +140,10 @@ class SamplingConfig(_Section):
     top_k: int | None = Field(None, ge=1)
     max_tokens: int = Field(128, ge=1, le=65536)
     seed: int = Field(0, ge=0, description="per-request seeds derive from this and the request id")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="a request whose prompt (text and the media's visual tokens) is longer is an "
+                                "InputError row, given no model time; None = the model's context length "
+                                "(max_position_embeddings in its config.json)")
 
 
 class ImageConfig(_Section):
