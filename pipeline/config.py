@@ -124,14 +124,46 @@ class TaskConfig(_Section):
         "caption", description="scan: no model; every request is read, decoded and preprocessed as a real run "
                                "would and gets its row (status, error, token counts; answer null): broken files "
                                "and the job's token cost. Its requests: the questions where there are any, "
-                               "else the caption prompt")
-    prompt: str = Field("Describe this image in detail.", min_length=1, description="caption prompt (mode=caption)")
+                               "else the caption prompt (with task.caption: the questions and the caption)")
+    prompt: str = Field("Describe this image in detail.", min_length=1,
+                        description="caption prompt (mode=caption, or task.caption=true)")
     video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
     questions: tuple[str, ...] = Field(
-        (), description="questions asked of every media when the manifest has no questions column"
+        (), description="questions asked of every media when the manifest has no questions column (mode=questions)"
     )
+    caption: bool = Field(
+        False, description="mode=questions: also caption every media (task.prompt / video_prompt), one more row "
+                           "after its questions (request_index = its number of questions), on the same decode, "
+                           "preprocess and prefix")
     system_prompt: str | None = None
     thinking: bool = Field(False, description="enable_thinking in the chat template")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """`prompt: null` (e.g. `--set task.prompt=null`) means not set: the default, and not a field the
+        mode would ignore."""
+        if isinstance(data, dict) and "prompt" in data and data["prompt"] is None:
+            data = {k: v for k, v in data.items() if k != "prompt"}
+        return data
+
+    def ignored_fields(self, questions_column: str | None) -> list[str]:
+        """Messages naming each field set in this config that `mode` would not use (a config
+        error: never silence). Scan mode uses them all."""
+        out = []
+        if self.mode == "caption":
+            for name, used in (("task.questions", self.questions), ("input.columns.questions", questions_column),
+                               ("task.caption", self.caption)):
+                if used:
+                    out.append(f"{name}: not used by task.mode=caption; to ask questions set task.mode=questions "
+                               "(and task.caption=true to caption each media too)")
+        elif self.mode == "questions" and not self.caption:
+            for name in ("prompt", "video_prompt"):
+                if name in self.model_fields_set and getattr(self, name) is not None:
+                    out.append(f"task.{name}: not used by task.mode=questions without a caption; set "
+                               f"task.caption=true to caption each media too, or remove task.{name} (--set "
+                               f"task.{name}=null)")
+        return out
 
 
 class SamplingConfig(_Section):
@@ -288,6 +320,9 @@ class JobConfig(_Section):
                              "(each rank holds its own GPUs)")
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
+        ignored = self.task.ignored_fields(self.input.columns.questions)
+        if ignored:
+            raise ValueError("\n  ".join(ignored))
         if self.input.format in ("glob", "webdataset") and self.input.columns.questions:
             raise ValueError(f"input.format={self.input.format} has no questions column; use task.questions")
         if self.input.format == "glob" and self.input.columns.keep:
@@ -327,8 +362,12 @@ def _allowed_fields(loc: tuple) -> list[str]:
 def _format(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        where = _loc(err) or "<config>"
+        where = _loc(err)
         msg = err["msg"].removeprefix("Value error, ")
+        if not where and msg.split(":", 1)[0].count(".") and " " not in msg.split(":", 1)[0]:
+            lines.append(msg)  # a whole-config check whose message starts with the dotted field it is about
+            continue
+        where = where or "<config>"
         if err["type"] == "extra_forbidden":
             msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
         elif err["type"] == "missing":
