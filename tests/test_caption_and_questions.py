@@ -4,6 +4,8 @@ share one decode, one preprocess and the prefix cache. A field the mode does not
 config error naming it. Stages are called directly (no Ray) on a tiny checkpoint and real media."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,30 @@ def test_one_decode_one_preprocess_and_the_prefix_for_caption_and_questions(tmp_
     total = sum(len(ids) for ids in prep.input_ids)
     assert stage.backend.engine.stats()["prefill_tokens"] <= total - 2 * media_end
     stage.backend.close()
+
+
+def test_cli_run_of_a_folder_with_caption_and_questions(tmp_path, tiny_ckpt):
+    """`vlbatch run` as a user would (a new local Ray): a plain folder of images as a glob input,
+    given relative to the current directory, two questions and the caption: one row per (media,
+    prompt); a rerun from another directory resumes the same run (nothing recomputed)."""
+    from test_jobs_support import read_output, vlbatch, write_job
+
+    cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=2, write_batch=2,
+                    extra="task: {mode: questions, questions: ['What colour?', 'How many?'], caption: true, "
+                          "prompt: Describe.}\n")
+    sets = ["--set", "input.uri=wd/media", "--set", "input.format=glob"]  # the run id derived from the config
+    first = vlbatch("run", str(cfg), "--no-lock", *sets, cwd=tmp_path, timeout=400)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    last = first.stdout.splitlines()[-1]
+    assert "done: 6 ok, 0 error, 0 skipped" in last
+    run_dir = last.split(" -> ", 1)[1].split("/ in ", 1)[0]
+    rows = read_output(Path(run_dir))
+    media = sorted(str(p) for p in (tmp_path / "wd" / "media").glob("*.png"))
+    assert sorted((r["media_uri"], r["request_index"], r["prompt"]) for r in rows) == sorted(
+        (m, k, p) for m in media for k, p in enumerate(["What colour?", "How many?", "Describe."]))
+    assert all(r["status"] == "ok" and r["answer"] is not None for r in rows)
+
+    other = [a.replace("input.uri=wd/media", f"input.uri={tmp_path / 'wd' / 'media'}") for a in sets]
+    again = vlbatch("run", str(cfg), "--no-lock", *other, cwd=tmp_path / "wd", timeout=400)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert f"done: 0 ok, 0 error, 6 skipped (already committed) -> {run_dir}/" in again.stdout.splitlines()[-1]
