@@ -12,7 +12,8 @@ are stale answers. So the run folder holds `_fingerprint.json` (`FINGERPRINT_NAM
 - `model.path`, `model.checkpoint` (`checkpoint_identity`: a hash of config.json, the
   tokenizer / template / preprocessor files, and of each safetensors file's name, size, header
   and first and last `SAMPLE_BYTES`; a remote path: none, its path only), `model.dtype`,
-  `model.backend`;
+  `model.backend`; a local checkpoint's path counts only when its identity differs too (a
+  moved or copied checkpoint is the same one);
 - every `sampling.*` field except `max_prompt_tokens` (a limit: it decides error rows, not answers);
 - every `task.*` field;
 - `image.min_pixels` / `max_pixels`, and every `video.*` field except `decode_timeout_s` and
@@ -122,9 +123,15 @@ def _default(key: str):
 
 
 def changed_fields(old: dict, new: dict) -> dict:
-    """{field: [old, new]} of the fields whose values differ (a field missing from `old`: its default)."""
+    """{field: [old, new]} of the fields whose values differ (a field missing from `old`: its default).
+    A local checkpoint moved or copied elsewhere (`model.path` differs, the same non-null
+    `model.checkpoint`) is the same checkpoint: its path is not a change."""
     out = {}
+    same_checkpoint = old.get("model.checkpoint") is not None and old.get("model.checkpoint") == new.get(
+        "model.checkpoint")
     for key in sorted(set(old) | set(new)):
+        if key == "model.path" and same_checkpoint:
+            continue
         before = old[key] if key in old else _default(key)
         after = new[key] if key in new else _default(key)
         if before != after:

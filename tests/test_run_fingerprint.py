@@ -53,6 +53,15 @@ def test_checkpoint_identity_sees_new_weights_of_the_same_shapes(tmp_path, tiny_
     data[-1] ^= 0xFF  # one byte of the last tensor: same header, same size
     weights.write_bytes(bytes(data))
     assert checkpoint_identity(str(ckpt)) != before
+    # the same checkpoint elsewhere: its path alone is no change; other weights at the same path are
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_ckpt("dense"), moved)
+    old = {"model.path": str(tiny_ckpt("dense")), "model.checkpoint": checkpoint_identity(str(tiny_ckpt("dense")))}
+    assert changed_fields(old, {"model.path": str(moved), "model.checkpoint": checkpoint_identity(str(moved))}) == {}
+    assert set(changed_fields(old, {"model.path": str(ckpt), "model.checkpoint": checkpoint_identity(str(ckpt))})) == {
+        "model.path", "model.checkpoint"}
+    remote = {"model.path": "s3://b/a", "model.checkpoint": None}
+    assert set(changed_fields(remote, {"model.path": "s3://b/c", "model.checkpoint": None})) == {"model.path"}
     assert checkpoint_identity("s3://bucket/ckpt") is None  # remote: its path stands for it
 
 
