@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from vlbatch.jobs.local import run_local
 
     return run_local(
-        args.config, args.overrides, name=args.name, address=args.address, slot=_slot(args),
+        args.config, _overrides(args), name=args.name, address=args.address, slot=_slot(args),
         lock_dir=Path(args.lock_dir) if args.lock_dir else None, use_lock=not args.no_lock, verbose=args.verbose,
     )
 
@@ -101,14 +101,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from vlbatch.pipeline.checks import check_paths
     from vlbatch.pipeline.config import load_config
+    from vlbatch.pipeline.fingerprint import check_fingerprint
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, _overrides(args))
     check_paths(config)
+    check_fingerprint(config)  # what `run` would refuse: answers of another config under this run id
     if args.json:
         print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json")}, indent=2))
     else:
         print(f"{args.config}: valid (run_id={config.resolved_run_id()}, output={config.output.uri})")
     return EXIT_OK
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The `--set` overrides, with `--allow-config-change` as `resume.allow_config_change=true`."""
+    extra = ["resume.allow_config_change=true"] if getattr(args, "allow_config_change", False) else []
+    return [*args.overrides, *extra]
 
 
 def _slot(args: argparse.Namespace) -> str | None:
@@ -139,7 +147,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise SubmissionError(f"--env {bad[0]!r}: expected NAME=VALUE")
     env = dict(kv.split("=", 1) for kv in args.env)
     spec = build_spec(
-        args.config, workdir=args.workdir, name=args.name, slot=_slot(args), overrides=args.overrides,
+        args.config, workdir=args.workdir, name=args.name, slot=_slot(args), overrides=_overrides(args),
         env=env, runtime_env_extra=extra, entrypoint_num_cpus=args.entrypoint_num_cpus,
     )
     sub = _submitter(args)
@@ -219,6 +227,11 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config field, e.g. --set sampling.max_tokens=64 (repeatable; value parsed as YAML)",
+    )
+    p.add_argument(
+        "--allow-config-change", action="store_true",
+        help="resume a pinned run_id whose answers were made with another config: keep the old rows of the ids "
+             "already done, compute the rest with this config (default: refused, naming the changed fields)",
     )
 
 

@@ -72,6 +72,9 @@ def run_local(
     from vlbatch.pipeline.write_stage import check_output
 
     check_output(config)  # the output bucket exists (never created): before Ray starts
+    from vlbatch.pipeline.fingerprint import check_fingerprint
+
+    check_fingerprint(config)  # a pinned run_id holding answers of another config: refused before Ray starts
     if not use_lock:
         return _run(config, job_name, address, verbose, report)
     with run_lock(job_name, lock_dir):

@@ -72,10 +72,32 @@ def shared_pixels(row: Prepared) -> torch.Tensor:
         return torch.from_numpy(row.pixels)
 
 
-def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool) -> dict[str, object]:
+def prompt_limit(cfg: JobConfig, model_dir: str) -> int:
+    """Most prompt tokens of one request: `sampling.max_prompt_tokens`, else the checkpoint's context
+    length (`max_position_embeddings` of its text config)."""
+    if cfg.sampling.max_prompt_tokens is not None:
+        return cfg.sampling.max_prompt_tokens
+    from vlbatch.operators.model.config import ModelConfig
+
+    return ModelConfig.from_pretrained(model_dir).text.max_position_embeddings
+
+
+def check_prompt_length(row: Prepared, i: int, limit: int | None) -> None:
+    """`InputError` (permanent: the request itself is too long) when prompt `i` of `row` holds more
+    than `limit` tokens (its text and the media's visual tokens)."""
+    n = len(row.input_ids[i])
+    if limit is not None and n > limit:
+        raise InputError(f"{row.media_uri}: the prompt is {n} tokens (text and the {row.media_type}'s visual "
+                         f"tokens), over the limit of {limit} (sampling.max_prompt_tokens; default: the model's "
+                         "context length)")
+
+
+def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
+                   max_prompt_tokens: int | None = None) -> dict[str, object]:
     """{request id: engine `Request` (or the `InputError` that refused it)} for every prompt of
     `row`, all around one pixel tensor and the row's content hash (prompts with equal spans
-    share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams."""
+    share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams; a prompt over
+    `max_prompt_tokens` is refused (`check_prompt_length`), never given to the engine."""
     import numpy as np
     import torch
 
@@ -86,6 +108,7 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool) -> 
     out: dict[str, object] = {}
     for i, rid in enumerate(row.ids):
         try:
+            check_prompt_length(row, i, max_prompt_tokens)
             spans = row.prompt_spans(i)
             if spans not in items:
                 items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans,
@@ -157,6 +180,7 @@ class EngineBackend:
             self.engine = Engine.from_pretrained(model_dir, **kw)
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
         self.specs = pixel_specs(model_dir)
+        self.max_prompt_tokens = prompt_limit(cfg, model_dir)
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -171,7 +195,8 @@ class EngineBackend:
     def generate(self, rows: list[Prepared]) -> dict[str, object]:
         out: dict[str, object] = {}
         for r in rows:
-            out.update(media_requests(r, self.specs[r.media_type], self._sampling, self.cfg.task.thinking))
+            out.update(media_requests(r, self.specs[r.media_type], self._sampling, self.cfg.task.thinking,
+                                      self.max_prompt_tokens))
         reqs = [q for q in out.values() if not isinstance(q, VlbatchError)]
         out.update(self.loop.run(reqs))  # visual tokens: each media once (`pinned_visual_tokens`)
         return out
@@ -203,6 +228,7 @@ class TransformersBackend:
         self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(path)
         self.specs = pixel_specs(path)
+        self.max_prompt_tokens = prompt_limit(cfg, path)
         self.torch = torch
         self._lock = threading.Lock()  # one generate() at a time
         self._busy_s = 0.0
@@ -241,6 +267,11 @@ class TransformersBackend:
         type_id = 1 if row.media_type == "image" else 2
         out: dict[str, object] = {}
         for i, rid in enumerate(row.ids):
+            try:
+                check_prompt_length(row, i, self.max_prompt_tokens)
+            except InputError as e:  # never given to the model
+                out[rid] = e
+                continue
             ids = torch.tensor([row.input_ids[i]], dtype=torch.long)
             types = torch.zeros_like(ids)
             for s, e in row.prompt_spans(i):

@@ -41,6 +41,11 @@ def _input_problem(uri: str, fmt: str) -> str | None:
 
         shards = [m for p in expand_braces(path) for m in glob.glob(p)]
         return None if any(os.path.isfile(m) for m in shards) else f"{uri!r} matches no shards"
+    if fmt == "glob" and os.path.isdir(path):  # a plain folder: its media (sources/glob.py)
+        from vlbatch.operators.media.load import folder_media
+
+        found = (os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
+        return None if folder_media(path, found) else f"the folder {uri!r} holds no image or video files"
     if fmt == "glob" or glob.has_magic(path):
         if not any(os.path.isfile(m) for m in glob.iglob(path, recursive=True)):
             return f"the glob {uri!r} matches no files"

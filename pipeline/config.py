@@ -8,9 +8,9 @@ for choices, the allowed values. Everything past this module uses the frozen
 
 `load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
 local paths in the file (`model.path`, `input.uri`, `output.uri`) resolve against the config
-file's folder, so a config means the same from any working directory; ``--set`` overrides
-are taken as given (relative to the current directory), as is everything `validate_config`
-gets directly. `vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
+file's folder, so a config means the same from any working directory; the same paths given
+by ``--set`` overrides resolve against the current directory (both made absolute before the
+run id is derived from them); what `validate_config` gets directly is taken as given. `vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
 starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the
 model folder holds config.json, *.safetensors and tokenizer.json, and the input matches at
 least one file. s3:// and other remote URIs (a remote `model.path` is downloaded by each node
@@ -107,8 +107,10 @@ class InputColumns(_Section):
 
 
 class InputConfig(_Section):
-    uri: str = Field(..., min_length=1, description="manifest file, folder or glob; local path (relative: to the "
-                                                    "config file's folder) or s3://")
+    uri: str = Field(..., min_length=1, description="manifest file, folder of manifests or glob; format=glob: a "
+                                                    "glob of media, or a folder whose media (image and video files, "
+                                                    "recursively) are read; local path (relative: to the config file's "
+                                                    "folder; given by --set: to the current directory) or s3://")
     format: Literal["parquet", "jsonl", "csv", "glob", "webdataset"] = Field(
         "parquet", description="glob: `uri` is a glob of media files, one request set per file; webdataset: `uri` "
                                "names tar shards (a glob or brace notation: shards/train-{000000..000127}.tar)"
@@ -122,14 +124,46 @@ class TaskConfig(_Section):
         "caption", description="scan: no model; every request is read, decoded and preprocessed as a real run "
                                "would and gets its row (status, error, token counts; answer null): broken files "
                                "and the job's token cost. Its requests: the questions where there are any, "
-                               "else the caption prompt")
-    prompt: str = Field("Describe this image in detail.", min_length=1, description="caption prompt (mode=caption)")
+                               "else the caption prompt (with task.caption: the questions and the caption)")
+    prompt: str = Field("Describe this image in detail.", min_length=1,
+                        description="caption prompt (mode=caption, or task.caption=true)")
     video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
     questions: tuple[str, ...] = Field(
-        (), description="questions asked of every media when the manifest has no questions column"
+        (), description="questions asked of every media when the manifest has no questions column (mode=questions)"
     )
+    caption: bool = Field(
+        False, description="mode=questions: also caption every media (task.prompt / video_prompt), one more row "
+                           "after its questions (request_index = its number of questions), on the same decode, "
+                           "preprocess and prefix")
     system_prompt: str | None = None
     thinking: bool = Field(False, description="enable_thinking in the chat template")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """`prompt: null` (e.g. `--set task.prompt=null`) means not set: the default, and not a field the
+        mode would ignore."""
+        if isinstance(data, dict) and "prompt" in data and data["prompt"] is None:
+            data = {k: v for k, v in data.items() if k != "prompt"}
+        return data
+
+    def ignored_fields(self, questions_column: str | None) -> list[str]:
+        """Messages naming each field set in this config that `mode` would not use (a config
+        error: never silence). Scan mode uses them all."""
+        out = []
+        if self.mode == "caption":
+            for name, used in (("task.questions", self.questions), ("input.columns.questions", questions_column),
+                               ("task.caption", self.caption)):
+                if used:
+                    out.append(f"{name}: not used by task.mode=caption; to ask questions set task.mode=questions "
+                               "(and task.caption=true to caption each media too)")
+        elif self.mode == "questions" and not self.caption:
+            for name in ("prompt", "video_prompt"):
+                if name in self.model_fields_set and getattr(self, name) is not None:
+                    out.append(f"task.{name}: not used by task.mode=questions without a caption; set "
+                               f"task.caption=true to caption each media too, or remove task.{name} (--set "
+                               f"task.{name}=null)")
+        return out
 
 
 class SamplingConfig(_Section):
@@ -138,6 +172,10 @@ class SamplingConfig(_Section):
     top_k: int | None = Field(None, ge=1)
     max_tokens: int = Field(128, ge=1, le=65536)
     seed: int = Field(0, ge=0, description="per-request seeds derive from this and the request id")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="a request whose prompt (text and the media's visual tokens) is longer is an "
+                                "InputError row, given no model time; None = the model's context length "
+                                "(max_position_embeddings in its config.json)")
 
 
 class ImageConfig(_Section):
@@ -252,6 +290,9 @@ class StorageConfig(_Section):
 class ResumeConfig(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")
     retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
+    allow_config_change: bool = Field(
+        False, description="resume a run whose answers were made with another config (pipeline/fingerprint.py): "
+                           "keep the old rows of the ids already done (`vlbatch run --allow-config-change`)")
 
 
 class RayConfig(_Section):
@@ -285,6 +326,9 @@ class JobConfig(_Section):
                              "(each rank holds its own GPUs)")
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
+        ignored = self.task.ignored_fields(self.input.columns.questions)
+        if ignored:
+            raise ValueError("\n  ".join(ignored))
         if self.input.format in ("glob", "webdataset") and self.input.columns.questions:
             raise ValueError(f"input.format={self.input.format} has no questions column; use task.questions")
         if self.input.format == "glob" and self.input.columns.keep:
@@ -326,8 +370,12 @@ def _allowed_fields(loc: tuple) -> list[str]:
 def _format(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        where = _loc(err) or "<config>"
+        where = _loc(err)
         msg = err["msg"].removeprefix("Value error, ")
+        if not where and msg.split(":", 1)[0].count(".") and " " not in msg.split(":", 1)[0]:
+            lines.append(msg)  # a whole-config check whose message starts with the dotted field it is about
+            continue
+        where = where or "<config>"
         if err["type"] == "extra_forbidden":
             msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
         elif err["type"] == "missing":
@@ -377,13 +425,22 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
-def _resolve_file_paths(data: dict, base: Path) -> None:
-    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` -> absolute under `base` (in place)."""
+def _resolve_file_paths(data: dict, base: Path, only: set[tuple[str, str]] | None = None) -> None:
+    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` (those in `only`, when given) ->
+    absolute under `base`, `~` expanded (in place). Globs stay globs (`media/*` -> `/abs/media/*`)."""
     for section, key in FILE_RELATIVE_PATHS:
         node = data.get(section)
         value = node.get(key) if isinstance(node, dict) else None
-        if isinstance(value, str) and value and "://" not in value and not value.startswith("/"):
+        if (only is not None and (section, key) not in only) or not isinstance(value, str) or not value:
+            continue
+        if value.startswith("~"):
+            value = node[key] = os.path.expanduser(value)
+        if "://" not in value and not value.startswith("/"):
             node[key] = os.path.normpath(base / value)
+
+
+def _override_key(override: str) -> tuple[str, ...]:
+    return tuple(override.split("=", 1)[0].strip().split("."))
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -403,6 +460,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     _resolve_file_paths(data, p.absolute().parent)
     for ov in overrides:
         apply_override(data, ov)
+    # an overridden path is the current directory's: made absolute before the run id is derived from
+    # it, so the same command resumes the same run from any directory
+    keys = [_override_key(ov) for ov in overrides]
+    _resolve_file_paths(data, Path.cwd(), {path for path in FILE_RELATIVE_PATHS for k in keys if path[: len(k)] == k})
     return validate_config(data)
 
 

@@ -87,4 +87,4 @@ def requests_per_media(cfg: JobConfig) -> int | None:
         return 1
     if cfg.input.columns.questions:
         return None
-    return len(t.questions) or 1
+    return (len(t.questions) + int(t.caption)) or 1

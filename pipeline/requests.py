@@ -1,7 +1,10 @@
 """Expansion of manifest rows into requests, with deterministic request ids.
 
 One manifest row (a media) becomes one `MediaTask` holding all of its requests: one
-caption request (task.mode=caption) or one request per question (task.mode=questions).
+caption request (task.mode=caption) or one request per question (task.mode=questions), and
+with `task.caption` the caption request after them (request index = the media's number of
+questions), so all of a media's prompts share one decode, one preprocess and the prefix
+cache (the chat template puts the media before the text).
 Request ids hash only run-independent inputs (media uri, request index, prompt), so a
 rerun of the same job recomputes the same ids and resume can skip committed ones.
 A row that cannot form a request (a null or empty media_uri, unknown media type, no
@@ -86,11 +89,14 @@ def expand(media_uri: str | None, media_type: str | None, questions, task: TaskC
     kind, err = _media_kind(media_uri, media_type)
     if error is not None:
         kind, err = (kind if err is None else "unknown"), InputError(error)
-    if task.mode == "caption" or (task.mode == "scan" and not _questions(questions, task)):
-        prompt = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
-        prompts = [prompt]
+    caption = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
+    asked = [] if task.mode == "caption" else _questions(questions, task)
+    if task.mode == "caption" or (task.mode == "scan" and not asked):
+        prompts = [caption]
+    elif task.caption:  # the caption after the questions: their ids stay those of a questions-only run
+        prompts = [*asked, caption]
     else:
-        prompts = _questions(questions, task)
+        prompts = asked
         if not prompts and err is None:
             err = InputError(f"{media_uri}: no questions (task.mode=questions)")
         prompts = prompts or [""]

@@ -46,6 +46,7 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded, requests_per_media
+from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
 from vlbatch.pipeline.progress import Progress
 from vlbatch.pipeline.timeline import Timeline
 from vlbatch.pipeline.write_stage import check_output, open_sink
@@ -279,7 +280,9 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     run_id = cfg.resolved_run_id()
     run_uri = join(cfg.output.uri.rstrip("/"), run_id)
     check_output(cfg)  # a missing bucket: ConfigError now, never a new bucket
+    check_fingerprint(cfg)  # answers made with another config under this run id: ConfigError now
     sink, index, purged, done = _open_run(cfg, run_uri)
+    record_fingerprint(cfg, had_rows=bool(index.files))
 
     _init_ray(cfg)
     t_expand = time.monotonic()

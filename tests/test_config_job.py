@@ -122,8 +122,8 @@ def test_relative_paths_in_the_file_resolve_against_its_folder(tmp_path, monkeyp
     cfg = load_config(p)
     assert cfg.model.path == str(sub / "ckpt") and cfg.input.uri == str(tmp_path / "media" / "*.png")
     assert cfg.output.uri == "s3://b/out"  # remote URIs untouched
-    over = load_config(p, ["model.path=rel/ckpt", "output.uri=out"])  # --set: as given (the cwd's)
-    assert over.model.path == "rel/ckpt" and over.output.uri == "out"
+    over = load_config(p, ["model.path=rel/ckpt", "output.uri=out"])  # --set: the cwd's, made absolute
+    assert over.model.path == str(tmp_path.parent / "rel" / "ckpt") and over.output.uri == str(tmp_path.parent / "out")
     absolute = _yaml(tmp_path, f"model: {{path: {tmp_path}}}\ninput: {{uri: x}}\noutput: {{uri: o}}\n")
     assert load_config(absolute).model.path == str(tmp_path) and load_config(absolute).output.uri == str(tmp_path / "o")
 

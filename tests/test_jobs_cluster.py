@@ -13,7 +13,21 @@ from test_jobs_support import read_output, vlbatch, write_job
 
 from vlbatch.jobs.errors import EXIT_DUPLICATE, EXIT_NOT_FOUND, EXIT_OVERLAP, EXIT_UNREACHABLE
 
-N_IMAGES = 24  # enough work that the stop below lands while the job runs, on a loaded 2-core machine too
+N_IMAGES = 6
+# The job's gate: every Ray worker process of the submitted job runs this (Ray's
+# `worker_process_setup_hook`, shipped in the working directory) and waits until the test creates
+# the file named by VLB_TEST_GATE. Until then the driver runs but no task or actor can, so the job
+# is RUNNING, with nothing committed, for as long as the test needs: no race with a fast job on an
+# idle machine or a slow poll on a loaded one.
+GATE_HOOK = '''import os
+import time
+
+
+def wait():
+    gate = os.environ.get("VLB_TEST_GATE")
+    while gate and not os.path.exists(gate):
+        time.sleep(0.1)
+'''
 
 
 def _status(sid: str, addr: list[str]) -> dict:
@@ -36,8 +50,12 @@ def _wait_for(pred, what: str, timeout_s: float = 240.0, poll_s: float = 0.5):
 def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_path):
     wd = tmp_path / "wd"
     cfg = write_job(wd, tiny_ckpt("dense"), n_images=N_IMAGES, max_tokens=16, write_batch=2)
+    (wd / "vlb_gate.py").write_text(GATE_HOOK)
+    (tmp_path / "runtime_env.yaml").write_text("worker_process_setup_hook: vlb_gate.wait\n")
+    gate = tmp_path / "gate"
     addr = ["--address", ray_jobs_head.dashboard_url]
-    submit = ["submit", str(cfg), "--workdir", str(wd), "--name", "clitest", "--slot", "20261129T0200", *addr]
+    submit = ["submit", str(cfg), "--workdir", str(wd), "--name", "clitest", "--slot", "20261129T0200", *addr,
+              "--runtime-env", str(tmp_path / "runtime_env.yaml"), "--env", f"VLB_TEST_GATE={gate}"]
 
     r = vlbatch(*submit, "--json")
     assert r.returncode == 0, r.stderr
@@ -58,7 +76,8 @@ def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_pa
     assert other.returncode == EXIT_OVERLAP, other.stderr
 
     run_dir = tmp_path / "output" / sid
-    # Stop once the driver is running the pipeline (its first log line is out).
+    # Stop once the driver is running the pipeline (its first log line is out); the gate holds every
+    # worker, so the job is still running whatever the machine's load.
     _wait_for(lambda: f"run_id={sid}" in vlbatch("logs", sid, *addr).stdout, "the driver's first log line")
     assert _status(sid, addr)["status"] == "RUNNING"
     stop = vlbatch("stop", sid, "--wait", *addr)
@@ -66,8 +85,9 @@ def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_pa
     st = _status(sid, addr)
     assert st["status"] == "STOPPED" and st["attempt"] == 0 and len(st["attempts"]) == 1
     partial = read_output(run_dir) if run_dir.exists() else []
-    assert len(partial) < N_IMAGES, "the stop landed before the end"
+    assert partial == [], "nothing committed behind the gate"
 
+    gate.touch()  # the resumed attempt (same runtime env) runs through
     res = vlbatch("resume", sid, "--workdir", str(wd), *addr)
     assert res.returncode == 0, res.stderr
     assert f"resumed as {sid}-r1" in res.stdout

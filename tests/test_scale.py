@@ -46,7 +46,7 @@ def test_resume_index_of_1e5_committed_ids_in_bounded_memory():
     assert idx.done_ids.contains_many(probe).tolist() == [True] * 10 + [False]
     # expansion against it: committed requests dropped, the rest kept
     class Task:
-        mode, prompt, video_prompt, questions = "caption", "question", None, ()
+        mode, prompt, video_prompt, questions, caption = "caption", "question", None, (), False
     rows, dropped = expand_all([("s3://b/0.jpg", None, None), ("s3://b/new.jpg", None, None)], Task, idx.done_ids)
     assert [r.media_uri for r in rows] == ["s3://b/new.jpg"] and dropped == 0
 

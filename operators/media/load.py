@@ -53,6 +53,20 @@ def media_type_from_extension(uri: str) -> str | None:
     return None
 
 
+def folder_media(root: str, paths) -> list[str]:
+    """The image and video files among `paths` (all under the folder `root`), sorted; entries whose
+    path below `root` has a part starting with '.' or '_' are left out."""
+    base = root.rstrip("/") + "/"
+    keep = []
+    for p in paths:
+        rel = p[len(base):] if p.startswith(base) else p.rsplit("/", 1)[-1]
+        if any(part.startswith((".", "_")) for part in rel.split("/")):
+            continue
+        if media_type_from_extension(p) is not None:
+            keep.append(p)
+    return sorted(keep)
+
+
 def media_type_of(uri: str, head: bytes) -> str:
     """'image' or 'video' from the extension of `uri`, else from the signature in `head`."""
     by_ext = media_type_from_extension(uri)

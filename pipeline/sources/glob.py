@@ -1,9 +1,18 @@
-"""`input.format: glob`: every file a glob matches is one media (no questions column)."""
+"""`input.format: glob`: every file a glob matches is one media (no questions column).
+
+A plain folder (no glob characters) reads the folder's media: every file under it (recursively)
+whose extension is an image or video one (`operators/media/load.py:folder_media`), hidden (`.x`) and
+underscore (`_x`) entries left out so a manifest or notes beside the media are
+not taken for media. A glob is taken as written: each file it matches is one media.
+"""
 from __future__ import annotations
+
+import glob as globlib
 
 import ray
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.media.load import folder_media
 from vlbatch.operators.storage import filesystem, with_retries
 from vlbatch.operators.storage.options import with_protocol
 from vlbatch.pipeline.sources.base import Source, limit, manifest_table
@@ -15,7 +24,14 @@ class GlobSource(Source):
     def _uris(self) -> list[str]:
         inp, storage = self.cfg.input, self.cfg.storage.options()
         fs, path = filesystem(inp.uri, storage)
-        matches = sorted(with_retries(lambda: fs.glob(path), what=f"listing {inp.uri}", storage=storage))
+        if not globlib.has_magic(path) and with_retries(lambda: fs.isdir(path), what=f"listing {inp.uri}",
+                                                        storage=storage):
+            found = with_retries(lambda: fs.find(path), what=f"listing {inp.uri}", storage=storage)
+            matches = folder_media(path, found)
+            if not matches:
+                raise ConfigError(f"input.uri: the folder {inp.uri!r} holds no image or video files")
+        else:
+            matches = sorted(with_retries(lambda: fs.glob(path), what=f"listing {inp.uri}", storage=storage))
         if not matches:
             raise ConfigError(f"input.uri: the glob {inp.uri!r} matches no files")
         return [with_protocol(inp.uri, m) for m in matches]
@@ -24,3 +40,4 @@ class GlobSource(Source):
         uris = self._uris()
         table = manifest_table(len(uris), media_uri=uris)
         return limit(ray.data.from_arrow(table), self.cfg.input.limit)
+

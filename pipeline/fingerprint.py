@@ -1,0 +1,208 @@
+"""The run's answer fingerprint: what a run's answers were made with, kept beside its rows.
+
+A pinned `output.run_id` (or a scheduled slot's) names one output folder; resume skips the
+ids already committed there. If the rerun's config would answer differently (another
+checkpoint, `sampling.max_tokens`, the system prompt, pixel budgets ...) those skipped rows
+are stale answers. So the run folder holds `_fingerprint.json` (`FINGERPRINT_NAME`):
+
+    {"version": 1, "fingerprint": {"model.path": ..., "sampling.max_tokens": 64, ...},
+     "accepted_changes": [{"at": <UTC time>, "changed": {"sampling.max_tokens": [64, 32]}}]}
+
+`fingerprint(cfg)` is a flat {dotted field: JSON value} of everything that changes answers:
+- `model.path`, `model.checkpoint` (`checkpoint_identity`: a hash of config.json, the
+  tokenizer / template / preprocessor files, and of each safetensors file's name, size, header
+  and first and last `SAMPLE_BYTES`; a remote path: none, its path only), `model.dtype`,
+  `model.backend`; a local checkpoint's path counts only when its identity differs too (a
+  moved or copied checkpoint is the same one);
+- every `sampling.*` field except `max_prompt_tokens` (a limit: it decides error rows, not answers);
+- every `task.*` field;
+- `image.min_pixels` / `max_pixels`, and every `video.*` field except `decode_timeout_s` and
+  `max_bytes` (limits, as above).
+How the model runs (engine budgets, tensor parallelism, device, resources) and where rows come
+from or go (input, output, resume) are not in it: resuming with more actors is the same run.
+
+`check_fingerprint(cfg)` runs before any work (`vlbatch run` / `validate` before Ray starts,
+`run_job` before the sink is touched): a stored fingerprint that differs is a `ConfigError`
+naming each changed field, old -> new, and the two ways on, unless
+`resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
+are kept and the change is recorded. `record_fingerprint(cfg)` writes the file (once per run,
+and again after an accepted change). A run folder from before fingerprints (rows, no file)
+is accepted with a warning and gets the file.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import struct
+from pathlib import Path
+
+from vlbatch.operators.errors import ConfigError, MediaError
+from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, read_bytes
+from vlbatch.pipeline.config import JobConfig, is_local
+
+log = logging.getLogger("vlbatch.pipeline")
+
+FINGERPRINT_NAME = "_fingerprint.json"
+VERSION = 1
+SAMPLE_BYTES = 1 << 16  # of each safetensors file's data: its first and last 64 KiB
+# small files of a checkpoint that change what it answers, hashed whole when present
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                    "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+                    "video_preprocessor_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+NOT_ANSWERS = {"sampling": {"max_prompt_tokens"}, "image": {"max_bytes"},
+               "video": {"decode_timeout_s", "max_bytes"}}
+
+
+def _safetensors_digest(h, path: Path) -> None:
+    """Name, size, header and the first / last `SAMPLE_BYTES` of one safetensors file into `h`."""
+    size = path.stat().st_size
+    h.update(f"{path.name}\x1f{size}\x1f".encode())
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        h.update(head + f.read(min(n, size)))  # the header: tensor names, dtypes, shapes, offsets
+        h.update(f.read(SAMPLE_BYTES))
+        f.seek(max(f.tell(), size - SAMPLE_BYTES))
+        h.update(f.read(SAMPLE_BYTES))
+
+
+def checkpoint_identity(path: str) -> str | None:
+    """sha256 (24 hex chars) of what identifies a local checkpoint folder (module docstring);
+    None for a remote one (its path stands for it) or a folder that is not there (check_paths
+    says so)."""
+    if not is_local(path):
+        return None
+    root = Path(path.removeprefix("file://"))
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    for name in CHECKPOINT_FILES:
+        p = root / name
+        if p.is_file():
+            h.update(f"{name}\x1f{p.stat().st_size}\x1f".encode() + p.read_bytes())
+    for p in sorted(root.glob("*.safetensors")):
+        _safetensors_digest(h, p)
+    return h.hexdigest()[:24]
+
+
+def _flat(section: str, values: dict, skip: set[str] = frozenset()) -> dict:
+    out = {}
+    for key, value in values.items():
+        if key in skip:
+            continue
+        if isinstance(value, dict):
+            out.update(_flat(f"{section}.{key}", value))
+        else:
+            out[f"{section}.{key}"] = value
+    return out
+
+
+def fingerprint(cfg: JobConfig) -> dict:
+    """{dotted field: JSON value} of everything that changes answers (module docstring)."""
+    m = cfg.model
+    out = {"model.path": m.path, "model.checkpoint": checkpoint_identity(m.path), "model.dtype": m.dtype,
+           "model.backend": m.backend}
+    for section in ("sampling", "task", "image", "video"):
+        keep = getattr(cfg, section).model_dump(mode="json")
+        if section == "image":
+            keep = {k: v for k, v in keep.items() if k in ("min_pixels", "max_pixels")}
+        out.update(_flat(section, keep, NOT_ANSWERS.get(section, set())))
+    return out
+
+
+def _default(key: str):
+    """The default of a dotted field (what a fingerprint written before the field existed means)."""
+    section, _, name = key.partition(".")
+    model = JobConfig.model_fields[section].annotation if section in JobConfig.model_fields else None
+    field = getattr(model, "model_fields", {}).get(name)
+    if field is None or field.is_required():
+        return None
+    return json.loads(json.dumps(field.default, default=list))
+
+
+def changed_fields(old: dict, new: dict) -> dict:
+    """{field: [old, new]} of the fields whose values differ (a field missing from `old`: its default).
+    A local checkpoint moved or copied elsewhere (`model.path` differs, the same non-null
+    `model.checkpoint`) is the same checkpoint: its path is not a change."""
+    out = {}
+    same_checkpoint = old.get("model.checkpoint") is not None and old.get("model.checkpoint") == new.get(
+        "model.checkpoint")
+    for key in sorted(set(old) | set(new)):
+        if key == "model.path" and same_checkpoint:
+            continue
+        before = old[key] if key in old else _default(key)
+        after = new[key] if key in new else _default(key)
+        if before != after:
+            out[key] = [before, after]
+    return out
+
+
+def _location(cfg: JobConfig) -> tuple[object, str, str]:
+    """(fsspec filesystem, path of `_fingerprint.json`, its URI) of the run."""
+    run_uri = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())
+    fs, path = filesystem(join(run_uri, FINGERPRINT_NAME), cfg.storage.options())
+    return fs, path, join(run_uri, FINGERPRINT_NAME)
+
+
+def stored(cfg: JobConfig) -> dict | None:
+    """The run folder's `_fingerprint.json` (None: there is none)."""
+    _, _, uri = _location(cfg)
+    try:
+        raw = read_bytes(uri, cfg.storage.options())
+    except MediaError:  # not there: a new run (or one from before fingerprints)
+        return None
+    try:
+        data = json.loads(raw)
+        return data if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict) else None
+    except ValueError:
+        log.warning("%s is not valid JSON; it is written again", uri)
+        return None
+
+
+def _show(value) -> str:
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
+
+
+def refusal(run_id: str, changes: dict) -> str:
+    what = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
+    return (f"output.run_id {run_id!r} already holds answers made with another config ({what}). "
+            "Use a new output.run_id (or leave it unset: it is then derived from the config) to compute every "
+            "answer again, or pass --allow-config-change (resume.allow_config_change=true) to keep the old rows "
+            "of the ids already done and compute only the rest with the new config")
+
+
+def check_fingerprint(cfg: JobConfig) -> dict:
+    """Before any work: {field: [old, new]} of the accepted changes ({} when none); `ConfigError`
+    naming every changed field when the run folder's fingerprint differs and
+    `resume.allow_config_change` is off."""
+    old = stored(cfg)
+    if old is None:
+        return {}
+    changes = changed_fields(old["fingerprint"], fingerprint(cfg))
+    if changes and not cfg.resume.allow_config_change:
+        raise ConfigError(refusal(cfg.resolved_run_id(), changes))
+    return changes
+
+
+def record_fingerprint(cfg: JobConfig, had_rows: bool = False) -> None:
+    """Write the run's `_fingerprint.json` when it is missing or the config changed (accepted by
+    `check_fingerprint`); `had_rows`: the run folder already held rows (warn when it had no file)."""
+    old = stored(cfg)
+    new = fingerprint(cfg)
+    if old is not None and old["fingerprint"] == new:
+        return
+    history = list(old.get("accepted_changes", [])) if old is not None else []
+    if old is not None:
+        history.append({"at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                        "changed": changed_fields(old["fingerprint"], new)})
+    elif had_rows:
+        log.warning("run %s holds rows but no %s (made before fingerprints): its config is taken as this one",
+                    cfg.resolved_run_id(), FINGERPRINT_NAME)
+    fs, path, uri = _location(cfg)
+    text = json.dumps({"version": VERSION, "fingerprint": new, "accepted_changes": history}, indent=2, sort_keys=True)
+    if not is_object_store(fs):  # the sink's prepare() made it for a run; s3fs would make a missing bucket
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    put_atomic(fs, path, text.encode(), cfg.storage.options())
+    log.debug("wrote %s", uri)
