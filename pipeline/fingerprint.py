@@ -17,7 +17,8 @@ are stale answers. So the run folder holds `_fingerprint.json` (`FINGERPRINT_NAM
 - every `sampling.*` field except `max_prompt_tokens` (a limit: it decides error rows, not answers);
 - every `task.*` field;
 - `image.min_pixels` / `max_pixels`, and every `video.*` field except `decode_timeout_s` and
-  `max_bytes` (limits, as above).
+  `max_bytes` (limits, as above) and `decoder` / `decode_device` (every decoder returns the same frames:
+  tests/test_media_torchcodec.py; the run id leaves them out too).
 How the model runs (engine budgets, tensor parallelism, device, resources) and where rows come
 from or go (input, output, resume) are not in it: resuming with more actors is the same run.
 
@@ -52,7 +53,7 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "
                     "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
                     "video_preprocessor_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 NOT_ANSWERS = {"sampling": {"max_prompt_tokens"}, "image": {"max_bytes"},
-               "video": {"decode_timeout_s", "max_bytes"}}
+               "video": {"decode_timeout_s", "max_bytes", "decoder", "decode_device"}}
 
 
 def _safetensors_digest(h, path: Path) -> None:

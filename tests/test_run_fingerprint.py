@@ -26,11 +26,12 @@ def test_fingerprint_names_what_changes_answers_and_leaves_out_how_it_runs():
     fp = fingerprint(base)
     for key in ("model.path", "model.checkpoint", "model.dtype", "sampling.max_tokens", "sampling.temperature",
                 "sampling.seed", "task.prompt", "task.system_prompt", "task.thinking", "image.max_pixels",
-                "video.fps", "video.max_frames", "video.backend"):
+                "video.fps", "video.max_frames"):
         assert key in fp, key
     assert fp["model.checkpoint"]  # the bundled checkpoint is local: it has an identity
     same = ["resources.model.max_actors=2", "model.engine.prefix_cache_mb=0", "ray.block_mb=4",
-            "output.commit_interval_s=5", "image.max_bytes=1000", "video.decode_timeout_s=5"]
+            "output.commit_interval_s=5", "image.max_bytes=1000", "video.decode_timeout_s=5",
+            "video.decoder=pyav"]
     assert changed_fields(fp, fingerprint(load_config(REPO / "configs" / "demo.yaml", same))) == {}
     other = ["sampling.max_tokens=32", "task.system_prompt=Be brief.", "video.max_frames=8", "model.dtype=bfloat16"]
     assert changed_fields(fp, fingerprint(load_config(REPO / "configs" / "demo.yaml", other))) == {
