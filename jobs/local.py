@@ -79,15 +79,19 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
     import ray
 
     from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.startup import plan_run
 
+    plan = plan_run(config)  # the input count and the pools, printed before Ray starts
+    print(plan.line(), flush=True)
     with quiet_ray(job_name, verbose):
         ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
         if ours:
+            print("[vlbatch] starting Ray", flush=True)
             print(f"[vlbatch] ray: {connect(RayTarget.choose(address or config.ray.address), verbose=verbose)}",
                   flush=True)
         print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}", flush=True)
         try:
-            summary = run_job(config)
+            summary = run_job(config, plan=plan)
         finally:
             if ours:
                 ray.shutdown()

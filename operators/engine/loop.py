@@ -19,6 +19,8 @@ Contract:
 - An exception from the engine fails every request in it at that moment (error type
   `EngineError`, the message names the exception), resets the engine (`abort`) and the
   loop goes on with later calls.
+- `on_finished(n)` (optional): called on the loop thread with the number of requests each
+  step finished, as they finish (progress counters; it must be cheap and must not raise).
 - `busy_s`: seconds spent in `Engine.step` so far (the engine's busy time; callers'
   waits overlap, this does not); `busy_cpu_s`: the CPU seconds of the loop thread in them
   (below `busy_s` when other processes take the engine's core, or the GIL is elsewhere).
@@ -53,9 +55,10 @@ def pinned_visual_tokens(requests: list[Request]) -> int:
 
 
 class EngineLoop:
-    def __init__(self, engine, max_visual_tokens: int):
+    def __init__(self, engine, max_visual_tokens: int, on_finished=None):
         self.engine = engine
         self.max_visual_tokens = max_visual_tokens
+        self.on_finished = on_finished
         self.busy_s = 0.0
         self.busy_cpu_s = 0.0
         self._cond = threading.Condition()
@@ -132,6 +135,8 @@ class EngineLoop:
                 if call is not None:  # None: failed earlier by _fail_all
                     self._settle(call, res)
             self._cond.notify_all()
+        if self.on_finished is not None:
+            self.on_finished(len(results))
 
     def _settle(self, call: _Call, res: Result) -> None:
         """Record one result of `call` (under the lock); a complete call frees its visual tokens."""

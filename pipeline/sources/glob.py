@@ -1,6 +1,8 @@
 """`input.format: glob`: every file a glob matches is one media (no questions column)."""
 from __future__ import annotations
 
+from functools import cached_property
+
 import ray
 
 from vlbatch.operators.errors import ConfigError
@@ -10,8 +12,10 @@ from vlbatch.pipeline.sources.base import Source, limit, manifest_table
 
 
 class GlobSource(Source):
-    """The glob is listed once in the driver (sorted); the rows are that list."""
+    """The glob is listed once in the driver (sorted); the rows are that list (so `count` is known
+    before any row is read)."""
 
+    @cached_property
     def _uris(self) -> list[str]:
         inp, storage = self.cfg.input, self.cfg.storage.options()
         fs, path = filesystem(inp.uri, storage)
@@ -21,6 +25,11 @@ class GlobSource(Source):
         return [with_protocol(inp.uri, m) for m in matches]
 
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
-        uris = self._uris()
+        uris = self._uris
         table = manifest_table(len(uris), media_uri=uris)
         return limit(ray.data.from_arrow(table), self.cfg.input.limit)
+
+    def count(self) -> int:
+        """The matches, `input.limit` applied (the listing `read` uses, made once)."""
+        n = len(self._uris)
+        return n if self.cfg.input.limit is None else min(n, self.cfg.input.limit)
