@@ -165,7 +165,7 @@ class Progress:
         total = "?" if self.total is None else self.total
         c = self.counts
         stages = (f"decoded {c.get('decoded', 0)}  preprocessed {c.get('preprocessed', 0)}  "
-                  f"generated {c.get('generated', 0)}  committed " if c else "")
+                  f"generated {c.get('generated', 0)}  committed ")
         phase = f"[{self.phase}] " if self.phase else ""
         return (f"{phase}{stages}{self.done}/{total} rows  {r['rows_per_s']:.2f} rows/s  "
                 f"vis {r['visual_tokens_per_s']:.0f} tok/s  gen {r['generated_tokens_per_s']:.1f} tok/s  "

@@ -106,7 +106,7 @@ class RunSummary:
 
 SCAN_BATCH_SIZE = 256  # media per scan-actor call when resources.preprocess.batch_size is not set (`scan_batch_size`)
 MODEL_BLOCK_MEDIA = 8  # media at the pixel budget per block of pixel values (at most half a model batch), see `block_bytes`
-MIN_BLOCK_BYTES = 256 << 10
+MIN_BLOCK_BYTES = 64 << 10
 SCAN_BLOCK_BYTES = 512 << 10  # scan: ~1700 media rows a block (MediaTask / Generated; 64 KiB: 11 % slower at 200k), see `block_bytes`
 
 
