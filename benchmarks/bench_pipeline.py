@@ -90,8 +90,8 @@ def job_dict(model: str, manifest: Path, out: Path, args) -> dict:
         "image": {"max_pixels": args.max_pixels},
         "resources": {"fuse_cpu_stages": True,
                       "preprocess": {"num_cpus": 0.5, "batch_size": 8, "max_actors": 1},
-                      "model": {"num_cpus": 1, "num_gpus": args.gpus, "batch_size": 16,
-                                "max_concurrent_batches": 8, "batch_visual_tokens": 65536},
+                      "model": {"num_cpus": 1, "num_gpus": args.gpus, "batch_size": args.model_batch,
+                                "max_concurrent_batches": args.model_calls, "batch_visual_tokens": 65536},
                       "write": {"num_cpus": 0.25, "batch_size": 16, "max_actors": 1}},
         "output": {"uri": str(out), "run_id": "bench"}, "max_error_fraction": 0.0,
     }
@@ -244,6 +244,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-pixels", type=int, default=65536)
     ap.add_argument("--gpus", type=float, default=0.0)
     ap.add_argument("--baseline-media", type=int, default=48, help="media the (slow) baseline runs on")
+    ap.add_argument("--model-batch", type=int, default=16, help="resources.model.batch_size (media per model call)")
+    ap.add_argument("--model-calls", type=int, default=8, help="resources.model.max_concurrent_batches")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--quick", action="store_true", help="64 media, baseline on 16 (iterating)")
     args = ap.parse_args(argv)
