@@ -7,7 +7,9 @@ one line saying what the run produced, turn its summary into an exit code.
 Which Ray (`vlbatch.jobs.connect`): ``--address`` or the config's ``ray.address`` when set;
 else ``RAY_ADDRESS`` (set by Ray for submitted jobs, so they run on their cluster); else a
 new local Ray started for this run and shut down with it (a Ray already running on this
-machine is joined only with ``--address auto``). The first line printed names it, e.g.
+machine is joined only with ``--address auto``). The first line printed is the run's plan
+(`vlbatch.pipeline.startup`: input count, pools and what they reserve), printed before Ray
+starts, then ``[vlbatch] starting Ray``; the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
