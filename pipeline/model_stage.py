@@ -17,6 +17,11 @@ Errors: a request that cannot be built (bad shapes) is a permanent error row; an
 failure turns every request it held into a transient `EngineError` row (retried on
 resume), as does an exception from the backend for a whole call; rows in error pass through.
 
+A call holds one Ray Data block (the runner maps the model stage with `batch_size=None`, so a
+task is one block and its rows are handed on when it returns; `runner.block_bytes` sizes blocks
+to about `resources.model.batch_size` media); a block of more media is run as calls of
+`batch_size` media at once on the same loop.
+
 Progress (`meter`, `pipeline/meter.py`): the actor says when its model is loaded, and the
 engine backend counts each request as generated when the engine finishes it.
 """
@@ -60,7 +65,15 @@ class ModelStage:
 
     def __call__(self, batch: pa.Table):  # may run on several threads at once (see the module docstring)
         rows = from_table(batch, Prepared)
-        out = self._call(rows)
+        n = self.cfg.resources.model.batch_size
+        if len(rows) <= n:
+            out = self._call(rows)
+        else:  # a whole block (runner: one call per block): batch_size media per engine call, all at once
+            from concurrent.futures import ThreadPoolExecutor
+
+            chunks = [rows[i:i + n] for i in range(0, len(rows), n)]
+            with ThreadPoolExecutor(len(chunks), thread_name_prefix="model-call") as pool:
+                out = pa.concat_tables(list(pool.map(self._call, chunks)))
         if self.cfg.model.backend != "engine":  # the reference backend: counted per call
             self.meter.add(GENERATED, sum(len(r.ids) for r in rows if r.status == "ok"))
         self.meter.flush()

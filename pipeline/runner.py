@@ -105,7 +105,6 @@ class RunSummary:
 
 
 SCAN_BATCH_SIZE = 256  # media per scan-actor call when resources.preprocess.batch_size is not set (`scan_batch_size`)
-MODEL_BLOCK_MEDIA = 8  # media at the pixel budget per block of pixel values (at most half a model batch), see `block_bytes`
 MIN_BLOCK_BYTES = 64 << 10
 SCAN_BLOCK_BYTES = 512 << 10  # scan: ~1700 media rows a block (MediaTask / Generated; 64 KiB: 11 % slower at 200k), see `block_bytes`
 
@@ -136,19 +135,19 @@ def block_bytes(cfg: JobConfig) -> int:
     balance worse at the end of a run.
 
     Otherwise blocks of pixel values: `ray.block_mb`, or less when `image.max_pixels` bounds a
-    media's frames (`MODEL_BLOCK_MEDIA` media at the budget, at least `MIN_BLOCK_BYTES`). A
-    model task takes whole blocks (at least `resources.model.batch_size` rows) and Ray Data
-    hands its output on only when the task ends, so the block size is how soon finished rows
-    reach the writer: 16 MiB blocks held ~85 media of 256x256 and the first row of a 400-media
-    run was committed after 60 s of 70 (issue 33). Small blocks do not shrink the engine's
-    batch: `max_concurrent_batches` tasks feed it at once (pipeline/model_stage.py)."""
+    media's frames (a block closes past `resources.model.batch_size - 1` media at the budget,
+    at least `MIN_BLOCK_BYTES`). A model task is one block and one call (`batch_size=None`),
+    and Ray Data hands its output on only when the task ends, so the block size is how soon
+    finished rows reach the writer: 16 MiB blocks held ~85 media of 256x256 and the first row
+    of a 400-media run was committed after 60 s of 70 (issue 33). Small blocks do not shrink
+    the engine's batch: `max_concurrent_batches` tasks feed it at once (pipeline/model_stage.py)."""
     if cfg.task.mode == "scan":
         return SCAN_BLOCK_BYTES
     cap = cfg.ray.block_mb << 20
     if cfg.image.max_pixels is None:  # the checkpoint's budget (megapixels): a few media fill a block anyway
         return cap
     per_media = 3 * cfg.image.max_pixels  # uint8 RGB frames at the budget
-    want = per_media * max(1, min(MODEL_BLOCK_MEDIA, cfg.resources.model.batch_size // 2))
+    want = per_media * max(1, cfg.resources.model.batch_size - 1)  # a block closes past this: ~batch_size media
     return max(MIN_BLOCK_BYTES, min(cap, want))
 
 
@@ -239,7 +238,8 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
                             batch_format="pyarrow", **pool(r.preprocess))
     # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
     gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/replica.py
-    ds = ds.map_batches(ModelStage, fn_constructor_kwargs=stage_kw, batch_size=r.model.batch_size,
+    # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes)
+    ds = ds.map_batches(ModelStage, fn_constructor_kwargs=stage_kw, batch_size=None,
                         batch_format="pyarrow",
                         **replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
                                                             max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))

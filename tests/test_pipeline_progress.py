@@ -85,14 +85,14 @@ def test_plan_line_counts_a_glob_before_reading_it(tmp_path):
     assert plan_run(limited).media == 3
 
 
-def test_model_blocks_hold_about_half_a_model_batch_at_the_pixel_budget(tmp_path):
+def test_model_blocks_hold_about_a_model_batch_at_the_pixel_budget(tmp_path):
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.runner import MIN_BLOCK_BYTES, block_bytes
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     assert block_bytes(validate_config(base)) == 16 << 20  # no pixel budget: ray.block_mb
-    small = validate_config({**base, "image": {"max_pixels": 65536}})  # batch 16: 8 media of 192 KiB
-    assert block_bytes(small) == 8 * 3 * 65536
+    small = validate_config({**base, "image": {"max_pixels": 65536}})  # batch 16: closes past 15 media of 192 KiB
+    assert block_bytes(small) == 15 * 3 * 65536
     one = validate_config({**base, "image": {"max_pixels": 4096}, "resources": {"model": {"batch_size": 1}}})
     assert block_bytes(one) == MIN_BLOCK_BYTES
     big = validate_config({**base, "image": {"max_pixels": 4 << 20}})
