@@ -319,3 +319,35 @@ def test_manifest_counts_are_known_at_the_start(tmp_path):
 
     assert count("m.parquet", "parquet") == 7 and count("m.parquet", "parquet", limit=5) == 5
     assert count("m.jsonl", "jsonl") == 4 and count("m.jsonl", "jsonl", limit=2) == 2
+
+
+def test_model_stage_runs_a_block_larger_than_its_batch_as_batch_size_calls(tmp_path, tiny_ckpt):
+    """The runner hands the model stage whole blocks (batch_size=None); a block of more than
+    `resources.model.batch_size` media is run as calls of that size at once, with the same rows,
+    in the same order, as one call of the whole block."""
+    import numpy as np
+    from PIL import Image
+
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.rows import Generated, MediaTask, from_table, to_table
+    from vlbatch.pipeline.stages import PrepareStage
+
+    rng = np.random.default_rng(5)
+    tasks = []
+    for k in range(5):
+        path = tmp_path / f"m{k}.png"
+        Image.fromarray(rng.integers(0, 256, (32 + 8 * k, 48, 3), dtype=np.uint8)).save(path)
+        tasks.append(MediaTask(str(path), "image", (f"a{k}", f"b{k}"), (0, 1), ("Describe.", "Colour?")))
+
+    def cfg(batch):
+        return validate_config({"model": {"path": str(tiny_ckpt("dense")), "dtype": "float32"},
+                                "input": {"uri": "x"}, "output": {"uri": str(tmp_path / "o")},
+                                "image": {"max_pixels": 16384}, "sampling": {"max_tokens": 5},
+                                "resources": {"model": {"batch_size": batch, "batch_visual_tokens": 10**6}}})
+
+    prepared = PrepareStage(cfg(8))(to_table(tasks, MediaTask))
+    whole = from_table(ModelStage(cfg(8))(prepared), Generated)
+    split = from_table(ModelStage(cfg(2))(prepared), Generated)
+    assert [g.media_uri for g in split] == [t.media_uri for t in tasks]
+    assert [(g.ids, g.answers, g.statuses) for g in split] == [(g.ids, g.answers, g.statuses) for g in whole]
