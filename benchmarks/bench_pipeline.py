@@ -225,7 +225,9 @@ def report(args, model: str, n_req: int, eng: list[dict], pipe, pipe_wall: float
     first, goal = pipe.first_row_after_s, max(15.0, 0.1 * pipe_wall)
     if first is not None:  # issue 33: rows leave the model stage as they finish
         print(f"  first committed row {first:.1f} s after the start of {pipe_wall:.1f} s "
-              f"(target <= {goal:.1f} s: 15 s or 10 % of the wall, the larger): {'met' if first <= goal else 'NOT met'}")
+              f"(target <= {goal:.1f} s: 15 s or 10 % of the wall, the larger): {'met' if first <= goal else 'NOT met'}"
+              + (f"; a model actor was ready {pipe.model_ready_after_s:.1f} s after the start (Ray Data actors "
+                 f"started, model loaded)" if pipe.model_ready_after_s is not None else ""))
     if p_steady:  # wall = fixed + rows / steady  ->  rows where end to end reaches 0.9 of the engine alone
         fixed, goal = pipe_wall - n_req / p_steady, 0.9 * ceil["rows_per_s"]
         need = f"{goal * fixed / (1 - goal / p_steady):.0f}" if p_steady > goal else "never (steady < 0.90)"

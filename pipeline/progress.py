@@ -75,6 +75,7 @@ class Progress:
         self.first_rows = 0  # rows of the first commit
         self.last_at: float | None = None  # time of the latest commit
         self._lock = threading.RLock()
+        self.model_ready_at: float | None = None
 
     def set_phase(self, phase: str | None, *, sticky: bool = True) -> None:
         """A new phase: one line at once (`[vlbatch] <phase>`, on a terminal too); `sticky`: later
@@ -99,6 +100,7 @@ class Progress:
             if self.phase is None:
                 return
             if ready:
+                self.model_ready_at = self.clock()  # seen by the ticker: within its period of the load's end
                 self.set_phase(f"running: {min(ready, n)}/{n} model actors ready", sticky=False)
             else:  # the label of the periodic lines until then
                 self.phase = f"starting the actors, loading the model: 0/{n} model actors ready"

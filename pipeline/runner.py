@@ -73,6 +73,8 @@ class RunSummary:
     time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch (from the graph's start)
     first_row_after_s: float | None = None  # from the start of `run_job` (sink, Ray, expansion included) to the
     # first committed row
+    model_ready_after_s: float | None = None  # from the start of `run_job` to the first model actor ready (as the
+    # progress ticker saw it: within one tick)
     steady_rows_per_s: float | None = None  # rows after the first commit / time from the first to the last commit
     expand_s: float = 0.0  # reading + expanding the manifest before the graph starts (a resumed run; ~0 on a
     # fresh run, whose expansion streams into the graph)
@@ -358,6 +360,8 @@ def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pen
         rows_per_s=rates["rows_per_s"], visual_tokens_per_s=rates["visual_tokens_per_s"],
         time_to_first_row_s=rates["time_to_first_row_s"], steady_rows_per_s=rates["steady_rows_per_s"],
         first_row_after_s=None if rates["time_to_first_row_s"] is None else graph_at + rates["time_to_first_row_s"],
+        model_ready_after_s=None if progress.model_ready_at is None else
+        graph_at + progress.model_ready_at - progress.start,
         expand_s=round(expand_s, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
         prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
         error_fraction=(errors / total) if total else 0.0, max_error_fraction=cfg.max_error_fraction,
