@@ -227,7 +227,7 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
     if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
         from vlbatch.pipeline.scan import ScanStage  # (pipeline/scan.py; no write pool)
 
-        return tasks_ds.map_batches(ScanStage, fn_constructor_kwargs=write["fn_constructor_kwargs"],
+        return tasks_ds.map_batches(ScanStage, fn_constructor_kwargs={**write["fn_constructor_kwargs"], "meter": meter},
                                     batch_size=scan_batch_size(cfg, source), batch_format="pyarrow", **pool(r.preprocess))
     stage_kw = {"cfg": cfg, "meter": meter}
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
