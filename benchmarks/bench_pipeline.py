@@ -16,7 +16,7 @@ run on a local Ray (local output):
    row (what a first attempt looks like), on the first `--baseline-media` media (it is slow).
 For each: rows/s end to end, and steady-state rows/s (rows after the first output batch /
 time from the first to the last output batch; the engine alone has no start-up inside its
-timing, so its one figure is both). Ratios pipeline / engine alone (target >= 0.80) end to
+timing, so its one figure is both). Ratios pipeline / engine alone (target >= 0.90, issue 33) end to
 end and steady, pipeline / baseline, the pipeline's start-up (expansion, then actors and
 model load up to the first committed row) and each stage's busy seconds.
 
@@ -92,8 +92,8 @@ def job_dict(model: str, manifest: Path, out: Path, args) -> dict:
         "image": {"max_pixels": args.max_pixels},
         "resources": {"fuse_cpu_stages": True,
                       "preprocess": {"num_cpus": 0.5, "batch_size": 8, "max_actors": 1},
-                      "model": {"num_cpus": 1, "num_gpus": args.gpus, "batch_size": 16,
-                                "max_concurrent_batches": 8, "batch_visual_tokens": 65536},
+                      "model": {"num_cpus": 1, "num_gpus": args.gpus, "batch_size": args.model_batch,
+                                "max_concurrent_batches": args.model_calls, "batch_visual_tokens": 65536},
                       "write": {"num_cpus": 0.25, "batch_size": 16, "max_actors": 1}},
         "output": {"uri": str(out), "run_id": "bench"}, "max_error_fraction": 0.0,
     }
@@ -204,7 +204,7 @@ def report(args, model: str, n_req: int, eng: list[dict], pipe, pipe_wall: float
               f"{_fmt(base['steady_rows_per_s'])} {base['rows']:6d}  ({base['wall_s']:.1f} s wall, "
               f"{base['startup_s']:.1f} s to its first batch; first {args.baseline_media} media)")
     mean = sum(e["rows_per_s"] for e in eng) / len(eng)
-    print(f"  pipeline / engine alone (end to end)   {p_rps / ceil['rows_per_s']:8.2f}  (target >= 0.80; "
+    print(f"  pipeline / engine alone (end to end)   {p_rps / ceil['rows_per_s']:8.2f}  (target >= 0.90; "
           f"{p_rps / mean:.2f} against the mean of the engine runs)")
     if p_steady is not None:
         print(f"  pipeline / engine alone (steady)       {p_steady / ceil['rows_per_s']:8.2f}  "
@@ -224,10 +224,16 @@ def report(args, model: str, n_req: int, eng: list[dict], pipe, pipe_wall: float
             print(f"  pipeline / baseline (steady)           {p_steady / base['steady_rows_per_s']:8.2f}")
     print(f"  pipeline start-up: expand {pipe.expand_s:.1f} s, then {pipe.time_to_first_row_s or 0:.1f} s to the "
           f"first committed row; stage busy seconds {pipe.stage_seconds}")
-    if p_steady:  # wall = fixed + rows / steady  ->  rows where end to end reaches 0.8 of the engine alone
-        fixed, goal = pipe_wall - n_req / p_steady, 0.8 * ceil["rows_per_s"]
-        need = f"{goal * fixed / (1 - goal / p_steady):.0f}" if p_steady > goal else "never (steady < 0.80)"
-        print(f"  fixed cost {fixed:.1f} s (wall beyond rows / steady rate): end to end reaches 0.80 from {need} "
+    first, goal = pipe.first_row_after_s, max(15.0, 0.1 * pipe_wall)
+    if first is not None:  # issue 33: rows leave the model stage as they finish
+        print(f"  first committed row {first:.1f} s after the start of {pipe_wall:.1f} s "
+              f"(target <= {goal:.1f} s: 15 s or 10 % of the wall, the larger): {'met' if first <= goal else 'NOT met'}"
+              + (f"; a model actor was ready {pipe.model_ready_after_s:.1f} s after the start (Ray Data actors "
+                 f"started, model loaded)" if pipe.model_ready_after_s is not None else ""))
+    if p_steady:  # wall = fixed + rows / steady  ->  rows where end to end reaches 0.9 of the engine alone
+        fixed, goal = pipe_wall - n_req / p_steady, 0.9 * ceil["rows_per_s"]
+        need = f"{goal * fixed / (1 - goal / p_steady):.0f}" if p_steady > goal else "never (steady < 0.90)"
+        print(f"  fixed cost {fixed:.1f} s (wall beyond rows / steady rate): end to end reaches 0.90 from {need} "
               f"requests on at these rates")
     print(f"  pipeline prefix-cache hit rate {pipe.prefix_cache_hit_rate:.2f}, "
           f"vision-cache hit rate {pipe.vision_cache_hit_rate:.2f}")
@@ -242,6 +248,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-pixels", type=int, default=65536)
     ap.add_argument("--gpus", type=float, default=0.0)
     ap.add_argument("--baseline-media", type=int, default=48, help="media the (slow) baseline runs on")
+    ap.add_argument("--model-batch", type=int, default=16, help="resources.model.batch_size (media per model call)")
+    ap.add_argument("--model-calls", type=int, default=8, help="resources.model.max_concurrent_batches")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--quick", action="store_true", help="64 media, baseline on 16 (iterating)")
     ap.add_argument("--videos", type=int, default=0, help="video mode: N videos, the job once per --decoders "

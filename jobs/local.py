@@ -7,7 +7,9 @@ one line saying what the run produced, turn its summary into an exit code.
 Which Ray (`vlbatch.jobs.connect`): ``--address`` or the config's ``ray.address`` when set;
 else ``RAY_ADDRESS`` (set by Ray for submitted jobs, so they run on their cluster); else a
 new local Ray started for this run and shut down with it (a Ray already running on this
-machine is joined only with ``--address auto``). The first line printed names it, e.g.
+machine is joined only with ``--address auto``). The first line printed is the run's plan
+(`vlbatch.pipeline.startup`: input count, pools and what they reserve), printed before Ray
+starts, then ``[vlbatch] starting Ray``; the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
@@ -85,15 +87,19 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     import ray
 
     from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.startup import plan_run
 
+    plan = plan_run(config)  # the input count and the pools, printed before Ray starts
+    print(plan.line(), flush=True)
     with quiet_ray(job_name, verbose):
         ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
         if ours:
+            print("[vlbatch] starting Ray", flush=True)
             print(f"[vlbatch] ray: {connect(RayTarget.choose(address or config.ray.address), verbose=verbose)}",
                   flush=True)
         print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}", flush=True)
         try:
-            summary = run_job(config)
+            summary = run_job(config, plan=plan)
         finally:
             if ours:
                 ray.shutdown()

@@ -164,7 +164,7 @@ def local_model_path(cfg: JobConfig) -> str:
 
 
 class EngineBackend:
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, on_finished=None):
         from vlbatch.operators.engine import Engine, EngineLoop
 
         self.cfg = cfg
@@ -178,7 +178,8 @@ class EngineBackend:
             self.engine = self.replica.engine
         else:
             self.engine = Engine.from_pretrained(model_dir, **kw)
-        self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens)
+        self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens,
+                               on_finished=on_finished)
         self.specs = pixel_specs(model_dir)
         self.max_prompt_tokens = prompt_limit(cfg, model_dir)
         self._meter = _UsageMeter()

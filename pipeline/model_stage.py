@@ -16,6 +16,14 @@ from being built) map straight to the output columns (`_columns`).
 Errors: a request that cannot be built (bad shapes) is a permanent error row; an engine
 failure turns every request it held into a transient `EngineError` row (retried on
 resume), as does an exception from the backend for a whole call; rows in error pass through.
+
+A call holds one Ray Data block (the runner maps the model stage with `batch_size=None`, so a
+task is one block and its rows are handed on when it returns; `runner.block_bytes` sizes blocks
+to about `resources.model.batch_size` media); a block of more media is run as calls of
+`batch_size` media at once on the same loop.
+
+Progress (`meter`, `pipeline/meter.py`): the actor says when its model is loaded, and the
+engine backend counts each request as generated when the engine finishes it.
 """
 from __future__ import annotations
 
@@ -27,13 +35,14 @@ import pyarrow as pa
 from vlbatch.operators.errors import EngineError, VlbatchError, stable_message
 from vlbatch.pipeline.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.meter import GENERATED, MODEL_READY, MeterClient
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
 
 
 class ModelStage:
     """Ray actor UDF: numpy batch of Prepared rows -> table of Generated rows."""
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, meter=None):
         import torch
 
         from vlbatch.operators.engine.host_memory import retain_freed_memory
@@ -42,7 +51,12 @@ class ModelStage:
         if resolve_device(cfg.model.device) == "cpu":  # the actor owns its process: keep freed step memory warm
             retain_freed_memory()
         self.cfg = cfg
-        self.backend = EngineBackend(cfg) if cfg.model.backend == "engine" else TransformersBackend(cfg)
+        self.meter = MeterClient(meter)
+        if cfg.model.backend == "engine":  # requests count as generated when the engine finishes them
+            self.backend = EngineBackend(cfg, on_finished=lambda n: self.meter.add(GENERATED, n))
+        else:
+            self.backend = TransformersBackend(cfg)
+        self.meter.ready(MODEL_READY)
 
     def __del__(self):  # Ray Data's graceful actor exit; frees a replica's followers
         backend = getattr(self, "backend", None)
@@ -50,7 +64,20 @@ class ModelStage:
             backend.close()
 
     def __call__(self, batch: pa.Table):  # may run on several threads at once (see the module docstring)
-        return self._call(from_table(batch, Prepared))
+        rows = from_table(batch, Prepared)
+        n = self.cfg.resources.model.batch_size
+        if len(rows) <= n:
+            out = self._call(rows)
+        else:  # a whole block (runner: one call per block): batch_size media per engine call, all at once
+            from concurrent.futures import ThreadPoolExecutor
+
+            chunks = [rows[i:i + n] for i in range(0, len(rows), n)]
+            with ThreadPoolExecutor(len(chunks), thread_name_prefix="model-call") as pool:
+                out = pa.concat_tables(list(pool.map(self._call, chunks)))
+        if self.cfg.model.backend != "engine":  # the reference backend: counted per call
+            self.meter.add(GENERATED, sum(len(r.ids) for r in rows if r.status == "ok"))
+        self.meter.flush()
+        return out
 
     def _call(self, rows: list[Prepared]) -> pa.Table:
         live = [r for r in rows if r.status == "ok"]

@@ -1,19 +1,27 @@
 """Progress and the run summary.
 
 `Progress` aggregates the write stage's per-request stats rows as they arrive on the
-driver. On a terminal it redraws one status line (rows/s, visual tokens/s, generated
-tokens/s, prefix-cache hit rate, errors, ETA); elsewhere (cron, Airflow) it prints a
-timestamped log line every `ray.progress_interval_s` seconds and at the end.
+driver, and the stages' counters (`pipeline/meter.py`: rows decoded, preprocessed and
+generated, actors ready) that the driver's `Ticker` reads every interval. On a terminal it
+redraws one status line (phase, stage counts, committed rows, rows/s, visual tokens/s,
+generated tokens/s, prefix-cache hit rate, errors, ETA); elsewhere (cron, Airflow) it prints
+a timestamped log line every `ray.progress_interval_s` seconds, whether or not a row was
+committed, and at the end. A change of phase (`starting the actors`, `running`) is a line of
+its own at once. `update`, `observe` and `tick` may come from two threads (the graph's
+iterator, the ticker): they take one lock.
 """
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
 import pyarrow as pa
+
+from vlbatch.pipeline.meter import MODEL_READY
 
 
 def _fmt_eta(s: float | None) -> str:
@@ -53,6 +61,9 @@ class Progress:
     prompt_hist: Counter = field(default_factory=Counter)  # prompt tokens per request (token_histogram)
     visual_hist: Counter = field(default_factory=Counter)  # visual tokens per request
     stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    counts: dict = field(default_factory=dict)  # the stages' counters (pipeline/meter.py), latest snapshot
+    phase: str | None = None  # what the run is doing while nothing is committed (None: running)
+    expect_models: int | None = None  # model actors the phase waits for (None: no model stage)
 
     def __post_init__(self):
         if self.tty is None:
@@ -63,8 +74,42 @@ class Progress:
         self.first_at: float | None = None
         self.first_rows = 0  # rows of the first commit
         self.last_at: float | None = None  # time of the latest commit
+        self._lock = threading.RLock()
+        self.model_ready_at: float | None = None
+
+    def set_phase(self, phase: str | None, *, sticky: bool = True) -> None:
+        """A new phase: one line at once (`[vlbatch] <phase>`, on a terminal too); `sticky`: later
+        progress lines carry it until the next phase (None: running, no label)."""
+        with self._lock:
+            if phase is not None and phase != self.phase:
+                self.stream.write(("\r\x1b[K" if self.tty else "") + f"[vlbatch] {phase}\n")
+                self.stream.flush()
+            self.phase = phase if sticky else None
+
+    def set_total(self, total: int) -> None:
+        with self._lock:
+            self.total = total
+
+    def observe(self, counts: dict) -> None:
+        """The meter's latest counters; the start-up phase ends when a model actor is ready."""
+        with self._lock:
+            self.counts = dict(counts)
+            if self.expect_models is None:
+                return
+            ready, n = self.counts.get(MODEL_READY, 0), self.expect_models
+            if self.phase is None:
+                return
+            if ready:
+                self.model_ready_at = self.clock()  # seen by the ticker: within its period of the load's end
+                self.set_phase(f"running: {min(ready, n)}/{n} model actors ready", sticky=False)
+            else:  # the label of the periodic lines until then
+                self.phase = f"starting the actors, loading the model: 0/{n} model actors ready"
 
     def update(self, stats: pa.Table) -> None:
+        with self._lock:
+            self._update(stats)
+
+    def _update(self, stats: pa.Table) -> None:
         d = stats.to_pydict()
         n = stats.num_rows
         now = self.clock()
@@ -95,13 +140,16 @@ class Progress:
     def rates(self) -> dict:
         e = self.elapsed
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        left = None if self.total is None else self.total - self.done
+        # the ETA counts generated rows too: before the first commit, and while the writer holds rows
+        basis = max(self.done, self.counts.get("generated", 0))
+        left = None if self.total is None else max(0, self.total - basis)
         rps = self.done / e
+        brps = basis / e
         return {"rows_per_s": rps, "visual_tokens_per_s": self.visual_tokens / e,
                 "generated_tokens_per_s": self.generated_tokens / e, "prefix_cache_hit_rate": hit,
                 "vision_cache_hit_rate": self.vision_hits / lookups if (lookups := self.vision_hits + self.vision_encodes)
                 else 0.0,
-                "eta_s": (left / rps) if rps > 0 and left is not None else None, **self.startup()}
+                "eta_s": (left / brps) if brps > 0 and left is not None else None, **self.startup()}
 
     def startup(self) -> dict:
         """Start-up time: from the start to the first committed batch (actors, model load, pipeline fill),
@@ -117,11 +165,19 @@ class Progress:
         r = self.rates()
         errs = self.status.get("error", 0)
         total = "?" if self.total is None else self.total
-        return (f"{self.done}/{total} rows  {r['rows_per_s']:.2f} rows/s  "
+        c = self.counts
+        stages = (f"decoded {c.get('decoded', 0)}  preprocessed {c.get('preprocessed', 0)}  "
+                  f"generated {c.get('generated', 0)}  committed ")
+        phase = f"[{self.phase}] " if self.phase else ""
+        return (f"{phase}{stages}{self.done}/{total} rows  {r['rows_per_s']:.2f} rows/s  "
                 f"vis {r['visual_tokens_per_s']:.0f} tok/s  gen {r['generated_tokens_per_s']:.1f} tok/s  "
                 f"prefix-hit {r['prefix_cache_hit_rate']:.0%}  errors {errs}  ETA {_fmt_eta(r['eta_s'])}")
 
     def tick(self, final: bool = False) -> None:
+        with self._lock:
+            self._tick(final)
+
+    def _tick(self, final: bool) -> None:
         now = self.clock()
         if self.tty:
             if final or now - self._last >= 0.2:

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded, requests_per_media
+from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
 from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
 from vlbatch.pipeline.progress import Progress
 from vlbatch.pipeline.timeline import Timeline
@@ -72,7 +72,11 @@ class RunSummary:
     # before the run ended)
     elapsed_s: float = 0.0
     rows_per_s: float = 0.0  # this call's rows / elapsed since the graph started (start-up included)
-    time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch
+    time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch (from the graph's start)
+    first_row_after_s: float | None = None  # from the start of `run_job` (sink, Ray, expansion included) to the
+    # first committed row
+    model_ready_after_s: float | None = None  # from the start of `run_job` to the first model actor ready (as the
+    # progress ticker saw it: within one tick)
     steady_rows_per_s: float | None = None  # rows after the first commit / time from the first to the last commit
     expand_s: float = 0.0  # reading + expanding the manifest before the graph starts (a resumed run; ~0 on a
     # fresh run, whose expansion streams into the graph)
@@ -106,6 +110,7 @@ class RunSummary:
 
 
 SCAN_BATCH_SIZE = 256  # media per scan-actor call when resources.preprocess.batch_size is not set (`scan_batch_size`)
+MIN_BLOCK_BYTES = 64 << 10
 SCAN_BLOCK_BYTES = 512 << 10  # scan: ~1700 media rows a block (MediaTask / Generated; 64 KiB: 11 % slower at 200k), see `block_bytes`
 
 
@@ -132,10 +137,23 @@ def block_bytes(cfg: JobConfig) -> int:
     actor, not given whole to one (measured: one of two actors did all the work, 0.48 of the
     plain loop). 512 KiB (~1700 media): smaller blocks cost Ray Data per-block work in the
     driver and its own actors (64 KiB was 11 % slower at 200k requests on 2 cores), larger ones
-    balance worse at the end of a run. Otherwise `ray.block_mb` (blocks of pixel values, see
-    `_init_ray`; a manifest of few row groups then feeds few preprocess actors: lower
-    `ray.block_mb` to spread a small job's media over more of them)."""
-    return SCAN_BLOCK_BYTES if cfg.task.mode == "scan" else cfg.ray.block_mb << 20
+    balance worse at the end of a run.
+
+    Otherwise blocks of pixel values: `ray.block_mb`, or less when `image.max_pixels` bounds a
+    media's frames (a block closes past `resources.model.batch_size - 1` media at the budget,
+    at least `MIN_BLOCK_BYTES`). A model task is one block and one call (`batch_size=None`),
+    and Ray Data hands its output on only when the task ends, so the block size is how soon
+    finished rows reach the writer: 16 MiB blocks held ~85 media of 256x256 and the first row
+    of a 400-media run was committed after 60 s of 70 (issue 33). Small blocks do not shrink
+    the engine's batch: `max_concurrent_batches` tasks feed it at once (pipeline/model_stage.py)."""
+    if cfg.task.mode == "scan":
+        return SCAN_BLOCK_BYTES
+    cap = cfg.ray.block_mb << 20
+    if cfg.image.max_pixels is None:  # the checkpoint's budget (megapixels): a few media fill a block anyway
+        return cap
+    per_media = 3 * cfg.image.max_pixels  # uint8 RGB frames at the budget
+    want = per_media * max(1, cfg.resources.model.batch_size - 1)  # a block closes past this: ~batch_size media
+    return max(MIN_BLOCK_BYTES, min(cap, want))
 
 
 def scan_batch_size(cfg: JobConfig, source) -> int:
@@ -187,9 +205,9 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
                 "resources.*.num_cpus or min_actors", what)
 
 
-def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str):
+def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, meter=None):
     """The lazy dataset of write stats rows (`source`: the run's `Source`; `run_dir`: the run's URI, where its
-    sink is)."""
+    sink is; `meter`: the run's `Meter` actor the stages count into, pipeline/meter.py)."""
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
@@ -212,19 +230,21 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str):
     if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
         from vlbatch.pipeline.scan import ScanStage  # (pipeline/scan.py; no write pool)
 
-        return tasks_ds.map_batches(ScanStage, fn_constructor_kwargs=write["fn_constructor_kwargs"],
+        return tasks_ds.map_batches(ScanStage, fn_constructor_kwargs={**write["fn_constructor_kwargs"], "meter": meter},
                                     batch_size=scan_batch_size(cfg, source), batch_format="pyarrow", **pool(r.preprocess))
+    stage_kw = {"cfg": cfg, "meter": meter}
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
-        ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
+        ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs=stage_kw, batch_size=r.preprocess.batch_size,
                                   batch_format="pyarrow", **pool(r.preprocess))
     else:
-        ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.decode.batch_size,
+        ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs=stage_kw, batch_size=r.decode.batch_size,
                                   batch_format="pyarrow", **pool(r.decode))
-        ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.preprocess.batch_size,
+        ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs=stage_kw, batch_size=r.preprocess.batch_size,
                             batch_format="pyarrow", **pool(r.preprocess))
     # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
     gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/replica.py
-    ds = ds.map_batches(ModelStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=r.model.batch_size,
+    # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes)
+    ds = ds.map_batches(ModelStage, fn_constructor_kwargs=stage_kw, batch_size=None,
                         batch_format="pyarrow",
                         **replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
                                                             max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))
@@ -233,27 +253,21 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str):
 
 def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
                   known: int | None, timeline: Timeline) -> None:
-    """Run the graph, feeding its stats rows to `progress`. A fresh run's total (`known`: from the
-    source's metadata count) is set at once when each media's request count is fixed, else when
-    the tally has seen every manifest row (the expansion finished)."""
-    import ray
+    """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the stages'
+    meter (and the expansion's tally until the total is known: `known` media read) and prints
+    progress at the configured interval meanwhile, committed rows or not."""
+    from vlbatch.pipeline.meter import Ticker, start_meter
 
-    k = requests_per_media(cfg)
-    if progress.total is None and known is not None and k is not None:
-        progress.total = known * k
-    pending = None
-    # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
-    for stats in build_graph(cfg, source, tasks_ds, sink.uri, run_id).iter_batches(batch_format="pyarrow", batch_size=None,
-                                                                          prefetch_batches=0):
-        if tally is not None and known is not None and pending is None:
-            pending = tally.get.remote()
-        if pending is not None and ray.wait([pending], timeout=0)[0]:
-            media, requests, dropped = ray.get(pending)
-            pending = None
-            if media >= known:  # every manifest row expanded: the exact total
-                progress.total, tally = requests, None
-        progress.update(stats)
-        timeline.update(stats)
+    meter = start_meter()
+    graph = build_graph(cfg, source, tasks_ds, sink.uri, run_id, meter=meter)
+    progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
+                       "starting the actors", sticky=cfg.task.mode != "scan")
+    every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
+    with Ticker(progress, meter, tally, known, every_s=every):
+        # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
+        for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+            progress.update(stats)
+            timeline.update(stats)
 
 
 def _open_run(cfg: JobConfig, run_uri: str):
@@ -269,11 +283,13 @@ def _open_run(cfg: JobConfig, run_uri: str):
     return sink, index, purged, done
 
 
-def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
-    """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`."""
+def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
+    """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`.
+    `plan`: the run's `RunPlan` (pipeline/startup.py), already printed by the caller; None: made
+    and printed here, first."""
     import ray
 
-    from vlbatch.pipeline.sources import open_source
+    from vlbatch.pipeline.startup import plan_run
 
     stream = stream or sys.stderr
     t0 = time.monotonic()
@@ -281,28 +297,37 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     run_uri = join(cfg.output.uri.rstrip("/"), run_id)
     check_output(cfg)  # a missing bucket: ConfigError now, never a new bucket
     check_fingerprint(cfg)  # answers made with another config under this run id: ConfigError now
+    if plan is None:
+        plan = plan_run(cfg)
+        _say(stream, plan.line())
     sink, index, purged, done = _open_run(cfg, run_uri)
     record_fingerprint(cfg, had_rows=bool(index.files))
 
+    if not ray.is_initialized():
+        _say(stream, "[vlbatch] starting Ray")
     _init_ray(cfg)
     t_expand = time.monotonic()
     tally = known = None
-    source = open_source(cfg)  # one per run: its listing and first schema are read once
+    source = plan.source  # one per run: its listing and first schema are read once
     if len(done):  # resuming: count what is left first, and start nothing when that is nothing
+        _say(stream, f"[vlbatch] resuming: {len(done)} rows already committed; counting what is left")
         # one object-store copy of the committed ids, mapped zero-copy by every expansion task
         tasks_ds = expanded(source, ray.put(done)).materialize()
         pending_n, dropped = count_pending(tasks_ds)
     else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
-        known = source.count()
+        known = plan.media
         tally = ray.remote(num_cpus=0)(Tally).remote()
         tasks_ds = expanded(source, done, **STREAMED_EXPAND, tally=tally)
         pending_n = dropped = None
     del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
-    progress = Progress(total=pending_n, stream=stream, interval_s=cfg.ray.progress_interval_s)
+    progress = Progress(total=pending_n if pending_n is not None else plan.requests, stream=stream,
+                        interval_s=cfg.ray.progress_interval_s,
+                        expect_models=None if cfg.task.mode == "scan" else cfg.resources.model.min_actors)
     timeline = Timeline()
     if pending_n is None or pending_n:
         _stream_graph(cfg, source, tasks_ds, sink, run_id, progress, tally, known, timeline)
+    progress.set_phase(None)
     policy = cfg.output.roll_policy()
     sealed = sink.seal(policy.target_rows, policy.target_bytes)  # what writers still held at the end
     if tally is not None:
@@ -314,7 +339,8 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     progress.tick(final=True)
     after = sink.index()
     summary = _summary(cfg, run_id, run_uri, progress, index, after, purged, dropped, pending_n,
-                       elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand, timeline=timeline)
+                       elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand, graph_at=t_graph - t0,
+                       timeline=timeline)
     log.debug("sealed %d parts at the end", len(sealed))
     sink.write_summary(summary.to_json())
     sink.finish()
@@ -323,8 +349,13 @@ def run_job(cfg: JobConfig, *, stream=None) -> RunSummary:
     return summary
 
 
+def _say(stream, line: str) -> None:
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pending_n, *, elapsed, expand_s,
-             timeline=None):
+             graph_at, timeline=None):
     total = sum(after.status_counts.values())
     errors = after.status_counts.get("error", 0)
     rates = progress.rates()
@@ -336,6 +367,9 @@ def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pen
         duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=elapsed,
         rows_per_s=rates["rows_per_s"], visual_tokens_per_s=rates["visual_tokens_per_s"],
         time_to_first_row_s=rates["time_to_first_row_s"], steady_rows_per_s=rates["steady_rows_per_s"],
+        first_row_after_s=None if rates["time_to_first_row_s"] is None else graph_at + rates["time_to_first_row_s"],
+        model_ready_after_s=None if progress.model_ready_at is None else
+        graph_at + progress.model_ready_at - progress.start,
         expand_s=round(expand_s, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
         prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
         error_fraction=(errors / total) if total else 0.0, max_error_fraction=cfg.max_error_fraction,

@@ -40,10 +40,10 @@ class ScanStage:
     never cross the object store (no writer pool, no writer process). Without it
     (tests) it returns the Generated scan rows."""
 
-    def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None):
+    def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None, meter=None):
         from vlbatch.pipeline.stages import PrepareStage
 
-        self.prepare = PrepareStage(cfg)
+        self.prepare = PrepareStage(cfg, meter)  # progress: its decoded / preprocessed counts (pipeline/meter.py)
         self.writer = None
         if run_dir is not None:
             from vlbatch.pipeline.write_stage import WriteStage
@@ -51,8 +51,16 @@ class ScanStage:
             self.writer = WriteStage(cfg, run_dir, run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        from vlbatch.pipeline.meter import DECODED, PREPROCESSED
+        from vlbatch.pipeline.stages import requests_of
+
         p = self.prepare
+        tasks = from_table(batch, MediaTask)
         with p.lock:  # the roller is not thread-safe either
-            rows = to_table([scanned(p.preprocess.prepare_one(p.decode.decode_one(r)))
-                             for r in from_table(batch, MediaTask)], Generated)
-            return rows if self.writer is None else self.writer(rows)
+            rows = to_table([scanned(p.preprocess.prepare_one(p.decode.decode_one(r))) for r in tasks], Generated)
+            out = rows if self.writer is None else self.writer(rows)
+        meter, n = p.preprocess.meter, requests_of(tasks)
+        meter.add(DECODED, n)
+        meter.add(PREPROCESSED, n)
+        meter.flush()
+        return out

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.meter import DECODED, PREPROCESSED
 from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
 
 
@@ -51,9 +52,10 @@ class DecodeStage:
     and restarted when a file exceeds `video.decode_timeout_s` (-> MediaTimeoutError).
     """
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, meter=None):
         from vlbatch.operators.media.video import FrameSampling
         from vlbatch.operators.media.worker import DecodeWorker
+        from vlbatch.pipeline.meter import CPU_READY, MeterClient
 
         self.cfg = cfg
         self.storage = cfg.storage.options()
@@ -65,11 +67,16 @@ class DecodeStage:
         from vlbatch.operators.storage.http import HostLimiter
 
         self.limiter = HostLimiter(cfg.storage.http_per_host)
+        self.meter = MeterClient(meter)
+        self.meter.ready(CPU_READY)
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, MediaTask)
         with self.lock:
-            return to_table([self.decode_one(r) for r in rows], Decoded)
+            out = to_table([self.decode_one(r) for r in rows], Decoded)
+        self.meter.add(DECODED, requests_of(rows))
+        self.meter.flush()
+        return out
 
     def decode_one(self, row: MediaTask) -> Decoded:
         if row.status != "ok":
@@ -122,9 +129,10 @@ class PreprocessStage:
     media fills (`t * h * w / merge**2`), the unit model batches are sized by.
     """
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, meter=None):
         from vlbatch.operators.preprocess import Processor
         from vlbatch.pipeline.backends import local_model_path
+        from vlbatch.pipeline.meter import CPU_READY, MeterClient
 
         self.cfg = cfg
         self.lock = threading.Lock()
@@ -135,11 +143,16 @@ class PreprocessStage:
             kw = {k: getattr(over, k) for k in ("min_pixels", "max_pixels") if getattr(over, k) is not None}
             if kw:
                 setattr(self.processor, attr, replace(getattr(self.processor, attr), **kw))
+        self.meter = MeterClient(meter)
+        self.meter.ready(CPU_READY)
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, Decoded)
         with self.lock:
-            return to_table([self.prepare_one(r) for r in rows], Prepared)
+            out = to_table([self.prepare_one(r) for r in rows], Prepared)
+        self.meter.add(PREPROCESSED, requests_of(rows))
+        self.meter.flush()
+        return out
 
     def prepare_one(self, row: Decoded) -> Prepared:
         keep = {"decode_s": row.decode_s}
@@ -194,15 +207,26 @@ class PrepareStage:
     same errors, same timings as the two stages in sequence.
     """
 
-    def __init__(self, cfg: JobConfig):
-        self.decode = DecodeStage(cfg)
-        self.preprocess = PreprocessStage(cfg)
+    def __init__(self, cfg: JobConfig, meter=None):
+        self.decode = DecodeStage(cfg, meter)
+        self.preprocess = PreprocessStage(cfg, meter)
         self.lock = threading.Lock()
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, MediaTask)
+        meter = self.preprocess.meter
         with self.lock:
-            return to_table([self.preprocess.prepare_one(self.decode.decode_one(r)) for r in rows], Prepared)
+            decoded = [self.decode.decode_one(r) for r in rows]
+            meter.add(DECODED, requests_of(rows))
+            out = to_table([self.preprocess.prepare_one(r) for r in decoded], Prepared)
+        meter.add(PREPROCESSED, requests_of(rows))
+        meter.flush()
+        return out
+
+
+def requests_of(rows) -> int:
+    """Output rows (requests) of a list of media rows."""
+    return sum(len(r.ids) for r in rows)
 
 
 def process_prompts(proc, texts: list[str], images: list[np.ndarray] | None = None, videos: list | None = None, *,

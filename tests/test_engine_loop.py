@@ -153,3 +153,27 @@ def test_bad_calls_are_refused(ckpt, reqs):
     loop.close()
     with pytest.raises(RuntimeError, match="closed"):
         loop.run(reqs[:1])
+
+
+def test_calls_are_submitted_only_while_the_waiting_queue_is_short(ckpt, reqs, expected):
+    """Issue 33: queued calls go to the engine only while fewer than `lookahead` requests wait
+    (or the engine is idle), so calls finish in about their order instead of all at the end."""
+    engine = _engine(ckpt)
+    loop = EngineLoop(engine, max_visual_tokens=10**6, lookahead=2)
+    submit, seen = engine.submit, []
+
+    def logged(requests):
+        requests = list(requests)
+        seen.append((engine.num_waiting, engine.has_work))
+        return submit(requests)
+
+    engine.submit = logged
+    outs = [{} for _ in range(4)]
+    threads = [_run_later(loop, reqs[k * 3:(k + 1) * 3], outs[k]) for k in range(4)]
+    for t in threads:
+        t.join(timeout=120)
+    assert len(seen) == 4 and all(waiting < 2 or not busy for waiting, busy in seen), seen
+    got = {k: v.token_ids for o in outs for k, v in o.items()}
+    assert got == {k: v for k, v in expected.items() if k in got} and len(got) == 12
+    assert EngineLoop(engine, max_visual_tokens=1).lookahead == engine.config.max_num_seqs  # the default
+    loop.close()

@@ -1,5 +1,6 @@
 """`vlbatch run` as a user sees it (a real subprocess on a tiny job, a new local Ray): the first
-line names the cluster, the last says what the run produced, and Ray's start-up noise (token
+line is the plan (input count, pools), printed before Ray starts, then a phase line, then the
+line naming the cluster, the last says what the run produced, and Ray's start-up noise (token
 banner, core-worker lines, Ray Data messages) stays off the terminal unless --verbose.
 
 Token auth is left at Ray's default here (RAY_AUTH_MODE unset, HOME a temp folder so the
@@ -44,7 +45,11 @@ def test_run_names_its_cluster_reports_its_output_and_hides_ray_noise(tmp_path, 
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-4000:]
     lines = first.stdout.splitlines()
-    assert re.fullmatch(r"\[vlbatch\] ray: new local cluster \(\d+ CPUs\)", lines[0]), lines
+    assert re.fullmatch(r"\[vlbatch\] plan: 2 media from .*manifest\.jsonl; pools: .*; reserves [\d.]+ CPUs, 0 GPUs",
+                        lines[0]), lines
+    assert lines[1] == "[vlbatch] starting Ray", lines
+    assert re.fullmatch(r"\[vlbatch\] ray: new local cluster \(\d+ CPUs\)", lines[2]), lines
+    assert "[vlbatch] starting the actors and loading the model" in first.stderr  # the runner's phases: stderr
     assert re.fullmatch(rf"\[vlbatch\] done: 2 ok, 0 error, 0 skipped \(already committed\) -> "
                         rf"{re.escape(run_dir)} in \d+\.\ds", lines[-1]), lines
     for pat in NOISE:

@@ -155,6 +155,11 @@ class Engine:
         """Whether submitted requests are still running or waiting."""
         return self.scheduler.has_work
 
+    @property
+    def num_waiting(self) -> int:
+        """Submitted requests not yet admitted to the running batch."""
+        return len(self.scheduler.waiting)
+
     def submit(self, requests: Iterable[Request]) -> list[Result]:
         """Queue requests beside those already running (the incremental half of `generate`:
         a long-lived caller submits batches as they arrive and keeps calling `step`, so the

@@ -16,9 +16,19 @@ Contract:
 - Back-pressure: a call waits before its requests enter the engine while the calls
   already in hold more than `max_visual_tokens` visual tokens (the pixel values they pin);
   a call that finds the loop empty always goes in, whatever its size.
+- Calls leave the loop in their order: queued calls are submitted to the engine only while
+  its waiting queue holds fewer than `lookahead` requests (default: the engine's
+  `max_num_seqs`; at least one call whenever the engine is idle). The running batch stays
+  full, but the engine's first-come-first-served admission (which lets a waiting request
+  pass a sibling gated on a shared prefix) cannot spread every call's requests over the
+  whole backlog: with all calls submitted at once, every call of a wave finished near the
+  wave's end, and a caller (a Ray task whose output is handed on only when it returns)
+  held finished rows for most of the run (issue 33).
 - An exception from the engine fails every request in it at that moment (error type
   `EngineError`, the message names the exception), resets the engine (`abort`) and the
   loop goes on with later calls.
+- `on_finished(n)` (optional): called on the loop thread with the number of requests each
+  step finished, as they finish (progress counters; it must be cheap and must not raise).
 - `busy_s`: seconds spent in `Engine.step` so far (the engine's busy time; callers'
   waits overlap, this does not); `busy_cpu_s`: the CPU seconds of the loop thread in them
   (below `busy_s` when other processes take the engine's core, or the GIL is elsewhere).
@@ -53,9 +63,12 @@ def pinned_visual_tokens(requests: list[Request]) -> int:
 
 
 class EngineLoop:
-    def __init__(self, engine, max_visual_tokens: int):
+    def __init__(self, engine, max_visual_tokens: int, on_finished=None, lookahead: int | None = None):
         self.engine = engine
         self.max_visual_tokens = max_visual_tokens
+        self.on_finished = on_finished
+        config = getattr(engine, "config", None)
+        self.lookahead = lookahead or getattr(config, "max_num_seqs", None)  # None: submit every call at once
         self.busy_s = 0.0
         self.busy_cpu_s = 0.0
         self._cond = threading.Condition()
@@ -107,7 +120,8 @@ class EngineLoop:
                 self._cond.wait_for(lambda: self._queue or self.engine.has_work or self._closed)
                 if self._closed and not self._queue and not self.engine.has_work:
                     return
-                queued, self._queue = self._queue, []
+                n = self._submittable()
+                queued, self._queue = self._queue[:n], self._queue[n:]
             try:
                 while queued:
                     self._deliver(self.engine.submit(queued[0].requests))
@@ -123,6 +137,17 @@ class EngineLoop:
             except Exception as exc:  # noqa: BLE001 - any engine failure fails what is in it, never the loop
                 self._fail_all(exc, keep=queued[1:])
 
+    def _submittable(self) -> int:
+        """How many queued calls (from the front) go to the engine now (under the lock)."""
+        waiting = getattr(self.engine, "num_waiting", None)
+        if self.lookahead is None or waiting is None:
+            return len(self._queue)
+        n = 0
+        while n < len(self._queue) and (waiting < self.lookahead or (n == 0 and not self.engine.has_work)):
+            waiting += len(self._queue[n].requests)
+            n += 1
+        return n
+
     def _deliver(self, results: list[Result]) -> None:
         if not results:
             return
@@ -132,6 +157,8 @@ class EngineLoop:
                 if call is not None:  # None: failed earlier by _fail_all
                     self._settle(call, res)
             self._cond.notify_all()
+        if self.on_finished is not None:
+            self.on_finished(len(results))
 
     def _settle(self, call: _Call, res: Result) -> None:
         """Record one result of `call` (under the lock); a complete call frees its visual tokens."""

@@ -8,6 +8,7 @@ not taken for media. A glob is taken as written: each file it matches is one med
 from __future__ import annotations
 
 import glob as globlib
+from functools import cached_property
 
 import ray
 
@@ -19,8 +20,10 @@ from vlbatch.pipeline.sources.base import Source, limit, manifest_table
 
 
 class GlobSource(Source):
-    """The glob is listed once in the driver (sorted); the rows are that list."""
+    """The glob is listed once in the driver (sorted); the rows are that list (so `count` is known
+    before any row is read)."""
 
+    @cached_property
     def _uris(self) -> list[str]:
         inp, storage = self.cfg.input, self.cfg.storage.options()
         fs, path = filesystem(inp.uri, storage)
@@ -37,7 +40,11 @@ class GlobSource(Source):
         return [with_protocol(inp.uri, m) for m in matches]
 
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
-        uris = self._uris()
+        uris = self._uris
         table = manifest_table(len(uris), media_uri=uris)
         return limit(ray.data.from_arrow(table), self.cfg.input.limit)
 
+    def count(self) -> int:
+        """The matches, `input.limit` applied (the listing `read` uses, made once)."""
+        n = len(self._uris)
+        return n if self.cfg.input.limit is None else min(n, self.cfg.input.limit)

@@ -211,6 +211,42 @@ class ManifestSource(Source):
                               f"columns are: {', '.join(schema.names)}")
         return pa.schema([schema.field(n) for n in names])
 
+    def count(self) -> int | None:
+        """Parquet: the rows in the files' footers (one small read per file, no row read); one local
+        JSONL file up to `JSONL_COUNT_BYTES`: its non-blank lines; else None."""
+        inp = self.cfg.input
+        if inp.format == "jsonl":
+            return self._count_jsonl()
+        if inp.format != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        storage = self.cfg.storage.options()
+        total = 0
+        for uri in self._parquet_files:
+            ffs, fpath = filesystem(uri, storage)
+            with open_input(ffs, fpath, storage) as f:
+                total += pq.ParquetFile(f).metadata.num_rows
+            if inp.limit is not None and total >= inp.limit:
+                return inp.limit
+        return total
+
+    def _count_jsonl(self) -> int | None:
+        """The non-blank lines of a local JSONL manifest that is one file of at most
+        `JSONL_COUNT_BYTES` (a folder, a glob or a remote file: None, counted as read)."""
+        inp = self.cfg.input
+        if protocol_of(inp.uri) != "file":
+            return None
+        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        if not fs.isfile(path) or fs.size(path) > JSONL_COUNT_BYTES:
+            return None
+        with fs.open(path, "rb") as f:
+            n = sum(1 for line in f if line.strip())
+        return n if inp.limit is None else min(n, inp.limit)
+
+
+JSONL_COUNT_BYTES = 64 << 20  # a JSONL manifest counted in the driver before the run (~0.1 s per 64 MiB)
+
 
 def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
     fs, path = filesystem(uri, storage)
@@ -226,24 +262,6 @@ def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
         import pyarrow.csv as pcsv
 
         return pcsv.open_csv(f).schema
-
-
-    def count(self) -> int | None:
-        """Parquet: the rows in the files' footers (one small read per file, no row read); else None."""
-        inp = self.cfg.input
-        if inp.format != "parquet":
-            return None
-        import pyarrow.parquet as pq
-
-        storage = self.cfg.storage.options()
-        total = 0
-        for uri in self._parquet_files:
-            ffs, fpath = filesystem(uri, storage)
-            with open_input(ffs, fpath, storage) as f:
-                total += pq.ParquetFile(f).metadata.num_rows
-            if inp.limit is not None and total >= inp.limit:
-                return inp.limit
-        return total
 
 
 def parquet_files(fs, path: str, uri: str, retried) -> list[str]:

@@ -1,0 +1,127 @@
+"""What the stages tell the driver while a run goes on, before and between commits.
+
+`Meter` is a small Ray actor (no CPU) holding counters the stages add to: requests decoded,
+preprocessed and generated (a media row counts its requests, so every figure is in output
+rows), and actors ready (`cpu_ready`, `model_ready`: a model actor has loaded its model).
+A stage holds a `MeterClient` (`meter=None`: a stage run outside the runner, nothing is
+sent): increments are summed locally and sent when `every_s` has passed since the last send
+or when the stage calls `flush` (the CPU stages at the end of each call, the model stage at
+the end of each call and from its engine thread at most every `every_s`). The
+model stage counts a request as generated when the engine finishes it (the `EngineLoop`'s
+`on_finished` hook), not when its Ray batch returns.
+
+`Ticker` is the driver's side: a thread that, every progress interval (0.2 s on a
+terminal), reads the meter and the expansion's `Tally` and has `Progress` print, so lines
+come at the configured interval whether or not anything was committed. The counters are
+figures for people (progress, phases); nothing is decided from them, and a lost increment
+(an actor killed between two sends) only makes a figure low.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+
+log = logging.getLogger("vlbatch.pipeline")
+
+DECODED, PREPROCESSED, GENERATED = "decoded", "preprocessed", "generated"
+CPU_READY, MODEL_READY = "cpu_ready", "model_ready"
+
+
+class Meter:
+    """Ray actor: counters summed over every stage's sends."""
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+
+    def add(self, counts: dict) -> None:
+        self.counts.update(counts)
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+
+class MeterClient:
+    """A stage's side of the meter (thread-safe: the model stage adds from its engine thread)."""
+
+    def __init__(self, handle, every_s: float = 1.0, clock=time.monotonic):
+        self.handle, self.every_s, self.clock = handle, every_s, clock
+        self._lock = threading.Lock()
+        self._pending: Counter = Counter()
+        self._sent_at = clock()
+
+    def add(self, key: str, n: int = 1) -> None:
+        if self.handle is None or not n:
+            return
+        with self._lock:
+            self._pending[key] += n
+            due = self.clock() - self._sent_at >= self.every_s
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.handle is None:
+            return
+        with self._lock:
+            counts, self._pending = dict(self._pending), Counter()
+            self._sent_at = self.clock()
+        if counts:
+            try:
+                self.handle.add.remote(counts)
+            except Exception as e:  # noqa: BLE001 - a figure for people: never fail a stage for it
+                log.debug("meter send failed: %s", e)
+
+    def ready(self, key: str) -> None:
+        """Say at once that this actor is ready (`CPU_READY` / `MODEL_READY`)."""
+        self.add(key)
+        self.flush()
+
+
+def start_meter():
+    """A new `Meter` actor for one run (no CPU: it runs beside full actor pools)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(Meter).remote()
+
+
+class Ticker:
+    """The driver's progress thread: every `every_s` it reads the meter (and the tally, until
+    the total is known) and lets `progress` print. `with Ticker(...):` around the graph."""
+
+    def __init__(self, progress, meter, tally=None, known: int | None = None, every_s: float = 1.0):
+        self.progress, self.meter, self.tally, self.known, self.every_s = progress, meter, tally, known, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vlbatch-progress", daemon=True)
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.poll()  # the last figures before the final line
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.poll()
+                self.progress.tick()
+            except Exception as e:  # noqa: BLE001 - progress must never stop a run
+                log.debug("progress tick failed: %s", e)
+
+    def poll(self) -> None:
+        import ray
+
+        if self.meter is not None:
+            ready, _ = ray.wait([ref := self.meter.snapshot.remote()], timeout=5)
+            if ready:
+                self.progress.observe(ray.get(ref))
+        if self.tally is not None and self.known is not None:
+            ready, _ = ray.wait([ref := self.tally.get.remote()], timeout=5)
+            if ready:
+                media, requests, _ = ray.get(ref)
+                if media >= self.known:  # every manifest row expanded: the exact total
+                    self.progress.set_total(requests)
+                    self.tally = None
