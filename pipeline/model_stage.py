@@ -16,6 +16,7 @@ from being built) map straight to the output columns (`_columns`).
 Errors: a request that cannot be built (bad shapes) is a permanent error row; an engine
 failure turns every request it held into a transient `EngineError` row (retried on
 resume), as does an exception from the backend for a whole call; rows in error pass through.
+A `SetupError` (the job's checkpoint or device, not a request) fails the run instead.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import EngineError, VlbatchError, stable_message
+from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
 from vlbatch.pipeline.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
@@ -75,6 +76,8 @@ class ModelStage:
         """One engine batch; a backend exception becomes EngineError rows for all of it."""
         try:
             return self.backend.generate(rows)
+        except SetupError:  # the job's own setup (checkpoint, device): fails the run, never rows
+            raise
         except Exception as e:  # the whole batch failed (OOM, device error): transient
             err = e if isinstance(e, VlbatchError) else EngineError(f"{type(e).__name__}: {e}")
             return {rid: err for r in rows for rid in r.ids}
