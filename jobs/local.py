@@ -109,7 +109,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
     import ray
 
     from vlbatch.jobs.failures import describe
-    from vlbatch.jobs.stops import Interrupted, finish_interrupted, signals_ignored, stop_signals
+    from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
     from vlbatch.pipeline.resources import joined_cluster, local_cluster
     from vlbatch.pipeline.runner import run_job
 
@@ -122,6 +122,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
             try:
                 if ours:
                     where = connect(target, verbose=verbose)
+                    arm()  # ray.init replaced our SIGTERM handler with its own
                     print(f"[vlbatch] ray: {where}", flush=True)
                     if target.address is not None:
                         config = checked(config, joined_cluster(where))

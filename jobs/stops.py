@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,13 +42,29 @@ def _raise(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+def arm() -> None:
+    """SIGINT and SIGTERM raise `Interrupted` from now on. Called again once Ray is connected:
+    `ray.init` installs its own SIGTERM handlers (Python's `sys.exit`, and the C++ core worker's
+    failure-signal handler, which dumps a stack and aborts the driver: exit -6)."""
+    if _main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, _raise)
+
+
+def _main_thread() -> bool:
+    """Signal handlers can be set only there (an in-process caller on another thread keeps its own)."""
+    return threading.current_thread() is threading.main_thread()
+
+
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise `Interrupted` in the main thread inside the block (call it from the
-    main thread: Python delivers signals only there)."""
+    main thread: Python delivers signals only there; `arm()` again after `ray.init`)."""
+    if not _main_thread():
+        yield
+        return
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in saved:
-        signal.signal(s, _raise)
+    arm()
     try:
         yield
     finally:
@@ -58,6 +75,9 @@ def stop_signals() -> Iterator[None]:
 @contextlib.contextmanager
 def signals_ignored() -> Iterator[None]:
     """A second Ctrl-C while the run is being tidied up is ignored (it takes seconds)."""
+    if not _main_thread():
+        yield
+        return
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in saved:
         signal.signal(s, signal.SIG_IGN)
