@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from test_jobs_support import REPO, TEST_ENV
 
-from vlbatch.operators.errors import SetupError
 from vlbatch.pipeline.config import validate_config
 
 
@@ -71,6 +70,7 @@ def test_a_setup_error_is_never_an_error_row(tmp_path, tiny_ckpt):
     that loses its template later fails the call instead of writing a permanent InputError row."""
     import shutil
 
+    from vlbatch.operators.errors import SetupError
     from vlbatch.pipeline.rows import Decoded
     from vlbatch.pipeline.stages import PreprocessStage
 
@@ -93,6 +93,7 @@ def test_a_setup_error_is_never_an_error_row(tmp_path, tiny_ckpt):
 
 
 def test_triton_attention_on_the_cpu_is_a_setup_error():
+    from vlbatch.operators.errors import SetupError
     from vlbatch.operators.kernels.attention import select_attention
 
     if os.environ.get("TRITON_INTERPRET") == "1":
