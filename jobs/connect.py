@@ -26,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,30 +185,43 @@ def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
         os.close(log_fd)
 
 
+RAY_ERROR_THREAD = "ray_listen_error_messages"  # the driver thread that prints the cluster's error messages
+
+
+class _Diverted:
+    """sys.stdout for the block: what Ray's error-listener thread prints goes to `log` (colour codes
+    dropped), everything else to `stream` as before."""
+
+    _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self, stream, log):
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        if threading.current_thread().name == RAY_ERROR_THREAD:
+            return self._log.write(self._ANSI.sub("", text))
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._log.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the real stream's
+        return getattr(self._stream, name)
+
+
 def _raylet_messages_to(path: Path):
     """Ray's driver prints the errors the cluster publishes (``(raylet) Task ... failed ... Traceback``,
     an actor's death) on sys.stdout from its error-listener thread, whatever ``log_to_driver``
-    says: send them to the log file `path` instead (colour codes dropped); -> a function that
-    undoes it. A Ray without this hook is left as it is."""
-    import re
-
-    import ray._private.worker as ray_worker
-
-    original = getattr(ray_worker, "print_to_stdstream", None)
-    if original is None:
-        return lambda: None
-    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    says: send them to the log file `path` instead; -> a function that undoes it."""
     log = path.open("a", buffering=1)
-
-    def to_log(data, ignore_prefix=False):
-        for line in data.get("lines", []):
-            log.write(f"({data.get('pid', '?')}) {ansi.sub('', str(line))}\n")
-
-    ray_worker.print_to_stdstream = to_log
+    saved = sys.stdout
+    sys.stdout = _Diverted(saved, log)
 
     def restore() -> None:
-        ray_worker.print_to_stdstream = original
-        log.flush()  # not closed: the listener thread may still hold `to_log`
+        if isinstance(sys.stdout, _Diverted):
+            sys.stdout = saved
+        log.flush()  # not closed: the listener thread may still write to it
 
     return restore
 

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.pipeline.config import JobConfig, StageResources
@@ -57,21 +61,66 @@ class Pool:
     memory_bytes: int = 0
 
 
+OBJECT_STORE_SHARE = 0.3  # a local Ray's object store takes this share of the available memory ...
+OBJECT_STORE_MAX = 200 * GIB  # ... up to this (Ray's defaults); its `memory` resource is the rest
+
+
 def local_cluster() -> Cluster:
-    """What a new local Ray on this machine registers (CPUs, GPUs, the `memory` resource), computed
-    the way Ray computes it, without starting a process."""
+    """What a new local Ray on this machine registers, computed as Ray does it without starting a
+    process (and without Ray's private API): the CPUs this process may use (affinity, a cgroup
+    quota), the GPUs CUDA_VISIBLE_DEVICES or nvidia-smi lists, and the `memory` resource (the
+    available memory less the object store)."""
+    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    quota = _cgroup_cpus()
+    if quota is not None:
+        cpus = min(cpus, quota)
+    available = _available_memory()
+    memory = available - min(int(available * OBJECT_STORE_SHARE), OBJECT_STORE_MAX)
+    return Cluster(cpus, float(_visible_gpus()), int(memory), True, "this machine")
+
+
+def _available_memory() -> int:
+    """Bytes available now: /proc/meminfo's MemAvailable (the physical size elsewhere), within a
+    cgroup v2 limit (``memory.max`` less ``memory.current``) when there is one."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
-        from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(0, available)
 
-        spec = ResourceAndLabelSpec().resolve(is_head=True, node_ip_address="127.0.0.1")
-        return Cluster(float(spec.num_cpus), float(spec.num_gpus or 0), int(spec.memory), True, "this machine")
-    except Exception:  # noqa: BLE001 - a Ray without this private helper: the OS's figures
-        import os
 
-        import psutil
+def _cgroup_cpus() -> float | None:
+    """CPUs of a cgroup v2 quota (``cpu.max``: quota period), None without one."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else max(1.0, float(int(quota) // int(period)))
 
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return Cluster(float(cpus), 0.0, int(psutil.virtual_memory().available * 0.7), True, "this machine")
+
+def _visible_gpus() -> int:
+    """GPUs a local Ray would find: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def joined_cluster(where: str) -> Cluster:
