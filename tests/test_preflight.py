@@ -192,3 +192,13 @@ def test_transformers_backend_never_unpickles(tmp_path, ckpt, monkeypatch):
     with pytest.raises(ConfigError, match="model.safetensors"):
         TransformersBackend(cfg)
     assert calls == []
+
+
+def test_validate_plans_against_the_cluster_it_would_join(tmp_path, ckpt, ray_jobs_head):
+    """--address: the plan is the joined cluster's (2 CPUs here), and what does not fit is a warning
+    there (a cluster may add nodes), not a refusal."""
+    cfg = _job(tmp_path, ckpt)
+    r = _validate(cfg, "--address", ray_jobs_head.gcs_address, "--set", "resources.preprocess.num_cpus=64")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "of 2 CPUs, 0 GPUs" in r.stdout and ray_jobs_head.gcs_address in r.stdout, r.stdout
+    assert "resources" in r.stderr and "waiting for the cluster to add nodes" in r.stderr, r.stderr
