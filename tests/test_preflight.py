@@ -202,3 +202,20 @@ def test_validate_plans_against_the_cluster_it_would_join(tmp_path, ckpt, ray_jo
     assert r.returncode == 0, r.stdout + r.stderr
     assert "of 2 CPUs, 0 GPUs" in r.stdout and ray_jobs_head.gcs_address in r.stdout, r.stdout
     assert "resources" in r.stderr and "waiting for the cluster to add nodes" in r.stderr, r.stderr
+
+
+def test_a_config_without_resources_runs_on_this_machine(tmp_path, ckpt):
+    """The hidden-style user: a fresh config, no resources section, `vlbatch run` on this machine
+    (2 CPUs on the CI runner: the defaults ask 2.30, so they are sized down, and the run completes;
+    on 6a0b046 it was refused after Ray had started)."""
+    from vlbatch.pipeline.resources import local_cluster
+
+    cfg = _job(tmp_path, ckpt)
+    env = dict(os.environ, **TEST_ENV, HOME=str(tmp_path))
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", "run", cfg, "--no-lock"], capture_output=True,
+                       text=True, timeout=600, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "done: 1 ok, 0 error" in r.stdout.splitlines()[-1], r.stdout
+    if local_cluster().cpus < 2.3:
+        assert "[vlbatch] resources: default CPU shares sized to this machine" in r.stdout, r.stdout
