@@ -139,9 +139,10 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool) -> int:
         with signals_ignored():
             print(finish_interrupted(config, writers_gone=ours and target.address is None), flush=True)
         return stop.exit_code
-    except (VlbatchError, KeyboardInterrupt):
-        raise  # ConfigError / ClusterUnreachableError before the graph: one line in jobs/commands.py
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
+        if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch."):
+            raise  # ours, raised here (ConfigError, ClusterUnreachableError): one line in jobs/commands.py
+        # (Ray's RayTaskError of a UDF's ConfigError is an instance of it too, with Ray's traceback as text)
         failure = describe(e, config, error_log_path(job_name))
         print(failure.line, file=sys.stderr, flush=True)
         return failure.exit_code
