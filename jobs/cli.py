@@ -10,11 +10,17 @@ Exit codes (also in README "Running jobs"; constants in jobs/errors.py):
      or refused the connection (e.g. token authentication)
   6  another run of the same job is still running (overlap guard); not started
   7  the job was stopped before it finished
+  8  run: an actor could not start (model or processor load, a checkpoint download); one line
+     names the cause, the detail is in $TMPDIR/vlbatch/<name>.error.log
+  130 / 143  run: interrupted by SIGINT (Ctrl-C) / SIGTERM; what was committed stays, rerun to resume
+  141  stdout was closed early (e.g. `vlbatch validate --json | head`)
 """
 from __future__ import annotations
 
 import argparse
 import sys
+
+from vlbatch.jobs.errors import EXIT_BROKEN_PIPE, EXIT_SIGINT
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -77,7 +83,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:  # `vlbatch validate --json | head`: the reader left; say nothing more
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:  # Ctrl-C outside a run (which handles its own: jobs/stops.py)
+        print("vlbatch: interrupted", file=sys.stderr)
+        return EXIT_SIGINT
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

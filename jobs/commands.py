@@ -102,14 +102,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from vlbatch.pipeline.checks import check_paths
     from vlbatch.pipeline.config import load_config
     from vlbatch.pipeline.fingerprint import check_fingerprint
+    from vlbatch.pipeline.preflight import check_checkpoint, check_plan
+    from vlbatch.pipeline.resources import plan_text
 
     config = load_config(args.config, _overrides(args))
     check_paths(config)
     check_fingerprint(config)  # what `run` would refuse: answers of another config under this run id
+    check_checkpoint(config)
+    cluster = _validate_cluster(config, args.address)
+    config, sized = check_plan(config, cluster)  # the plan `vlbatch run` would use on that cluster
+    plan = plan_text(config, cluster)
     if args.json:
-        print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json")}, indent=2))
+        print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json"),
+                          "plan": plan, "sized_down": sized}, indent=2))
     else:
         print(f"{args.config}: valid (run_id={config.resolved_run_id()}, output={config.output.uri})")
+        print(f"  pools: {plan}" + (" (default CPU shares sized down to fit)" if sized else ""))
     return EXIT_OK
 
 
@@ -117,6 +125,23 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     """The `--set` overrides, with `--allow-config-change` as `resume.allow_config_change=true`."""
     extra = ["resume.allow_config_change=true"] if getattr(args, "allow_config_change", False) else []
     return [*args.overrides, *extra]
+
+
+def _validate_cluster(config, address: str | None):
+    """The cluster `vlbatch run` would use: this machine (no Ray started), or the joined one's resources."""
+    from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
+    from vlbatch.pipeline.resources import joined_cluster, local_cluster
+
+    target = RayTarget.choose(address or config.ray.address)
+    if target.address is None:
+        return local_cluster()
+    import ray
+
+    with quiet_ray("validate", False):
+        try:
+            return joined_cluster(connect(target))
+        finally:
+            ray.shutdown()
 
 
 def _slot(args: argparse.Namespace) -> str | None:
@@ -268,8 +293,13 @@ def add_job_commands(sub: argparse._SubParsersAction) -> None:
     _slot_args(p, "run id vlb-<name>-<slot> (unless the config pins output.run_id); default: the config's own")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("validate", help="check a job config and its local paths (no Ray)")
+    p = sub.add_parser("validate", help="check a job config, its checkpoint and its pool plan (no Ray started)",
+                       formatter_class=fmt,
+                       description="The checks `vlbatch run` makes before it starts Ray: the config, local paths, the\n"
+                       "checkpoint, and the actor pools against this machine (or, with --address, that cluster).")
     _config_args(p)
+    p.add_argument("--address", help="check the pools against this Ray cluster (GCS address, as for run); "
+                                     "default: ray.address, $RAY_ADDRESS, else this machine")
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
     p.set_defaults(func=cmd_validate)
 

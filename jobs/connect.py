@@ -14,10 +14,11 @@ and Ray's own connect errors (token authentication refused, ...), become
 `ClusterUnreachableError` (exit 5), one line.
 
 Noise (`quiet_ray`, the default; ``vlbatch run --verbose`` shows it): Ray's Python loggers
-print ERROR and above only, Ray Data's console handler likewise (its log file,
+print ERROR and above only, Ray Data's console handler CRITICAL only (its log file,
 ``ray-data.log`` in the session's logs, keeps everything), and what C++ code writes straight
 to file descriptor 2 (the driver's core-worker ERROR lines, gRPC) goes to a file
-(`driver_stderr_path`) instead of the terminal; Ray's C++ loggers keep their own log files.
+(`driver_stderr_path`) instead of the terminal, as do the cluster's error messages Ray's driver
+prints on stdout (``(raylet) ... Traceback``); Ray's C++ loggers keep their own log files.
 Python's own `sys.stderr` (our progress and error lines, tracebacks) still reaches the terminal.
 """
 from __future__ import annotations
@@ -25,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,12 +143,14 @@ def driver_stderr_path(job_name: str) -> Path:
 
 
 def _quiet_ray_data() -> None:
-    """Ray Data's console handler: ERROR and above (its file handler, not a stream, keeps the rest)."""
+    """Ray Data's console handler: CRITICAL only (its file handler, not a stream, keeps the rest). Its
+    ERROR lines are a failed run's stack traces ("please open an issue on the Ray project"), which
+    `jobs/failures.py` turns into one line naming the cause."""
     import ray.data  # noqa: F401 - configures the "ray.data" logger
 
     for h in logging.getLogger("ray.data").handlers:
-        if isinstance(h, logging.StreamHandler):
-            h.setLevel(logging.ERROR)
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            h.setLevel(logging.CRITICAL)
 
 
 @contextlib.contextmanager
@@ -167,14 +172,58 @@ def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
                                    errors=saved_stderr.errors)
         os.dup2(log_fd, 2)
         _quiet_ray_data()
+        restore = _raylet_messages_to(path)
         yield
     finally:
+        if "restore" in locals():
+            restore()
         if uses_fd2:  # flushed, not closed: a Ray thread may still hold it
             sys.stderr.flush()
             sys.stderr = saved_stderr
         os.dup2(saved_fd, 2)
         os.close(saved_fd)
         os.close(log_fd)
+
+
+RAY_ERROR_THREAD = "ray_listen_error_messages"  # the driver thread that prints the cluster's error messages
+
+
+class _Diverted:
+    """sys.stdout for the block: what Ray's error-listener thread prints goes to `log` (colour codes
+    dropped), everything else to `stream` as before."""
+
+    _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self, stream, log):
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        if threading.current_thread().name == RAY_ERROR_THREAD:
+            return self._log.write(self._ANSI.sub("", text))
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._log.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the real stream's
+        return getattr(self._stream, name)
+
+
+def _raylet_messages_to(path: Path):
+    """Ray's driver prints the errors the cluster publishes (``(raylet) Task ... failed ... Traceback``,
+    an actor's death) on sys.stdout from its error-listener thread, whatever ``log_to_driver``
+    says: send them to the log file `path` instead; -> a function that undoes it."""
+    log = path.open("a", buffering=1)
+    saved = sys.stdout
+    sys.stdout = _Diverted(saved, log)
+
+    def restore() -> None:
+        if isinstance(sys.stdout, _Diverted):
+            sys.stdout = saved
+        log.flush()  # not closed: the listener thread may still write to it
+
+    return restore
 
 
 def _fileno(stream) -> int | None:

@@ -16,6 +16,10 @@ EXIT_NOT_FOUND = 4  # no job with this submission id on the cluster
 EXIT_UNREACHABLE = 5  # the Ray cluster (GCS for `run`, Jobs API otherwise) unreachable or refusing us
 EXIT_OVERLAP = 6  # another run of the same job is still running (lock held)
 EXIT_STOPPED = 7  # the job was stopped before it finished
+EXIT_SETUP_FAILED = 8  # an actor could not start (model / processor load, a checkpoint download, out of memory)
+EXIT_SIGINT = 130  # `vlbatch run` interrupted by Ctrl-C (SIGINT); rerun to resume
+EXIT_SIGTERM = 143  # `vlbatch run` stopped by SIGTERM (a scheduler); rerun to resume
+EXIT_BROKEN_PIPE = 141  # stdout closed early (128 + SIGPIPE, what a shell reports for `yes | head`)
 
 
 class JobsError(VlbatchError):

@@ -13,16 +13,25 @@ starts, then ``[vlbatch] starting Ray``; the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
+
+Before any Ray process starts (and, for a joined cluster, before the graph starts) the same
+checks as `vlbatch validate` run (`pipeline/preflight.py`, `pipeline/resources.py`): the
+checkpoint, and the pool plan against the cluster the run uses; pools the config leaves at
+their defaults are sized down to fit (one line says so). A run that fails inside Ray prints one
+line (`jobs/failures.py`: the cause, the field, exit 2 / 8 / 1) with the detail in a log file;
+SIGINT / SIGTERM end it with one line and exit 130 / 143 (`jobs/stops.py`).
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
+from vlbatch.jobs.connect import RayTarget, connect, driver_stderr_path, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
 from vlbatch.jobs.scheduling import run_lock, submission_id
+from vlbatch.operators.errors import VlbatchError
 
 
 def summary_exit_code(summary: Any) -> int:
@@ -77,32 +86,78 @@ def run_local(
     from vlbatch.pipeline.fingerprint import check_fingerprint
 
     check_fingerprint(config)  # a pinned run_id holding answers of another config: refused before Ray starts
+    from vlbatch.pipeline.preflight import check_checkpoint
+
+    check_checkpoint(config)  # what a model or CPU actor would die on
     if not use_lock:
         return _run(config, job_name, address, verbose, report)
     with run_lock(job_name, lock_dir):
         return _run(config, job_name, address, verbose, report)
 
 
+def error_log_path(job_name: str) -> Path:
+    """Where a failed run's full error (Ray's tracebacks) is written: beside the driver's stderr log."""
+    p = driver_stderr_path(job_name)
+    return p.with_name(p.name.replace(".driver-stderr.log", ".error.log"))
+
+
+def checked(config: Any, cluster: Any) -> Any:
+    """`check_plan` against `cluster`, one line when default pools were sized down; -> the config to run."""
+    from vlbatch.pipeline.preflight import check_plan
+
+    config, sized = check_plan(config, cluster)
+    if sized:
+        what = ", ".join(f"{k} {v:g}" for k, v in sized.items())
+        print(f"[vlbatch] resources: default CPU shares sized to {cluster.where} ({cluster.cpus:g} CPUs): {what}",
+              flush=True)
+    return config
+
+
 def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
     import ray
 
+    from vlbatch.jobs.failures import describe
+    from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
+    from vlbatch.pipeline.resources import joined_cluster, local_cluster
     from vlbatch.pipeline.runner import run_job
     from vlbatch.pipeline.startup import plan_run
 
+    target = RayTarget.choose(address or config.ray.address)
+    ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
+    if ours and target.address is None:  # a new local Ray: the plan is checked before it starts
+        config = checked(config, local_cluster())
     plan = plan_run(config)  # the input count and the pools, printed before Ray starts
     print(plan.line(), flush=True)
-    with quiet_ray(job_name, verbose):
-        ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
-        if ours:
-            print("[vlbatch] starting Ray", flush=True)
-            print(f"[vlbatch] ray: {connect(RayTarget.choose(address or config.ray.address), verbose=verbose)}",
-                  flush=True)
-        print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}", flush=True)
-        try:
-            summary = run_job(config, plan=plan)
-        finally:
-            if ours:
-                ray.shutdown()
+    try:
+        with quiet_ray(job_name, verbose), stop_signals():
+            try:
+                if ours:
+                    print("[vlbatch] starting Ray", flush=True)
+                    where = connect(target, verbose=verbose)
+                    arm()  # ray.init replaced our SIGTERM handler with its own
+                    print(f"[vlbatch] ray: {where}", flush=True)
+                    if target.address is not None:
+                        config = checked(config, joined_cluster(where))
+                else:
+                    config = checked(config, joined_cluster("the running Ray"))
+                print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}",
+                      flush=True)
+                summary = run_job(config, plan=plan if plan.cfg == config else None)  # None: it prints the new plan
+            finally:
+                if ours:
+                    with signals_ignored():
+                        ray.shutdown()
+    except Interrupted as stop:
+        with signals_ignored():
+            print(finish_interrupted(config, writers_gone=ours and target.address is None), flush=True)
+        return stop.exit_code
+    except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
+        if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch."):
+            raise  # ours, raised here (ConfigError, ClusterUnreachableError): one line in jobs/commands.py
+        # (Ray's RayTaskError of a UDF's ConfigError is an instance of it too, with Ray's traceback as text)
+        failure = describe(e, config, error_log_path(job_name))
+        print(failure.line, file=sys.stderr, flush=True)
+        return failure.exit_code
     if report is None:
         print(summary_line(summary), flush=True)
     else:

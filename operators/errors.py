@@ -13,6 +13,8 @@ permanent failures (kept on resume) from transient ones (retried on resume).
 - `StorageError`: object storage failed after retries (transient).
 - `EngineError`: the model stage failed for this request (transient by default).
 - `ConfigError`: a job config is invalid; names the field. Raised before work starts.
+- `SetupError`: a `ConfigError` found while the job's own setup runs (a checkpoint without a
+  chat template, a kernel the device lacks): it fails the run, never becomes an error row.
 
 `stable_message` is the last step before a message goes into an output row: it
 drops object addresses (`<_io.BytesIO object at 0x7f...>`), which differ per run.
@@ -65,6 +67,11 @@ class EngineError(VlbatchError):
 
 class ConfigError(VlbatchError):
     """Invalid job configuration; the message names the field."""
+
+
+class SetupError(ConfigError):
+    """The job's own setup is broken (the checkpoint's files, the device), not a medium: a stage
+    raises it instead of writing an error row, so the run fails and nothing is committed for it."""
 
 
 def stable_message(text: str | None, limit: int = 2000) -> str | None:

@@ -220,12 +220,14 @@ class TransformersBackend:
         import torch
         from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-        from vlbatch.operators.model.loader import torch_dtype
+        from vlbatch.operators.model.loader import checkpoint_files, torch_dtype
 
         self.cfg = cfg
         self.device = resolve_device(cfg.model.device)
         path = local_model_path(cfg)
-        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(cfg.model.dtype))
+        checkpoint_files(path)  # safetensors or nothing (CheckpointError): a pickle is never opened
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(cfg.model.dtype),
+                                                                 use_safetensors=True)
         self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(path)
         self.specs = pixel_specs(path)

@@ -5,7 +5,8 @@ Also that the chosen video decoder (`video.decoder`, `video.decode_device`) can 
 
 Run by `vlbatch run` and `vlbatch validate` before Ray starts (not by `submit`, whose paths
 are the cluster's). Local paths only: the model folder holds config.json, *.safetensors and
-tokenizer.json, and the input matches at least one file. s3:// and other remote URIs are left
+tokenizer.json (the whole checkpoint: `pipeline/preflight.py`), the input matches at least one
+file, and a local output.uri is (or can become) a folder. s3:// and other remote URIs are left
 to run time (checking them needs the storage settings and the network; a remote `model.path`
 is downloaded by each node: `operators/storage/checkpoint_cache.py`). The output bucket is
 checked by `vlbatch.pipeline.write_stage.check_output`.
@@ -72,6 +73,21 @@ def _decoder_problems(config: JobConfig) -> list[str]:
     return problems
 
 
+def _output_problem(uri: str, run_id: str) -> str | None:
+    """A local output folder (and the run's folder in it) must be a folder or not exist yet; its
+    nearest existing parent must be a folder too (a file there is a `mkdir` error deep in a writer)."""
+    root = Path(uri.removeprefix("file://"))
+    for p in (root, root / run_id):
+        if p.exists() and not p.is_dir():
+            return f"{p} is a file, not a folder (the run writes <output.uri>/<run_id>/part-*.parquet)"
+    parent = root
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder, so {uri} cannot be created"
+    return None
+
+
 def check_paths(config: JobConfig) -> None:
     """Local `model.path` and `input.uri` exist and hold what the run reads, else one
     ConfigError naming each bad field; remote URIs (s3://...) are left to run time."""
@@ -81,6 +97,8 @@ def check_paths(config: JobConfig) -> None:
     if is_local(config.input.uri) and (why := _input_problem(config.input.uri, config.input.format)):
         problems.append(f"input.uri: {why}")
     problems += _decoder_problems(config)
+    if is_local(config.output.uri) and (why := _output_problem(config.output.uri, config.resolved_run_id())):
+        problems.append(f"output.uri: {why}")
     if problems:
         raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
 

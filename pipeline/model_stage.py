@@ -24,6 +24,8 @@ to about `resources.model.batch_size` media); a block of more media is run as ca
 
 Progress (`meter`, `pipeline/meter.py`): the actor says when its model is loaded, and the
 engine backend counts each request as generated when the engine finishes it.
+
+A `SetupError` (the job's checkpoint or device, not a request) fails the run instead.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import EngineError, VlbatchError, stable_message
+from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
 from vlbatch.pipeline.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.meter import GENERATED, MODEL_READY, MeterClient
@@ -102,6 +104,8 @@ class ModelStage:
         """One engine batch; a backend exception becomes EngineError rows for all of it."""
         try:
             return self.backend.generate(rows)
+        except SetupError:  # the job's own setup (checkpoint, device): fails the run, never rows
+            raise
         except Exception as e:  # the whole batch failed (OOM, device error): transient
             err = e if isinstance(e, VlbatchError) else EngineError(f"{type(e).__name__}: {e}")
             return {rid: err for r in rows for rid in r.ids}

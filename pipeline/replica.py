@@ -53,7 +53,8 @@ def replica_resources(cfg: JobConfig, num_gpus: float, pool_kw: dict) -> dict:
     and the actor pool) with `num_gpus` (per rank, as the runner resolved it), each times
     `model.tensor_parallel_size` (rank 0's actor holds the whole replica)."""
     n = cfg.model.tensor_parallel_size
-    out = {**pool_kw, "num_cpus": pool_kw["num_cpus"] * n, "num_gpus": num_gpus * n}
+    # rounded to Ray's resource unit (1e-4): 3 x 0.1 is 0.30000000000000004, a request Ray cannot hold exactly
+    out = {**pool_kw, "num_cpus": round(pool_kw["num_cpus"] * n, 4), "num_gpus": round(num_gpus * n, 4)}
     if "memory" in out:
         out["memory"] = out["memory"] * n
     return out

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from vlbatch.operators.errors import InputError
+from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.meter import DECODED, PREPROCESSED
 from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
@@ -36,9 +36,13 @@ def _base(row: MediaTask) -> dict:
 def _catch(row: MediaTask, fn, err_cls):
     """fn(), or the row as an error row: a typed `VlbatchError` keeps its class name (permanent
     or transient per `vlbatch.operators.errors`); any other exception (a bug, a library error) is
-    recorded under its own name and counts as transient on resume. Never a task failure."""
+    recorded under its own name and counts as transient on resume. Never a task failure, except
+    a `SetupError` (the job's own checkpoint or device is broken, not the medium): it fails the
+    run, so no row of it is ever committed."""
     try:
         return fn()
+    except SetupError:
+        raise
     except Exception as e:
         return err_cls(**_base(row)).failed(e)
 
@@ -112,6 +116,19 @@ class DecodeStage:
             w.close()
 
 
+def require_processor_files(model_dir: str) -> None:
+    """SetupError (the actor does not start) when the checkpoint lacks a file the processor reads:
+    every row would otherwise become a permanent error row (`pipeline/preflight.py` checks the
+    same at validate)."""
+    from pathlib import Path
+
+    from vlbatch.pipeline.preflight import processor_problems
+
+    problems = processor_problems(Path(model_dir))
+    if problems:
+        raise SetupError(f"model.path: {model_dir} " + "; ".join(problems))
+
+
 def chat_messages(prompt: str, media_type: str, system_prompt: str | None) -> list[dict]:
     """The conversation for one request: optional system turn, then the media and the prompt."""
     msgs = [{"role": "system", "content": [{"type": "text", "text": system_prompt}]}] if system_prompt else []
@@ -136,7 +153,9 @@ class PreprocessStage:
 
         self.cfg = cfg
         self.lock = threading.Lock()
-        self.processor = Processor.from_pretrained(local_model_path(cfg))
+        model_dir = local_model_path(cfg)
+        require_processor_files(model_dir)
+        self.processor = Processor.from_pretrained(model_dir)
         self._rendered: dict[tuple[str, str], str] = {}  # (prompt, kind) -> chat template text
         # the job's budgets override the checkpoint's preprocessor configs (None = keep)
         for attr, over in (("image_config", cfg.image), ("video_config", cfg.video)):

@@ -34,21 +34,22 @@ Modules: config (config.json), layers (norms, SwiGLU), moe, rope, attention,
 deltanet (+ ops/conv; the rule is `operators/kernels/delta_rule`), decoder, vision, positions, model,
 contiguous_cache, loader, greedy (reference greedy decoding loop).
 """
-from vlbatch.operators.model.cache import StepCache
-from vlbatch.operators.model.config import ModelConfig, TextConfig, VisionConfig
-from vlbatch.operators.model.contiguous_cache import ContiguousCache
-from vlbatch.operators.model.loader import CheckpointError, load_model
-from vlbatch.operators.model.model import Qwen35Model
-from vlbatch.operators.model.positions import mrope_positions
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointError",
-    "ContiguousCache",
-    "ModelConfig",
-    "Qwen35Model",
-    "StepCache",
-    "TextConfig",
-    "VisionConfig",
-    "load_model",
-    "mrope_positions",
-]
+import importlib
+
+# name -> the module defining it, imported on first use (PEP 562): `operators/model/config.py` (no torch)
+# stays importable without torch's seconds of start-up (`vlbatch validate` reads config.json only)
+_EXPORTS = {
+    "StepCache": "cache", "ModelConfig": "config", "TextConfig": "config", "VisionConfig": "config",
+    "ContiguousCache": "contiguous_cache", "CheckpointError": "loader", "load_model": "loader",
+    "Qwen35Model": "model", "mrope_positions": "positions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

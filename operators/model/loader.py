@@ -78,6 +78,16 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
+def check_checkpoint(model_dir: str | Path) -> None:
+    """What `load_model` checks before reading a weight, alone: config.json parses, the weights
+    are safetensors, and every tensor's name and shape matches the model config.json describes
+    (from the files' headers; no weight is read). Raises ConfigError / CheckpointError."""
+    config = ModelConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        shapes = {n: tuple(p.shape) for n, p in Qwen35Model(config).named_parameters()}
+    _plan(checkpoint_files(model_dir), shapes, config)
+
+
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                delta_kernels: str = "auto", parallel=None, comm=None) -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.

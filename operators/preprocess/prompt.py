@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlbatch.operators.errors import InputError
+from vlbatch.operators.errors import InputError, SetupError
 
 CACHE_ENTRIES = 8192  # per cache: long-lived workers see many distinct strings; a full cache starts over
 
@@ -79,6 +79,8 @@ class PromptEncoder:
             return self.tokenizer.apply_chat_template(
                 messages, chat_template=self.chat_template, tokenize=False,
                 add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, **template_kwargs)
+        except SetupError:  # no chat template: the checkpoint's fault, not the messages'
+            raise
         except Exception as e:  # jinja raise_exception / TemplateError: bad messages, not a bug here
             raise InputError(f"chat template rejected the messages: {e}") from e
 

@@ -29,7 +29,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError, SetupError
 
 # transformers 5.23 models/qwen2/tokenization_qwen2.py: the pre-tokeniser split of Qwen2Tokenizer
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -126,7 +126,7 @@ class Tokenizer:
             raise ValueError("Tokenizer.apply_chat_template renders text only; pass tokenize=False")
         template = chat_template or self.chat_template
         if not template:
-            raise ConfigError("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json)")
+            raise SetupError("the checkpoint has no chat template (chat_template.jinja or tokenizer_config.json)")
         compiled = self._templates.get(template)
         if compiled is None:
             compiled = self._templates[template] = compile_template(template)

@@ -10,9 +10,11 @@ owns reusable buffers, so each engine gets its own.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
-from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError, SetupError
 from vlbatch.operators.kernels.attention.base import PagedAttention
 from vlbatch.operators.kernels.attention.layout import PagedLayout
 from vlbatch.operators.kernels.attention.naive import NaivePagedAttention, attention_naive
@@ -36,6 +38,9 @@ def select_attention(choice: str = "sdpa", device="cpu") -> PagedAttention:
 
         return CpuPagedAttention()
     if choice == "triton":
+        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SetupError(f"model.engine.attention=triton is a CUDA kernel but the engine runs on {device!r} "
+                             "(use auto, or a GPU); TRITON_INTERPRET=1 runs it on the CPU for tests")
         from vlbatch.operators.kernels.attention.triton_decode import TritonPagedAttention
 
         return TritonPagedAttention()

@@ -1,0 +1,111 @@
+"""What a run that failed inside Ray says on the terminal: one line naming the cause and the field,
+a distinct exit code; Ray's detail (its tracebacks, hundreds of lines) goes to a log file.
+
+    vlbatch: the model stage could not start (model.path=/m): ConfigError: tensor_parallel_size=2 must
+    divide linear_num_key_heads=3 (uneven splits are not supported); details: /tmp/vlbatch/job.error.log
+
+The cause is the innermost error: a `VlbatchError` in the exception's chain (Ray Data re-raises a
+UDF's exception with its cause), else the last exception line of Ray's text (an actor whose
+constructor raised reaches the driver as `ActorDiedError`, the constructor's traceback only in
+its message). Exit codes (jobs/errors.py): a `ConfigError` cause (the checkpoint, a kernel the
+device lacks: `SetupError`) is a bad config, 2; anything else that kept an actor from starting
+(model or processor load, an s3 download, out of memory) is `EXIT_SETUP_FAILED`, 8; any other
+failure of the run is 1.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_SETUP_FAILED, EXIT_USAGE
+from vlbatch.operators.errors import ConfigError, VlbatchError
+
+# "pkg.mod.SomeError: message" (the last line of a Python traceback); group 1 the dotted name
+_EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?:: (.*))?$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STAGE = re.compile(r"MapBatches\((\w+)\)")
+STAGES = {"ModelStage": ("model", "model.path"), "PrepareStage": ("preprocess", "model.path"),
+          "PreprocessStage": ("preprocess", "model.path"), "DecodeStage": ("decode", "input.uri"),
+          "WriteStage": ("write", "output.uri"), "ScanStage": ("scan", "model.path")}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The one-line account of a failed run: `cause` ("Type: message") and the exit code."""
+
+    line: str
+    exit_code: int
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and what caused it, outermost first."""
+    out: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(out) < 16 and all(e is not o for o in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _is_config(name: str) -> bool:
+    """Whether the dotted exception name is one of our ConfigErrors (imported only from vlbatch.*)."""
+    mod, _, cls = name.rpartition(".")
+    if not mod.startswith("vlbatch."):
+        return False
+    try:
+        return issubclass(getattr(importlib.import_module(mod), cls), ConfigError)
+    except (ImportError, AttributeError, TypeError):
+        return False
+
+
+def _from_text(text: str) -> tuple[str, bool] | None:
+    """(`Type: message`, is a ConfigError) from the last exception line of a traceback text."""
+    lines = [_ANSI.sub("", ln).rstrip() for ln in text.splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXC_LINE.match(lines[i])
+        if m and (i == 0 or not lines[i].startswith(" ")):
+            rest = [ln.strip() for ln in lines[i + 1:] if ln.strip()]
+            msg = "; ".join([m.group(2) or "", *rest]).strip("; ")
+            return f"{m.group(1).rsplit('.', 1)[-1]}: {msg}", _is_config(m.group(1))
+    return None
+
+
+def cause(exc: BaseException) -> tuple[str, bool]:
+    """(`Type: message` on one line, whether it is a ConfigError) of a run's failure."""
+    chain = _chain(exc)
+    for e in reversed(chain):  # Ray's RayTaskError of a UDF's error is an instance of it; `.cause` the original
+        orig = e.cause if isinstance(getattr(e, "cause", None), VlbatchError) else e
+        if isinstance(orig, VlbatchError):
+            return f"{type(orig).__name__}: {'; '.join(ln.strip() for ln in str(orig).splitlines() if ln.strip())}", \
+                isinstance(orig, ConfigError)
+    for e in chain:
+        found = _from_text(str(e))
+        if found and found[0].split(":", 1)[0] not in ("RayTaskError", "ActorDiedError", "UserCodeException"):
+            return found
+    last = chain[-1]
+    return f"{type(last).__name__}: {' '.join(str(last).split())}", False
+
+
+def describe(exc: BaseException, config, log_path: Path) -> Failure:
+    """The line and exit code for `exc`, raised by the run (see the module docstring); the full
+    exception with Ray's text is appended to `log_path`."""
+    text = "".join(traceback.format_exception(exc))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as f:
+        f.write(text)
+    what, is_config = cause(exc)
+    names = [n for e in _chain(exc) for n in _STAGE.findall(str(e))]
+    stage, field = STAGES.get(names[0], (names[0], None)) if names else (None, None)
+    init = any(getattr(e, "_actor_init_failed", False) or "error raised in its creation task" in str(e)
+               for e in _chain(exc))
+    where = "the run failed"
+    if stage:
+        where = f"the {stage} stage could not start" if init else f"the {stage} stage failed"
+    if field and config is not None:
+        section, key = field.split(".")
+        where += f" ({field}={getattr(getattr(config, section), key)})"
+    code = EXIT_USAGE if is_config else EXIT_SETUP_FAILED if init else EXIT_JOB_FAILED
+    return Failure(f"vlbatch: {where}: {what}; details: {log_path}", code)

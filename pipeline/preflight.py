@@ -1,0 +1,172 @@
+"""The checkpoint half of the start-up checks: `check_checkpoint(config)`, run by `vlbatch validate`
+and at the start of `vlbatch run` before any Ray process starts (the resource half is
+`pipeline/resources.py`). What a model actor or a CPU actor would die on, found here in a
+second, one line per problem naming the field:
+
+- config.json is readable and its `model_type` one we implement (`operators/model/config.py`);
+- the files the CPU stage loads: tokenizer.json, a chat template (chat_template.jinja or
+  tokenizer_config.json's `chat_template`), preprocessor_config.json;
+- the weights are safetensors (model.safetensors, or model.safetensors.index.json and every
+  shard it names); nothing else is ever loaded: a folder holding only pytorch_model.bin, or a
+  decoy `*.safetensors` without model.safetensors, is refused;
+- `model.tensor_parallel_size` (and `expert_parallel`) divide the checkpoint's head, KV-head,
+  linear-head, vocabulary, width and expert counts (`operators/parallel/plan.py`);
+- every tensor's name and shape against config.json (safetensors headers only, no weight is
+  read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
+- `model.engine.attention: triton` needs CUDA (`device_problems`).
+
+An s3:// (or other remote) `model.path` is checked by reading its config.json alone (the
+architecture and the tensor-parallel split); its other files are the download's business
+(`operators/storage/checkpoint_cache.py`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vlbatch.operators.errors import ConfigError, VlbatchError
+from vlbatch.pipeline.config import JobConfig, is_local
+from vlbatch.pipeline.resources import check_fit, fit_defaults, fit_problems, problems_error
+
+PROCESSOR_FILES = ("tokenizer.json", "preprocessor_config.json")
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _read_json(path: Path, what: str) -> tuple[dict | None, str | None]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, f"has no {what}"
+    except (OSError, ValueError) as e:
+        return None, f"{what} is not readable JSON ({type(e).__name__}: {e})"
+    if not isinstance(data, dict):
+        return None, f"{what} is not a JSON object"
+    return data, None
+
+
+def _weights_problem(root: Path) -> str | None:
+    """None when the weights are safetensors the loader reads (one file or an index + shards)."""
+    index = root / INDEX_FILE
+    if index.is_file():
+        data, why = _read_json(index, INDEX_FILE)
+        if why:
+            return why
+        shards = sorted({str(f) for f in (data.get("weight_map") or {}).values()})
+        if not shards:
+            return f"{INDEX_FILE} names no shard files"
+        missing = [s for s in shards if not (root / s).is_file()]
+        return f"{INDEX_FILE} names shard files that are missing: {missing}" if missing else None
+    if (root / "model.safetensors").is_file():
+        return None
+    others = sorted(p.name for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt"))
+    found = f" (found {', '.join(others[:4])}; only model.safetensors or a {INDEX_FILE} is loaded)" if others else ""
+    return f"has no model.safetensors or {INDEX_FILE}{found}"
+
+
+def _chat_template_problem(root: Path) -> str | None:
+    if (root / "chat_template.jinja").is_file():
+        return None
+    data, _ = _read_json(root / "tokenizer_config.json", "tokenizer_config.json")
+    if data and isinstance(data.get("chat_template"), str | list) and data["chat_template"]:
+        return None
+    return "has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)"
+
+
+def processor_problems(root: Path) -> list[str]:
+    """What the CPU stage's processor would miss in checkpoint folder `root` (tokenizer, chat
+    template, processor configs); [] when it can load. Also called by the CPU stage itself."""
+    out = [f"has no {name}" for name in PROCESSOR_FILES if not (root / name).is_file()]
+    if (why := _chat_template_problem(root)) is not None:
+        out.append(why)
+    return out
+
+
+def _architecture(raw: dict, where: str, config: JobConfig) -> list[str]:
+    """The architecture is ours and the tensor-parallel split is even -> [] or the problems."""
+    from vlbatch.operators.model.config import ModelConfig
+    from vlbatch.operators.parallel.plan import ParallelPlan
+
+    try:
+        model_config = ModelConfig.from_dict(raw)
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
+        return [f"model.path: {where}: {e}"]
+    m = config.model
+    try:
+        ParallelPlan(m.tensor_parallel_size, 0, m.expert_parallel).check(model_config)
+    except ConfigError as e:
+        return [f"model.tensor_parallel_size: {e} in {where}"]
+    return []
+
+
+def _local_problems(config: JobConfig) -> list[str]:
+    path = config.model.path
+    root = Path(path.removeprefix("file://"))
+    if not root.exists():
+        return [f"model.path: {path} does not exist"]
+    if not root.is_dir():
+        return [f"model.path: {path} is not a directory (expected a checkpoint folder in the Hugging Face layout)"]
+    raw, why = _read_json(root / "config.json", "config.json")
+    problems = [f"model.path: {path} {why}"] if why else _architecture(raw, f"{path}/config.json", config)
+    problems += [f"model.path: {path} {p}" for p in processor_problems(root)]
+    if (why := _weights_problem(root)) is not None:
+        problems.append(f"model.path: {path} {why}")
+    return problems
+
+
+def _remote_problems(config: JobConfig) -> list[str]:
+    """A remote checkpoint: its config.json alone (architecture, tensor-parallel split)."""
+    from vlbatch.operators.storage import join, read_bytes
+
+    uri = join(config.model.path.rstrip("/"), "config.json")
+    try:
+        raw = json.loads(read_bytes(uri, config.storage.options(), max_bytes=16 << 20))
+    except VlbatchError as e:
+        return [f"model.path: cannot read {uri}: {e}"]
+    except ValueError as e:
+        return [f"model.path: {uri} is not readable JSON ({e})"]
+    if not isinstance(raw, dict):
+        return [f"model.path: {uri} is not a JSON object"]
+    return _architecture(raw, uri, config)
+
+
+def device_problems(config: JobConfig, *, gpus: float) -> list[str]:
+    """The engine's settings against the device the model actor gets (`gpus`: GPUs the cluster has
+    now; with none, `device: auto` runs the model on the CPU: `pipeline/resources.model_gpus`)."""
+    m, r = config.model, config.resources.model
+    on_cpu = m.device == "cpu" or (m.device == "auto" and (r.num_gpus == 0 or gpus == 0))
+    if m.backend == "engine" and m.engine.attention == "triton" and on_cpu:
+        return ["model.engine.attention: triton is a CUDA kernel but the model runs on the CPU "
+                "(use auto or cpu, or give the model a GPU: model.device=cuda, resources.model.num_gpus)"]
+    return []
+
+
+def check_checkpoint(config: JobConfig) -> None:
+    """ConfigError naming every problem of `model.path` a model or CPU actor would die on (see the
+    module docstring); returns quietly when the checkpoint would load."""
+    local = is_local(config.model.path)
+    problems = _local_problems(config) if local else _remote_problems(config)
+    if not problems and local:  # names and shapes: safetensors headers only
+        from vlbatch.operators.model.loader import check_checkpoint as check_tensors
+
+        try:
+            check_tensors(config.model.path.removeprefix("file://"))
+        except ConfigError as e:
+            problems.append(f"model.path: {e}")
+    if problems:
+        raise problems_error(problems)
+
+
+def check_plan(config: JobConfig, cluster) -> tuple[JobConfig, dict[str, float]]:
+    """The start-up checks against the cluster a run uses (`pipeline/resources.Cluster`): the engine
+    against the device, the pool plan against the cluster's CPUs, GPUs and memory. -> (the
+    config to run, with the default pools sized to the cluster; {stage: num_cpus} of what was
+    sized down). One ConfigError names every problem; on a cluster that may grow, what does not
+    fit now is a warning (`resources.check_fit`)."""
+    fitted, sized = fit_defaults(config, cluster)
+    problems = device_problems(fitted, gpus=cluster.gpus)
+    if cluster.fixed_size:
+        problems += fit_problems(fitted, cluster)
+    if problems:
+        raise problems_error(problems)
+    check_fit(fitted, cluster)  # warnings only, on a cluster that may grow
+    return fitted, sized

@@ -1,0 +1,143 @@
+"""Clean stops of `vlbatch run` (issue 33 "Clean stops"): Ctrl-C (SIGINT to the process group, as a
+terminal sends it) and a scheduler's SIGTERM mid-run print one line, "interrupted: N rows committed
+in <dir>; rerun the same command to resume", no traceback, exit 130 / 143; nothing staged is left
+beside the parts; the rerun resumes exactly (the N rows skipped, the rest computed, each id once).
+
+Mid-run is an event the test controls, never a timing: the media come from a loopback HTTP server
+that holds the last image until the test lets it go, so the run is certainly still running (held
+in that read) when the test, having seen a first part file committed, sends the signal."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from test_jobs_support import REPO, TEST_ENV, read_output
+
+N_FREE = 10  # images served at once; the held one comes after them in the manifest
+
+
+class _Server:
+    """Serves `root`; GET /hold.png waits until `release` is set."""
+
+    def __init__(self, root):
+        self.release = threading.Event()
+        release = self.release
+
+        class Handler(SimpleHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                if self.path == "/hold.png":
+                    release.wait(600)
+                super().do_GET()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+        self.httpd.handle_error = lambda request, address: None  # a reader killed mid-body (the stopped run)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture()
+def held_job(tmp_path, tiny_ckpt):
+    import numpy as np
+    from PIL import Image
+
+    media = tmp_path / "media"
+    media.mkdir()
+    names = [f"img{i:02d}.png" for i in range(N_FREE)] + ["hold.png"]
+    for i, name in enumerate(names):
+        Image.fromarray((np.random.default_rng(i).random((40, 48, 3)) * 255).astype("uint8")).save(media / name)
+    server = _Server(media)
+    (tmp_path / "manifest.jsonl").write_text("".join(
+        json.dumps({"media_uri": f"{server.url}/{n}", "media_type": "image"}) + "\n" for n in names))
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"""model: {{path: {tiny_ckpt('dense')}, dtype: float32, device: cpu}}
+input: {{uri: {tmp_path / 'manifest.jsonl'}, format: jsonl}}
+sampling: {{max_tokens: 4}}
+image: {{max_pixels: 12544}}
+resources:
+  preprocess: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 2}}
+  model: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 2}}
+  write: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 2}}
+output: {{uri: {tmp_path / 'out'}, part_rows: 2}}
+ray: {{progress_interval_s: 1}}
+""")
+    yield cfg, server
+    server.close()
+
+
+def _start(cfg, home) -> subprocess.Popen:
+    env = dict(os.environ, **TEST_ENV, HOME=str(home))
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
+
+
+def _first_part(out_dir, proc, deadline_s=600):
+    """Wait until a part file is committed (the event the signal waits for)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if any(out_dir.glob("*/part-*.parquet")):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before committing a part: {proc.communicate()}")
+        time.sleep(0.2)
+    raise AssertionError("no part file committed")
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, tmp_path, signum, code):
+    cfg, server = held_job
+    out_dir = tmp_path / "out"
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = _start(cfg, home)
+    try:
+        _first_part(out_dir, proc)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # Ctrl-C at a terminal: the whole foreground process group
+        else:
+            os.kill(proc.pid, signum)  # a scheduler: the main process
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, stdout + stderr
+    assert "Traceback" not in stdout + stderr and "Error" not in stderr, stdout + stderr
+    m = re.fullmatch(r"\[vlbatch\] interrupted: (\d+) rows committed in (\S+)/; rerun the same command to resume",
+                     stdout.splitlines()[-1])
+    assert m, stdout
+    run_dir = out_dir / os.path.basename(m.group(2))
+    assert run_dir.is_dir() and sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("part-")) == []
+    before = read_output(run_dir)
+    n = int(m.group(1))
+    assert 1 <= n == len(before) < N_FREE + 1  # the held image was never read
+    parts = {p.name: p.read_bytes() for p in run_dir.glob("part-*.parquet")}
+
+    server.release.set()  # the rerun reads everything
+    again = _start(cfg, home)
+    stdout, stderr = again.communicate(timeout=600)
+    assert again.returncode == 0, stdout + stderr
+    assert re.search(rf"done: {N_FREE + 1 - n} ok, 0 error, {n} skipped", stdout), stdout
+    rows = read_output(run_dir)
+    assert len(rows) == len({r["id"] for r in rows}) == N_FREE + 1
+    assert all(r["status"] == "ok" for r in rows)
+    assert all((run_dir / name).read_bytes() == data for name, data in parts.items())  # kept as they were
