@@ -81,7 +81,7 @@ def test_plan_line_counts_a_glob_before_reading_it(tmp_path):
     line = plan.line()
     assert line.startswith("[vlbatch] plan: 5 media -> 10 requests from ") and "reserves 2.30 CPUs, 0 GPUs" in line
     assert "decode+preprocess 1-2 x 1 CPU" in line and "model 1 x 1 CPU + 0 GPU" in line and "write 1-4 x 0.25 CPU" in line
-    limited = validate_config({**cfg.model_dump(), "input": {**cfg.input.model_dump(), "limit": 3}})
+    limited = validate_config({**cfg.model_dump(exclude_unset=True), "input": {**cfg.input.model_dump(), "limit": 3}})
     assert plan_run(limited).media == 3
 
 
