@@ -44,6 +44,8 @@ def test_the_tuner_times_every_candidate_once_and_keeps_its_choice():
     tuner.timings.clear()
     assert tuner.choose(q, v) == form and not tuner.timings  # not timed again
     assert form in tuner.describe()
+    again = PrefillTuner()
+    assert again.choose(q, v) == form and set(again.timings) == set(CANDIDATES)  # once per process
     with pytest.raises(ValueError, match="unknown"):
         run_form("gemm", q, k, v, g, beta, state, lens)
 
