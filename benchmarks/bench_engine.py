@@ -89,6 +89,30 @@ class LinearTimer:
         F.linear = self._orig
 
 
+def sgemm_gflops(n: int = 512, reps: int = 20) -> float:
+    """This CPU's float32 matmul rate at the current torch thread count: best of `reps` n^3 products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
 def _processor(ckpt):
     from transformers import AutoProcessor
 
@@ -199,6 +223,7 @@ def _part_a_engine(args, ckpt, reqs, prof, budgets):
     print(f"  engine:        {gen} tokens in {cpu:.1f} s cpu ({wall:.1f} s wall): {gen / cpu:.1f} tok/s; "
           f"linear layers {phases.seconds['matmuls']:.1f} s")
     print(f"  engine phases (cpu):\n{phases.split(cpu)}")
+    print(f"  targets ({_cpu_model()}):\n{phases.targets(cpu, sgemm_gflops())}")
     return engine, gen / cpu, phases
 
 
@@ -246,6 +271,8 @@ def _part_b_print(args, reqs, b: dict) -> None:
               f"{s['vision_encodes']}, prefix hit tokens {s['prefix_hit_tokens']}, prefill tokens "
               f"{s['prefill_tokens']}, decode tokens {s['decode_tokens']}")
         print(f"  caches {side}, phases (cpu):\n{r['phases'].split(r['cpu'])}")
+        print(f"  caches {side}, targets:\n{r['phases'].targets(r['cpu'], sgemm_gflops())}; snapshots inserted "
+              f"{s['snapshots_inserted']}, prefix evicted nodes {s['prefix_evicted_nodes']}")
     mm_on, mm_off = on["phases"].seconds["matmuls"], off["phases"].seconds["matmuls"]
     print(f"  speed-up: {off['cpu'] / on['cpu']:.2f}x; identical outputs: {on['tokens'] == off['tokens']}")
     if len(b["rounds"]) > 1:
@@ -275,7 +302,7 @@ def main(argv=None) -> int:
                                                                                  **BENCH_TEXT)
         ref = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
         print(f"checkpoint: {sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, "
-              f"threads={args.threads}, fp32 CPU")
+              f"threads={args.threads}, fp32 CPU: {_cpu_model()}")
         proc = _processor(ckpt)
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (*SIZES[i % len(SIZES)], 3), dtype=np.uint8) for i in range(args.requests)]

@@ -29,6 +29,10 @@ class PhaseTimer:
     def __init__(self):
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.calls = dict.fromkeys(PHASES, 0)
+        self.steps = 0  # engine steps (runner calls)
+        self.seq_steps = 0  # sum over steps of the sequences in the step
+        self.delta_flops = 0.0  # the prefill rule's work: 6 T H K V (3 multiply-adds per state element per token)
+        self.delta = None  # the engine's delta-rule kernels (their `tuner` says which prefill form runs)
 
     def add(self, phase: str, start: float) -> None:
         self.seconds[phase] += time.process_time() - start
@@ -40,7 +44,16 @@ class PhaseTimer:
                                                                           DeltaRuleKernels)}
         if len(kernels) != 1:
             raise ValueError(f"expected one delta rule implementation in the model, found {len(kernels)}")
-        engine.model.use_delta_kernels(TimedDeltaRule(kernels.pop(), self))
+        self.delta = kernels.pop()
+        engine.model.use_delta_kernels(TimedDeltaRule(self.delta, self))
+        run = engine.runner.run
+
+        def counted(plan):  # steps and running sequences, for host time per step / per sequence
+            self.steps += 1
+            self.seq_steps += len(plan.chunks)
+            return run(plan)
+
+        engine.runner.run = counted
 
     def __enter__(self):
         self._linear = linear = F.linear
@@ -63,6 +76,23 @@ class PhaseTimer:
         rows.append(("python / host", total - sum(self.seconds.values()), "the rest"))
         return "\n".join(f"    {name:<20} {s:6.2f} s  {100 * s / total:5.1f}%  ({note})" for name, s, note in rows)
 
+    def targets(self, total: float, sgemm_gflops: float) -> str:
+        """The machine-independent figures: overhead factor (engine / its matmuls, target <= 1.5),
+        host share (target <= 15 %), host per step and per running sequence, the delta rule's
+        achieved GFLOP/s beside this CPU's sgemm GFLOP/s, and the chosen prefill form."""
+        host = total - sum(self.seconds.values())
+        rule = self.seconds["prefill delta rule"]
+        lines = [f"    overhead factor (engine cpu / its matmul cpu): {total / self.seconds['matmuls']:.2f} (target <= 1.5)",
+                 f"    host share: {100 * host / total:.1f}% (target <= 15 %); host per engine step "
+                 f"{1e3 * host / max(self.steps, 1):.2f} ms ({self.steps} steps), per running sequence per step "
+                 f"{1e6 * host / max(self.seq_steps, 1):.0f} us ({self.seq_steps} sequence-steps)",
+                 f"    prefill delta rule: {self.delta_flops / max(rule, 1e-9) / 1e9:.2f} GFLOP/s achieved "
+                 f"(6 T H K V) vs this CPU's sgemm {sgemm_gflops:.1f} GFLOP/s (1 thread, 512^3)"]
+        tuner = getattr(self.delta, "tuner", None)
+        if tuner is not None:
+            lines.append(f"    {tuner.describe()}")
+        return "\n".join(lines)
+
 
 @dataclass(frozen=True, eq=False)
 class TimedDeltaRule(DeltaRuleKernels):
@@ -76,6 +106,7 @@ class TimedDeltaRule(DeltaRuleKernels):
         start = time.process_time()
         out = self.inner.prefill(q, k, v, g, beta, state, lens)
         self.timer.add("prefill delta rule", start)
+        self.timer.delta_flops += 6.0 * q.shape[0] * q.shape[1] * q.shape[2] * v.shape[2]
         return out
 
     def decode_(self, q, k, v, g, beta, state):

@@ -154,3 +154,46 @@ def test_same_text_different_media_never_collide(ckpt, engine_kw):
     assert res["c"].cached_tokens >= end  # the same image is shared
     assert res["a"].token_ids == res["c"].token_ids == alone["a"] and res["b"].token_ids == alone["b"]
     assert engine.stats()["vision_encodes"] == 2
+
+
+@pytest.mark.parametrize("variant", ["dense", "moe"])
+def test_siblings_diverging_at_a_second_media_reuse_the_shared_media_prefix(tiny_ckpt, engine_kw, variant):
+    """One call: [system, A, question] x 3 and [system, A, C, question], [system, A, D, question].
+    Every prompt but the first to run shares [system, A] with one already computing it, so each
+    waits for it and starts from A's end (the spaced snapshot points agree on every prompt
+    through A: a media's end is a point whether or not it is the prompt's last media)."""
+    ckpt = tiny_ckpt(variant)
+    a, c, d = (("image", image(s, 48, 64)) for s in (61, 62, 63))
+    reqs = [request(ckpt, f"t{i}", [a, q], system=SYSTEM, max_new_tokens=4) for i, q in enumerate(QUESTIONS[:3])]
+    reqs += [request(ckpt, "ac", [a, c, "Compare them."], system=SYSTEM, max_new_tokens=4),
+             request(ckpt, "ad", [a, d, "Compare them."], system=SYSTEM, max_new_tokens=4)]
+    end_a = reqs[0].media[0].spans[-1][1]
+    assert reqs[3].media[0].spans[-1][1] == end_a and len(reqs[3].media) == 2
+    alone = _alone(ckpt, reqs, engine_kw)
+    engine = _engine(ckpt, engine_kw)
+    res = {r.id: r for r in engine.generate(reqs)}
+    assert res["t0"].cached_tokens == 0
+    assert {k: v.cached_tokens >= end_a for k, v in res.items() if k != "t0"} == {k: True for k in res if k != "t0"}
+    assert {k: v.token_ids for k, v in res.items()} == alone
+    assert engine.stats()["vision_encodes"] == 3  # A once, C and D once each
+
+
+def test_a_later_call_waits_for_a_prefix_another_call_is_computing(ckpt, engine_kw):
+    """Call 1: two text prompts branching after a long shared lead; its first sequence is
+    still computing that branch point (16-token chunks) when call 2 brings a third prompt
+    through the same lead. Call 2 alone plans no point there, yet it waits for the prefix
+    and starts from it rather than computing the lead a second time."""
+    reqs = [request(ckpt, f"l{i}", [LEAD + LEAD + q], system=SYSTEM, max_new_tokens=4)
+            for i, q in enumerate(QUESTIONS[:3])]
+    bp = _branch_point(reqs[0], reqs[1])
+    assert _branch_point(reqs[0], reqs[2]) == bp > 32
+    alone = _alone(ckpt, reqs, engine_kw)
+    engine = _engine(ckpt, engine_kw, chunk_size=16)
+    done = {r.id: r for r in engine.submit(reqs[:2])}
+    done.update({r.id: r for r in engine.step()})
+    assert engine.scheduler.running and engine.scheduler.running[0].num_computed < bp
+    done.update({r.id: r for r in engine.submit(reqs[2:])})
+    while engine.has_work:
+        done.update({r.id: r for r in engine.step()})
+    assert [done[f"l{i}"].cached_tokens for i in range(3)] == [0, bp, bp]
+    assert {k: v.token_ids for k, v in done.items()} == alone

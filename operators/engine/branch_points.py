@@ -18,7 +18,8 @@ import hashlib
 import numpy as np
 
 
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading keys `a` [La] and `b` [Lb] share (the radix tree's edge walk uses it too)."""
     n = min(len(a), len(b))
     neq = np.flatnonzero(a[:n] != b[:n])
     return int(neq[0]) if len(neq) else n
@@ -28,7 +29,7 @@ def plan_branch_points(keys: list[np.ndarray]) -> list[tuple[int, ...]]:
     """Sorted branch points of each prompt (same order as `keys`)."""
     n = len(keys)
     order = sorted(range(n), key=lambda i: keys[i].tolist())
-    adj = [_lcp(keys[order[i - 1]], keys[order[i]]) for i in range(1, n)]  # adj[i-1] between i-1, i
+    adj = [common_prefix_len(keys[order[i - 1]], keys[order[i]]) for i in range(1, n)]  # adj[i-1] between i-1, i
     points: list[set[int]] = [set() for _ in range(n)]
     for direction in (1, -1):
         stack: list[int] = []  # increasing running minima seen from the current element
@@ -50,7 +51,7 @@ def plan_branch_points_naive(keys: list[np.ndarray]) -> list[tuple[int, ...]]:
     """Reference: all pairs."""
     out = []
     for i, a in enumerate(keys):
-        pts = {_lcp(a, b) for j, b in enumerate(keys) if j != i}
+        pts = {common_prefix_len(a, b) for j, b in enumerate(keys) if j != i}
         out.append(tuple(sorted(p for p in pts if 0 < p < len(a))))
     return out
 

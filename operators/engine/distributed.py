@@ -109,29 +109,8 @@ class LeaderEngine(Engine):
         self.comm.broadcast_object(None)
 
 
-@dataclass
-class _SeqView:
-    """What `ModelRunner.run` reads of a sequence (a follower has no scheduler state)."""
-
-    request: object
-    token_ids: list[int]
-    prompt_len: int
-    block_table: list[int]
-    slot: int
-    features: dict
-
-    @property
-    def id(self) -> str:
-        return self.request.id
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-
 def _wire_plan(plan: StepPlan) -> StepPlan:
-    chunks = [Chunk(_SeqView(c.seq.request, list(c.seq.token_ids), c.seq.prompt_len, list(c.seq.block_table),
-                             c.seq.slot, {}), c.start, c.end) for c in plan.chunks]
+    chunks = [Chunk(c.seq.wire_copy(), c.start, c.end) for c in plan.chunks]
     return StepPlan(chunks, list(plan.copies))
 
 

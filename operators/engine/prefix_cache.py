@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import plan_branch_points, prefix_digest
+from vlbatch.operators.engine.branch_points import common_prefix_len, plan_branch_points, prefix_digest
 from vlbatch.operators.engine.state_pool import Snapshot
 
 _OFFSET_BITS = 24
@@ -98,12 +98,6 @@ class Match:
     blocks: tuple[int, ...]
     snapshot: Snapshot | None
     node: Node | None
-
-
-def _common(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    neq = np.flatnonzero(a[:n] != b[:n])
-    return int(neq[0]) if len(neq) else n
 
 
 def spaced(points, prompt_len: int, gap: int) -> tuple[int, ...]:
@@ -253,10 +247,16 @@ class RadixPrefixCache(PrefixCache):
 
     # -- planning --------------------------------------------------------------------------
     def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]:
-        """Where the prompts of one call branch off each other, plus the end of each prompt's
-        last media item (so a later call with the same media reuses it), spaced by one KV
-        block (`spaced`)."""
-        return [spaced(set(bp) | ({r.media[-1].spans[-1][1]} if r.media else set()), r.prompt_len, self.bs)
+        """Where the prompts of one call branch off each other, plus the end of each media item
+        (so a later call with the same media reuses it), spaced by one KV block (`spaced`).
+
+        Every candidate is a property of the prefix before it (a branch of the call's trie, a
+        media's end), never of the rest of the prompt, so `spaced` keeps the same points on every
+        prompt through a shared prefix: siblings that share [system, A] and go on to different
+        text or a second media C all snapshot at A's end, and the scheduler holds them back
+        until the first has computed it. (Only the last media's end as a candidate broke this:
+        [system, A, question] kept A's end, [system, A, C, ...] the branch one token after it.)"""
+        return [spaced(set(bp) | {m.spans[-1][1] for m in r.media}, r.prompt_len, self.bs)
                 for r, bp in zip(requests, plan_branch_points(keys), strict=False)]
 
     # -- lookup ----------------------------------------------------------------------------
@@ -267,7 +267,7 @@ class RadixPrefixCache(PrefixCache):
             child = node.children.get(int(keys[pos]))
             if child is None:
                 return path, None, pos
-            n = _common(child.key, keys[pos:])
+            n = common_prefix_len(child.key, keys[pos:])
             if n < len(child.key):
                 return path, child, pos + n
             path.append(child)

@@ -5,9 +5,10 @@ Each step packs, under `max_num_batched_tokens` and `max_num_seqs`:
    prefill chunk (at most `chunk_size`, and cut at its next branch point so the DeltaNet
    states can be snapshotted at that exact position);
 2. then waiting sequences, first come first served, each starting from its prefix-cache
-   hit. A waiting sequence whose next planned branch point is being computed right now
-   by another sequence is skipped until that prefix is cached (sibling groups: the
-   shared prefix is computed once). While a sequence waits, the prefixes it plans to reuse
+   hit. A waiting sequence a prefix of which (beyond its hit) another sequence is computing
+   right now, to snapshot it, is skipped until that prefix is cached (sibling groups: the
+   shared prefix is computed once; it need not be one of the waiting sequence's own planned
+   points, e.g. a request submitted in a later call). While a sequence waits, the prefixes it plans to reuse
    are `expect`ed in the prefix cache, which then evicts them last.
 
 KV blocks are allocated chunk by chunk. When none are free, unlocked prefix-cache leaves
@@ -23,7 +24,7 @@ the plain path (no cuts, no gating, no snapshots).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from vlbatch.operators.engine.block_manager import BlockManager
@@ -74,6 +75,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._in_flight: dict[bytes, Sequence] = {}  # prefix digest -> the sequence computing it
+        self._flight_at: Counter[int] = Counter()  # prefix length -> in-flight digests of that length
+        self._probed: dict[int, dict[int, bytes]] = {}  # id(seq) -> {length: digest} asked by `_gated`
         self._digests: dict[int, dict[int, bytes]] = {}  # id(seq) -> {branch point: digest}
         self._expecting: set[int] = set()  # id(seq) of waiting sequences whose digests the cache expects
         self.stats = SchedulerStats()
@@ -146,11 +149,34 @@ class Scheduler:
         return self.cache.match(seq.keys, min(seq.prompt_len, seq.num_tokens - 1))
 
     def _gated(self, seq: Sequence, hit: int) -> bool:
-        for p, d in self._digests.get(id(seq), {}).items():
-            owner = self._in_flight.get(d)
-            if p > hit and owner is not None and owner is not seq:
-                return True
+        """Whether another sequence is computing a prefix of `seq` longer than its hit (it is
+        then admitted once that prefix is cached and starts from there)."""
+        for p in self._flight_at:
+            if hit < p < seq.prompt_len:
+                owner = self._in_flight.get(self._digest(seq, p))
+                if owner is not None and owner is not seq:
+                    return True
         return False
+
+    def _digest(self, seq: Sequence, p: int) -> bytes:
+        d = self._digests.get(id(seq), {}).get(p)
+        if d is None:
+            seen = self._probed.setdefault(id(seq), {})
+            d = seen.get(p)
+            if d is None:
+                d = seen[p] = prefix_digest(seq.keys, p)
+        return d
+
+    def _fly(self, d: bytes, p: int, seq: Sequence) -> None:
+        if d not in self._in_flight:
+            self._in_flight[d] = seq
+            self._flight_at[p] += 1
+
+    def _land(self, d: bytes, p: int) -> None:
+        del self._in_flight[d]
+        self._flight_at[p] -= 1
+        if self._flight_at[p] <= 0:
+            del self._flight_at[p]
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         i = 0
@@ -199,7 +225,7 @@ class Scheduler:
             self.stats.prefix_hit_tokens += m
         for p, d in self._digests.get(id(seq), {}).items():
             if p > m:
-                self._in_flight.setdefault(d, seq)
+                self._fly(d, p, seq)
         self.running.append(seq)
         plan.chunks.append(Chunk(seq, m, m + n))
         return True
@@ -220,7 +246,7 @@ class Scheduler:
                 self.stats.snapshots_inserted += node is not None and node.snapshot is not None
                 d = self._digests.get(id(seq), {}).get(c.end)
                 if d is not None and self._in_flight.get(d) is seq:
-                    del self._in_flight[d]
+                    self._land(d, c.end)
 
     def _release(self, seq: Sequence) -> None:
         self.bm.decref(seq.block_table)
@@ -231,9 +257,9 @@ class Scheduler:
         self.cache.unlock(seq.node)
         seq.node = None
         seq.features.clear()
-        for d, owner in list(self._in_flight.items()):
-            if owner is seq:
-                del self._in_flight[d]
+        for p, d in self._digests.get(id(seq), {}).items():
+            if self._in_flight.get(d) is seq:
+                self._land(d, p)
         if seq in self.running:
             self.running.remove(seq)
 
@@ -251,6 +277,7 @@ class Scheduler:
         self._unexpect(seq)
         seq.status = Status.FINISHED
         self._digests.pop(id(seq), None)
+        self._probed.pop(id(seq), None)
 
     def abort_all(self) -> None:
         """Release everything (the caller stopped consuming results)."""
@@ -261,4 +288,6 @@ class Scheduler:
             seq.status = Status.FINISHED
         self.waiting.clear()
         self._digests.clear()
+        self._probed.clear()
         self._in_flight.clear()
+        self._flight_at.clear()

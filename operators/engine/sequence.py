@@ -45,6 +45,13 @@ class Sequence:
         self.t_admitted: float | None = None
         self.t_first: float | None = None
 
+    def wire_copy(self) -> Sequence:
+        """A copy holding only what `ModelRunner.run` reads (request, token ids, block table,
+        slot), for a tensor-parallel follower rank, which has no scheduler state."""
+        out = Sequence(self.request, np.zeros(0, np.int64), (), None, arrival=self.arrival)
+        out.token_ids, out.block_table, out.slot = list(self.token_ids), list(self.block_table), self.slot
+        return out
+
     @property
     def id(self) -> str:
         return self.request.id

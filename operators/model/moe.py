@@ -49,10 +49,18 @@ class SparseMoE(nn.Module):
         self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size, cfg.hidden_act)
         self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> (index [T, k] int64, weight [T, k] x.dtype): softmax over the experts in
+        float32, the top k, renormalised to sum to 1 (the one routing rule; `ParallelMoE` too)."""
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, E]
         top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
-        top_w = (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype)
-        routed = self.experts(x, top_i, top_w)
+        return top_i, (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype)
+
+    def routed(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum [T, D] (a parallel rank overrides which it runs)."""
+        return self.experts(x, index, weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routed = self.routed(x, *self.route(x))
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared

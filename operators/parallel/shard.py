@@ -73,18 +73,14 @@ class ParallelMoE(SparseMoE):
             self.experts = Experts(self.e1 - self.e0, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, E]
-        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
-        top_w = (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype)
-        if self.expert_parallel:
-            routed = self._local_experts(x, top_i, top_w)
-        else:
-            routed = self.experts(x, top_i, top_w)  # partial over the inner width
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)  # partial
-        return self.comm.all_reduce(routed + shared)
+        # routing (`SparseMoE.route`) is replicated; routed + shared expert are this rank's partials
+        return self.comm.all_reduce(super().forward(x))
 
-    def _local_experts(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
-        """The choices routed to experts [e0, e1), one (token, choice) pair per row -> [T, D]."""
+    def routed(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+        """Without expert parallel: every expert, partial over the inner width. With it: the
+        choices routed to experts [e0, e1), one (token, choice) pair per row -> [T, D]."""
+        if not self.expert_parallel:
+            return super().routed(x, top_i, top_w)
         tok, choice = ((top_i >= self.e0) & (top_i < self.e1)).nonzero(as_tuple=True)  # [P]
         out = torch.zeros_like(x)
         if tok.numel():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.kernels.delta_rule import cpu_decode
+from vlbatch.operators.kernels.delta_rule import cpu_decode, cpu_scan
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 from vlbatch.operators.kernels.delta_rule.fla_rule import FlaDeltaRule, fla_installed, fla_kernels
 from vlbatch.operators.kernels.delta_rule.naive import NaiveDeltaRule
@@ -35,6 +35,7 @@ def select_delta_rule(device: str | torch.device, choice: str = "auto") -> Delta
     if choice == "torch" or (choice == "auto" and not (on_cuda and fla_installed())):
         if torch.device(device).type == "cpu":
             cpu_decode.warm_up()  # at load, not in the first decode step
+            cpu_scan.warm_up()
         return TorchDeltaRule()
     if not on_cuda:
         raise ConfigError(f"delta_kernels='fla' needs a CUDA device, the model is on {device}")

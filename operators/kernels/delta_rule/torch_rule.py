@@ -3,7 +3,7 @@ prefill (`packed.py`) and the in-place recurrent step for decode (`chunked.py`; 
 its compiled one-pass twin, `cpu_decode.py`, whenever the state allows)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -12,6 +12,7 @@ from vlbatch.operators.kernels.delta_rule import cpu_decode
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 from vlbatch.operators.kernels.delta_rule.chunked import recurrent_gated_delta_rule_
 from vlbatch.operators.kernels.delta_rule.packed import chunk_gated_delta_rule_packed
+from vlbatch.operators.kernels.delta_rule.tuning import PrefillTuner, run_form
 
 # Tokens per chunk of the packed chunked rule (prefill). The chunked form is exact at any
 # size, so this is a speed choice: on the CPU the rule's elementwise work on its [C, C]
@@ -33,14 +34,18 @@ def auto_chunk(lens: tuple[int, ...], device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class TorchDeltaRule(DeltaRuleKernels):
-    """`DeltaRuleKernels` in plain torch; `chunk_size` tokens per prefill chunk, None: `auto_chunk` per call."""
+    """`DeltaRuleKernels` in plain torch (+ numba on the CPU). `chunk_size`: the chunked form
+    with that many tokens per chunk; None (default): the form `tuner` times on this machine at
+    the first prefill (`tuning.py`; `auto_chunk` is the former fixed rule, kept for tests)."""
 
     chunk_size: int | None = None
+    tuner: PrefillTuner = field(default_factory=PrefillTuner, compare=False)
     name: ClassVar[str] = "torch"
 
     def prefill(self, q, k, v, g, beta, state, lens):
-        chunk = self.chunk_size or auto_chunk(tuple(lens), q.device)
-        return chunk_gated_delta_rule_packed(q, k, v, g, beta, state, lens, chunk)
+        if self.chunk_size is not None:
+            return chunk_gated_delta_rule_packed(q, k, v, g, beta, state, lens, self.chunk_size)
+        return run_form(self.tuner.choose(q, v), q, k, v, g, beta, state, lens)
 
     def decode_(self, q, k, v, g, beta, state):
         if cpu_decode.usable(state):

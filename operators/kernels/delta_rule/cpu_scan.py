@@ -1,0 +1,79 @@
+"""The packed prefill of the gated delta rule on the CPU as one compiled token scan (numba).
+
+`prefill_scan_cpu(q, k, v, g, beta, state, lens)` is the `DeltaRuleKernels.prefill` contract
+(packed `[T, H, *]` in `lens` order, per-sequence states `[B, H, K, V]`, `state` left intact)
+computed per (sequence, head) token by token with the decode step's algebra (`cpu_decode.py`):
+
+    r_q = S^T q,  r_k = S^T k;  d = beta (v - exp(g) r_k);  o = exp(g) r_q + (q . k) d
+    S = exp(g) S + k d^T
+
+The state [K, V] of one (sequence, head) stays in L1 across its tokens, so the rule costs
+~3 K V multiply-adds per token and head with no chunk padding, no [C, C] blocks and no small
+batched GEMMs (what the chunked form spends its time on where those are slow). One of the
+forms `tuning.py` times on each machine; tested against the naive loop on odd shapes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+
+def usable(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu"
+
+
+def prefill_scan_cpu(q, k, v, g, beta, state, lens) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [T, H, K], v [T, H, V], g, beta [T, H]; state [B, H, K, V] (not modified) ->
+    (o [T, H, V] in v's dtype, new state [B, H, K, V] float32)."""
+    t, h, dk = q.shape
+    dv = v.shape[-1]
+
+    def f32(x):
+        return x.detach().to(torch.float32).contiguous().numpy()
+
+    new_state = state.detach().to(torch.float32).clone().contiguous()
+    out = torch.empty(t, h, dv, dtype=torch.float32)
+    starts = np.zeros(len(lens) + 1, np.int64)
+    starts[1:] = np.cumsum(np.asarray(lens, np.int64))
+    _scan_kernel(f32(q), f32(k), f32(v), f32(g), f32(beta), new_state.numpy(), starts, out.numpy())
+    return out.to(v.dtype), new_state
+
+
+def warm_up() -> None:
+    """Load (or compile and cache, the first time on a machine) the kernel at model load."""
+    z = torch.zeros(1, 1, 1)
+    prefill_scan_cpu(z, z, z, torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1, 1, 1), (1,))
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _scan_kernel(q, k, v, g, beta, state, starts, out):  # pragma: no cover - compiled
+    """q, k [T, H, K], v [T, H, V], g, beta [T, H], state [B, H, K, V] (in place), starts [B + 1],
+    out [T, H, V]; float32."""
+    n_seq, n_heads, dk, dv = state.shape
+    r_q = np.empty(dv, np.float32)
+    r_k = np.empty(dv, np.float32)
+    delta = np.empty(dv, np.float32)
+    for b in range(n_seq):
+        for hh in range(n_heads):
+            s = state[b, hh]
+            for t in range(starts[b], starts[b + 1]):
+                r_q[:] = 0.0
+                r_k[:] = 0.0
+                qk = np.float32(0.0)
+                for i in range(dk):
+                    qi, ki = q[t, hh, i], k[t, hh, i]
+                    qk += qi * ki
+                    for j in range(dv):
+                        r_q[j] += s[i, j] * qi
+                        r_k[j] += s[i, j] * ki
+                a = np.exp(g[t, hh])
+                bt = beta[t, hh]
+                for j in range(dv):
+                    d = (v[t, hh, j] - r_k[j] * a) * bt
+                    delta[j] = d
+                    out[t, hh, j] = r_q[j] * a + qk * d
+                for i in range(dk):
+                    ki = k[t, hh, i]
+                    for j in range(dv):
+                        s[i, j] = s[i, j] * a + ki * delta[j]
