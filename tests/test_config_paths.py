@@ -63,9 +63,9 @@ def test_a_plain_folder_as_glob_input_reads_its_media(tree, tiny_ckpt):
     model = f"model.path={tiny_ckpt('dense')}"
     cfg = load_config(tree / "cfg" / "job.yaml", [f"input.uri={folder}", model])
     check_paths(cfg)  # validate: the folder holds media
-    assert GlobSource(cfg)._uris() == [str(folder / "a.png"), str(folder / "cats" / "b.JPG")]
+    assert GlobSource(cfg)._uris == [str(folder / "a.png"), str(folder / "cats" / "b.JPG")]
     with_slash = load_config(tree / "cfg" / "job.yaml", [f"input.uri={folder}/"])
-    assert GlobSource(with_slash)._uris() == [str(folder / "a.png"), str(folder / "cats" / "b.JPG")]
+    assert GlobSource(with_slash)._uris == [str(folder / "a.png"), str(folder / "cats" / "b.JPG")]
 
     empty = tree / "empty"
     empty.mkdir()
@@ -74,5 +74,5 @@ def test_a_plain_folder_as_glob_input_reads_its_media(tree, tiny_ckpt):
     with pytest.raises(ConfigError, match=r"input.uri: .*holds no image or video files"):
         check_paths(bad)
     with pytest.raises(ConfigError, match=r"input.uri: .*holds no image or video files"):
-        GlobSource(bad)._uris()
+        GlobSource(bad).count()  # lists the folder
     assert os.path.isdir(empty)
