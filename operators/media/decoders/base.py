@@ -191,6 +191,27 @@ def probe_container(container, stream, index: PacketIndex, first_frame) -> Video
                      width=int(w), height=int(h), rotation=rotation, codec=stream.codec_context.name)
 
 
+def probe_bytes(data: bytes) -> VideoInfo:
+    """`VideoInfo` of a video's bytes by the shared PyAV probe (packet scan + first frame): what every
+    backend that decodes with another library reports, so all agree on frames, fps and rotation."""
+    container, stream = open_container(data)
+    try:
+        index = scan_packets(container, stream)
+        if index.pts.size == 0:
+            raise MediaError("the video stream holds no frames")
+        container.seek(int(index.pts[0]), stream=stream, backward=True)
+        first = next(container.decode(stream), None)
+        if first is None:
+            raise MediaError("no frame of the video stream could be decoded")
+        return probe_container(container, stream, index, first)
+    except MediaError:
+        raise
+    except Exception as e:  # an FFmpeg error while decoding the first frame
+        raise MediaError(f"the video stream cannot be decoded: {_short(e)}") from e
+    finally:
+        container.close()
+
+
 def _short(e: BaseException, limit: int = 200) -> str:
     """`e`'s message on one line, without object addresses, cut at `limit`. An FFmpeg error reads
     as its reason and FFmpeg's last log line, without the errno and the '<none>' file name that

@@ -21,15 +21,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from vlbatch.operators.errors import MediaError
 from vlbatch.operators.media.decoders.base import (
     OpenVideo,
     ShortVideo,
     VideoDecoder,
     _short,
-    open_container,
-    probe_container,
-    scan_packets,
+    probe_bytes,
     unique_runs,
     upright,
 )
@@ -50,22 +47,7 @@ class DecordDecoder(VideoDecoder):
 
 class DecordVideo(OpenVideo):
     def __init__(self, data: bytes, threads: int, chunk: int):
-        container, stream = open_container(data)
-        try:
-            index = scan_packets(container, stream)
-            if index.pts.size == 0:
-                raise MediaError("the video stream holds no frames")
-            container.seek(int(index.pts[0]), stream=stream, backward=True)
-            first = next(container.decode(stream), None)
-            if first is None:
-                raise MediaError("no frame of the video stream could be decoded")
-            info = probe_container(container, stream, index, first)
-        except MediaError:
-            raise
-        except Exception as e:  # an FFmpeg error while decoding the first frame
-            raise MediaError(f"the video stream cannot be decoded: {_short(e)}") from e
-        finally:
-            container.close()
+        info = probe_bytes(data)
         import decord
 
         try:
