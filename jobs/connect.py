@@ -18,6 +18,9 @@ print ERROR and above only, Ray Data's console handler likewise (its log file,
 ``ray-data.log`` in the session's logs, keeps everything), and what C++ code writes straight
 to file descriptor 2 (the driver's core-worker ERROR lines, gRPC) goes to a file
 (`driver_stderr_path`) instead of the terminal; Ray's C++ loggers keep their own log files.
+The driver's error listener (the ANSI-coloured `(raylet)` lines after a worker or actor is
+killed, which Ray prints to *stdout*, where our result line goes) writes to the same file,
+without colour codes (`_to_file`, in place of Ray's `print_to_stdstream` for the block).
 Python's own `sys.stderr` (our progress and error lines, tracebacks) still reaches the terminal.
 """
 from __future__ import annotations
@@ -25,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +153,26 @@ def _quiet_ray_data() -> None:
             h.setLevel(logging.ERROR)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _to_file(log) -> Callable:
+    """A stand-in for Ray's `print_to_stdstream` (what its error listener thread calls with the
+    `(raylet)` lines, worker deaths and the like, printed in colour to *stdout*): the lines go to
+    `log`, without colour codes; nothing once `log` is closed (the thread may outlive the block)."""
+    lock = threading.Lock()
+
+    def emit(data: dict, ignore_prefix: bool = False) -> None:
+        pid = data.get("pid", "")
+        text = "".join(f"({pid}) {_ANSI.sub('', str(line))}\n" for line in data.get("lines", ()))
+        with lock:
+            if not log.closed:
+                log.write(text)
+                log.flush()
+
+    return emit
+
+
 @contextlib.contextmanager
 def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
     """Keep Ray's console noise off the terminal for the block (see the module docstring)."""
@@ -161,6 +186,11 @@ def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
     saved_stderr = sys.stderr
     uses_fd2 = _fileno(sys.stderr) == 2
     log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    import ray._private.worker as ray_worker
+
+    ray_log = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in the finally
+    saved_print = ray_worker.print_to_stdstream
+    ray_worker.print_to_stdstream = _to_file(ray_log)
     try:
         if uses_fd2:  # Python's own stderr keeps the terminal: a new file object on a copy of fd 2
             sys.stderr = os.fdopen(os.dup(saved_fd), "w", buffering=1, encoding=saved_stderr.encoding,
@@ -175,6 +205,8 @@ def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
         os.dup2(saved_fd, 2)
         os.close(saved_fd)
         os.close(log_fd)
+        ray_worker.print_to_stdstream = saved_print
+        ray_log.close()
 
 
 def _fileno(stream) -> int | None:
