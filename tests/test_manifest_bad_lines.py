@@ -81,3 +81,31 @@ def test_blank_questions_become_error_rows_and_do_not_shift_ids():
     # a bad manifest line: its identity (`<file>#L<n>`) names the requests, task.questions apply
     (bad,), _ = expand_all([(None, None, None, None, "/m/x.jsonl#L2", "line 2: a JSON array", None)], task)
     assert bad.error_type == "InputError" and bad.ids == (request_id("/m/x.jsonl#L2", 0, "default?"),)
+
+
+def test_webdataset_member_over_max_bytes_is_never_read(tmp_path):
+    """Issue 31, item 7: the tar header's size is checked against image.max_bytes before the member is
+    read; the stream skips it (peak Python memory far below the member), and the next sample reads."""
+    import io
+    import tarfile
+    import tracemalloc
+
+    from vlbatch.operators.storage import StorageOptions
+    from vlbatch.pipeline.sources.webdataset import MemberLimits, read_shard
+
+    big = 96 << 20  # the stream's own buffers (ranged reads of 8 MiB) stay below half of it
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in (("000.jpg", b"\0" * big), ("000.txt", b"caption"), ("001.png", b"small"),
+                           ("001.json", b"{}" * 1000)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    tracemalloc.start()
+    rows = list(read_shard(str(shard), StorageOptions(), ("txt",), MemberLimits(image=1 << 20)))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < big // 2, f"peak {peak} B: the member was read"
+    assert rows[0]["identity"] == "000" and "over the image.max_bytes limit of 1048576" in rows[0]["error"]
+    assert not rows[0].get("media_bytes")
+    assert rows[1]["identity"] == "001" and rows[1]["media_bytes"] == b"small" and "error" not in rows[1]
