@@ -21,14 +21,14 @@ the *start* of a call, before the new batch joins, so a part holds only batches 
 calls have returned; a batch that alone reaches the target is published alone, so its
 retry lands on the same name. A writer killed mid-call: its batch is retried elsewhere
 and never was in a part. At the end of a run `seal()` publishes what is still staged
-(batches whose writer held them when the stream ended), skipping staged batches whose
-ids are already committed (published, then the writer died before deleting the staged
-file): detected as committed, never doubled. A killed run: `prepare()` of the rerun drops
-`_tmp/`, so at most the commit window (unpublished batches) is recomputed. The one case
-not covered: Ray re-executing an actor call that had already returned (lineage
-reconstruction after a node is lost) once its batch was published in a larger part; the
-index then reports it in `duplicate_ids` until `seal()` ends the run: it keeps one row per id over
-every part (`sink/dedupe.py`), so a sealed run holds each id once, whatever Ray re-executed.
+(batches whose writer held them when the stream ended), skipping staged rows whose ids
+are already committed as done (published, then the writer died before deleting the staged
+file): never doubled. A killed run: `prepare()` of the rerun drops its own `_tmp/` files,
+so at most the commit window (unpublished batches) is recomputed. Copies that do reach
+parts (Ray re-executing an actor call that had already returned, after its batch was
+published in a larger part; one request in two manifest blocks) are counted by the index
+in `duplicate_ids` until `seal()` ends the run: it then keeps one row per id over every
+part (`sink/dedupe.py`: a done row before a transient one), so a sealed run holds each id once.
 
 Resume reads the output itself: the `id`, `status`, `error_type` columns of every part
 (`build_index`: vectorised, 16 B per committed id in the resulting `IdIndex`).
@@ -266,8 +266,9 @@ class ParquetSink(Sink):
         for _, t in self.read_parts(by_name.values()):
             if idx is None:
                 idx = self.index()
-            keys = id_keys(t.column("id"))  # committed: done or transient (no union of the two: 3 copies of every id)
-            t = t.filter(pa.array(~(idx.done_ids.contains_many(keys) | idx.transient_ids.contains_many(keys))))
+            # committed as done (ok / permanent error): never published twice; a staged row whose id is
+            # committed only as a transient error is published, and `dedupe` keeps the better row
+            t = t.filter(pa.array(~idx.done_ids.contains_many(id_keys(t.column("id")))))
             if t.num_rows:
                 buf.append(t)
                 rows, nbytes = rows + t.num_rows, nbytes + t.nbytes

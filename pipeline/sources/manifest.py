@@ -80,7 +80,8 @@ class ManifestSource(Source):
         keep = self.keep_schema()
         files = self._parquet_files if inp.format == "parquet" else self._text_files
         fn = _read_parquet_files if inp.format == "parquet" else read_text_files
-        return limit(ray.data.from_items([{"path": f} for f in files]).map_batches(
+        items = [{"path": f} for f in files]  # one block per file: one read task each, at most `concurrency` at once
+        return limit(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus, compute=task_pool(concurrency),
             fn_kwargs={"cfg": cfg, "base_uri": self._base, "keep": keep}), inp.limit)
 
