@@ -126,8 +126,8 @@ def test_identical_rows_in_many_blocks_give_one_row_per_id(tmp_path, tiny_ckpt):
     folder = tmp_path / "manifest"
     folder.mkdir()
     for k in range(4):
-        (folder / f"part-{k}.jsonl").write_text(json.dumps({"media_uri": str(media / "a.png")}) + "\n"
-                                                 * (IDENTICAL // 4))
+        (folder / f"part-{k}.jsonl").write_text((json.dumps({"media_uri": str(media / "a.png")}) + "\n")
+                                                * (IDENTICAL // 4))
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"""model: {{path: {tiny_ckpt('dense')}, dtype: float32, device: cpu}}
 input: {{uri: {folder}, format: jsonl}}
@@ -144,5 +144,6 @@ output: {{uri: {tmp_path / 'out'}, run_id: same}}
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "same" / "_summary.json").read_text())
     assert summary["processed_by_status"]["ok"] >= 2  # copies from several blocks reached the writers
+    assert summary["duplicates_dropped"] + summary["processed_by_status"]["ok"] == IDENTICAL
     rows = read_output(tmp_path / "out" / "same")
     assert len(rows) == 1 and summary["duplicate_ids"] == 0 and summary["committed_total"] == 1
