@@ -61,33 +61,56 @@ def test_cleanup_deletes_only_what_the_sink_wrote(tmp_path):
     assert not (run / "_tmp" / "staged" / "w2").exists()  # our emptied folder is removed
 
 
-def test_a_write_call_run_twice_leaves_one_row_per_id(tmp_path):
-    """A write call re-executed after its batch was published inside a larger part (Ray lineage
-    reconstruction): the batch is published a second time by another writer; after `seal` every id
-    is there once, and the copy kept is a done row before a transient one."""
-    from vlbatch.pipeline.write_stage import write_batch  # noqa: F401 - the stage whose call is repeated
+def _generated(ids, answer="x"):
+    from vlbatch.pipeline.rows import Generated, to_table
 
+    n = len(ids)
+    g = Generated(f"/m/{ids[0]}.png", "image", tuple(ids), tuple(range(n)), tuple(f"p{i}" for i in range(n)),
+                  answers=(answer,) * n, thinking=(None,) * n, statuses=("ok",) * n, req_error_types=(None,) * n,
+                  req_error_messages=(None,) * n, finish_reasons=("stop",) * n, prompt_tokens=(1,) * n,
+                  generated_tokens=(1,) * n, cached_tokens=(0,) * n, visual_tokens=4)
+    return to_table([g], Generated)
+
+
+def test_a_write_stage_run_twice_on_one_block_leaves_one_row_per_id(tmp_path):
+    """Ray re-executing a write call that had already returned (lineage reconstruction): the first
+    actor published the block inside a larger part, a second actor gets the same block again and
+    publishes it too. After the run's `seal` every id is there once."""
+    from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.write_stage import WriteStage
+
+    cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"},
+                           "output": {"uri": str(tmp_path), "part_rows": 4, "commit_interval_s": 1e6}})
+    run = str(tmp_path / "run")
+    ParquetSink(run).prepare()
+    block, other, third = _generated(_ids(2)), _generated(_ids(2, 2)), _generated(_ids(1, 8))
+    first = WriteStage(cfg, run, "r")
+    first(block)
+    first(other)
+    first(third)  # publishes block + other as one part (4 rows), holds `third`
+    again = WriteStage(cfg, run, "r")
+    again(block)  # the re-executed call: the same block, another actor
+    again(_generated(_ids(4, 20)))  # ... which reaches its own target and publishes block again
+    again(_generated(_ids(1, 30)))
+    sink = ParquetSink(run)
+    assert sink.index().duplicate_ids == 2  # two copies of the block's ids, as main left them
+    sink.seal(4)  # the runner's end of the run
+    ids = sink.read().column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == 2 + 2 + 1 + 4 + 1
+    assert sink.index().duplicate_ids == 0
+
+
+def test_a_transient_copy_never_wins_over_a_done_row(tmp_path):
     sink = ParquetSink(str(tmp_path / "run"))
     sink.prepare()
-    policy = RollPolicy(target_bytes=None, target_rows=4, interval_s=1e9)
-    a, b = PartRoller(sink, policy, "wa"), PartRoller(sink, policy, "wb")
-    first, second = _rows(_ids(2)), _rows(_ids(2, 2))
-    a.add(first)
-    a.add(second)
-    a.add(_rows(_ids(1, 8)))  # publishes first + second as one part
-    b.add(first)  # the re-executed call of `first`, on another writer
-    b.flush()
-    c = PartRoller(sink, policy, "wc")
-    c.add(_rows(_ids(1, 2), status="error", error_type="StorageError"))  # a transient copy of a done id
-    c.flush()
-    assert sink.index().duplicate_ids == 3  # what main left in the output
-    sink.seal(policy.target_rows)
-    out = sink.read()
-    ids = out.column("id").to_pylist()
-    assert sorted(ids) == sorted(set(ids)) == sorted(_ids(4) + _ids(1, 8))
-    assert set(out.column("status").to_pylist()) == {"ok"}
-    idx = sink.index()
-    assert idx.duplicate_ids == 0 and sum(idx.status_counts.values()) == 5
+    sink.commit(_rows(_ids(3)))
+    sink.commit(_rows(_ids(2, 1), status="error", error_type="StorageError"))  # copies of ids 1, 2, transient
+    PartRoller(sink, RollPolicy(target_bytes=None, target_rows=100, interval_s=1e9), "w").add(
+        _rows(_ids(1, 3), status="error", error_type="EngineError"))  # staged; id 3 only as a transient row
+    sink.seal()
+    out = sink.read().to_pylist()
+    assert [(r["id"], r["status"]) for r in out] == [(i, "ok") for i in _ids(3)] + [(_ids(1, 3)[0], "error")]
+    assert sink.index().duplicate_ids == 0
 
 
 def test_dedupe_keeps_rows_whole_and_is_deterministic(tmp_path):
