@@ -91,7 +91,7 @@ def _json_list(s: str) -> list[str]:
 def check_text(value, what: str) -> None:
     """`InputError` naming `what` when a string in `value` (a str or a list of them) is not valid Unicode."""
     for s in (value if isinstance(value, (list, tuple)) else [value]):
-        if isinstance(s, str):
+        if isinstance(s, str) and not s.isascii():  # ASCII is valid UTF-8: the common case, no copy
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError as e:
