@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from vlbatch.operators.errors import ConfigError
 
@@ -263,6 +271,16 @@ class OutputConfig(_Section):
     part_rows: int | None = Field(None, ge=1, description="... or this many rows (None: by size only)")
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_inside(cls, v: str | None) -> str | None:
+        # '.' / '..' pass the pattern but name output.uri itself or its parent: the run's files would mix
+        # with other runs', or land (and be cleaned up) beside the output folder
+        if v in (".", ".."):
+            raise ValueError(f"{v!r} is not a folder inside output.uri (it names output.uri itself or the "
+                             "folder above it); use a name such as 'run-1'")
+        return v
 
     def roll_policy(self):
         """The writers' `RollPolicy` (vlbatch.operators.sink.rolling)."""

@@ -9,7 +9,8 @@ Request ids hash only run-independent inputs (media uri, request index, prompt),
 rerun of the same job recomputes the same ids and resume can skip committed ones.
 A row that cannot form a request (a null or empty media_uri, unknown media type, no
 questions) becomes an error row (`InputError`) with one request, never a silent drop; it
-keeps the manifest's value (null stays null, "" stays "").
+keeps the manifest's value (null stays null, "" stays ""). An empty or whitespace-only
+question is an `InputError` request of its own (the media's other questions run).
 
 Identical requests (same id: same media uri, request index and prompt) run once:
 `drop_duplicates` keeps the first and counts the rest. The set of ids it remembers is the
@@ -68,7 +69,9 @@ def _questions(raw, task: TaskConfig) -> list[str]:
             raw = json.loads(raw)
         except json.JSONDecodeError:
             raw = [raw]
-    return [str(q) for q in raw if q is not None and str(q).strip()]
+    if not isinstance(raw, (list, tuple)):
+        raw = [raw]
+    return ["" if q is None else str(q) for q in raw]  # blanks kept: each is an error row (`expand_rows`)
 
 
 def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, InputError | None]:
@@ -83,28 +86,47 @@ def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, Inp
 
 def expand(media_uri: str | None, media_type: str | None, questions, task: TaskConfig, media_bytes=None,
            identity: str | None = None, error: str | None = None, keep: bytes | None = None) -> MediaTask:
-    """One manifest row -> its MediaTask (all requests, none filtered). Request ids hash
-    `identity` when the source gives one (a WebDataset key), else `media_uri`; `error`: the
-    source's own failure for this row (an `InputError` row)."""
+    """One manifest row -> its first MediaTask (`expand_rows`: the questions that are not blank)."""
+    return expand_rows(media_uri, media_type, questions, task, media_bytes, identity, error, keep)[0]
+
+
+def expand_rows(media_uri: str | None, media_type: str | None, questions, task: TaskConfig, media_bytes=None,
+                identity: str | None = None, error: str | None = None, keep: bytes | None = None) -> list[MediaTask]:
+    """One manifest row -> its MediaTasks (all requests, none filtered): the media's requests, then one
+    `InputError` row for its empty or whitespace-only questions, if any. A question's request index
+    is its position in the manifest's list, so blanks never shift the others' ids. Request ids hash
+    `identity` when the source gives one (a WebDataset key, a manifest line), else `media_uri`;
+    `error`: the source's own failure for this row (an `InputError` row)."""
     kind, err = _media_kind(media_uri, media_type)
     if error is not None:
         kind, err = (kind if err is None else "unknown"), InputError(error)
     caption = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
     asked = [] if task.mode == "caption" else _questions(questions, task)
-    if task.mode == "caption" or (task.mode == "scan" and not asked):
-        prompts = [caption]
-    elif task.caption:  # the caption after the questions: their ids stay those of a questions-only run
-        prompts = [*asked, caption]
+    blank = [i for i, q in enumerate(asked) if not q.strip()]
+    if task.mode == "caption" or (task.mode == "scan" and len(blank) == len(asked) and not task.caption):
+        indexed, blank = [(0, caption)], []
     else:
-        prompts = asked
-        if not prompts and err is None:
-            err = InputError(f"{media_uri}: no questions (task.mode=questions)")
-        prompts = prompts or [""]
+        indexed = [(i, q) for i, q in enumerate(asked) if q.strip()]
+        if task.caption:  # the caption after the questions: their ids stay those of a questions-only run
+            indexed.append((len(asked), caption))
+        elif not asked:
+            if err is None:
+                err = InputError(f"{media_uri}: no questions (task.mode=questions)")
+            indexed = [(0, "")]
     key = media_uri if identity is None else identity
-    ids = tuple(request_id(key, i, p) for i, p in enumerate(prompts))
-    row = MediaTask(media_uri, kind, ids, tuple(range(len(prompts))), tuple(prompts),
-                    media_bytes=None if err is not None else media_bytes, keep=keep)
-    return row.failed(err) if err is not None else row
+
+    def row(pairs, failure):
+        ids = tuple(request_id(key, i, p) for i, p in pairs)
+        r = MediaTask(media_uri, kind, ids, tuple(i for i, _ in pairs), tuple(p for _, p in pairs),
+                      media_bytes=None if failure is not None else media_bytes, keep=keep)
+        return r.failed(failure) if failure is not None else r
+
+    rows = [row(indexed, err)] if indexed else []
+    if blank:
+        which = ", ".join(str(i) for i in blank)
+        rows.append(row([(i, asked[i]) for i in blank], err or InputError(
+            f"{media_uri}: question {which} of the row is empty or only whitespace (the manifest's questions)")))
+    return rows
 
 
 def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None:
@@ -136,7 +158,7 @@ def expand_all(records: Iterable[tuple], task: TaskConfig,
     """[(uri, media_type, questions[, media_bytes, identity, error, keep])] -> (pending MediaTasks,
     duplicate requests dropped). `done`: the committed ids (an `IdIndex` is looked up once for
     the whole block, vectorised)."""
-    rows = [expand(*rec[:3], task, *rec[3:]) for rec in records]
+    rows = [r for rec in records for r in expand_rows(*rec[:3], task, *rec[3:])]
     if isinstance(done, IdIndex):
         ids = [rid for r in rows for rid in r.ids]
         done = {rid for rid, hit in zip(ids, done.contains_many(ids), strict=True) if hit} if len(done) else set()

@@ -65,7 +65,8 @@ def test_commit_is_idempotent_and_leaves_no_temp(tmp_path):
 def test_killed_writer_temp_files_are_never_committed(tmp_path):
     sink = ParquetSink(str(tmp_path))
     os.makedirs(tmp_path / "_tmp")
-    (tmp_path / "_tmp" / "part-abc.parquet.123").write_bytes(b"PAR1 half a file")
+    debris = "part-" + "a" * 24 + ".parquet." + "1" * 32 + ".vlbatch-tmp"  # put_atomic's marked temp name
+    (tmp_path / "_tmp" / debris).write_bytes(b"PAR1 half a file")
     sink.commit(rows_to_table([_row(1)]))
     assert len(sink.index().files) == 1
     sink.prepare()

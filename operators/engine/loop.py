@@ -15,7 +15,8 @@ Contract:
   hash) once, however many of the call's requests ask about it (they share its pixels).
 - Back-pressure: a call waits before its requests enter the engine while the calls
   already in hold more than `max_visual_tokens` visual tokens (the pixel values they pin);
-  a call that finds the loop empty always goes in, whatever its size.
+  a call that finds the loop empty always goes in, whatever its size. A call holding a request
+  id that another call is running waits until that call has its results, then runs it again.
 - Calls leave the loop in their order: queued calls are submitted to the engine only while
   its waiting queue holds fewer than `lookahead` requests (default: the engine's
   `max_num_seqs`; at least one call whenever the engine is idle). The running batch stays
@@ -91,10 +92,10 @@ class EngineLoop:
         with self._cond:
             if self._closed:
                 raise RuntimeError("EngineLoop is closed")
-            self._cond.wait_for(lambda: not self._owner or self._in_tokens + visual_tokens <= self.max_visual_tokens)
-            clash = next((i for i in ids if i in self._owner), None)
-            if clash is not None:
-                raise ValueError(f"request id {clash!r} is already running")
+            # a request id already running (the same request from another manifest block) waits for
+            # that call to finish, then runs again: the sink's seal keeps one row per id
+            self._cond.wait_for(lambda: (not self._owner or self._in_tokens + visual_tokens <= self.max_visual_tokens)
+                                and not any(i in self._owner for i in ids))
             self._in_tokens += visual_tokens
             self._owner.update(dict.fromkeys(ids, call))
             self._queue.append(call)

@@ -21,7 +21,8 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
   `index()` / `read()`), under the writer `group`; a name derived from the ids.
   `unstage(group, names)`: delete staged rows once published. `seal(target_rows,
   target_bytes) -> [name]`: publish (commit, rolled at the targets) every staged row whose
-  id is not committed yet, then drop all staged rows. `prepare()` drops staged rows (a
+  id is not committed yet, then drop all staged rows, then keep one committed row per id (a
+  done row before a transient one): after `seal` no id is committed twice. `prepare()` drops staged rows (a
   killed run loses them; resume recomputes them). `sink/rolling.py` builds rolling part
   files on these three and `commit` (the design is in `sink/parquet.py`).
 - `read() -> pa.Table`: every committed row, sorted by id.

@@ -5,7 +5,9 @@ Layout: `<run uri>/part-<hash>.parquet` (zstd), `_summary.json` beside them, tem
 the same rows lands on the same name (an idempotent overwrite, never a second copy). A part
 appears whole or not at all (`vlbatch.operators.storage.put_atomic`: one PUT on S3; temp file
 + `os.replace` locally); leftover `_tmp` files of a killed writer are ignored by readers and
-removed by `prepare()`; an empty `_tmp/` is removed by `finish()`. On an object store no
+removed by `prepare()`; an empty `_tmp/` is removed by `finish()`. Cleanup deletes only names this
+sink writes (`is_ours`: staged `part-<hash>.parquet` files, temp names with `put_atomic`'s
+`.vlbatch-tmp` mark) and then the folders left empty: a foreign file under `_tmp/` stays. On an object store no
 directory (and never a bucket) is created: keys need no parent. Every storage call follows the one retry policy (`operators/storage`).
 
 Rolling parts (exactly once, sized for object storage). A run's writers do not publish one
@@ -19,13 +21,14 @@ the *start* of a call, before the new batch joins, so a part holds only batches 
 calls have returned; a batch that alone reaches the target is published alone, so its
 retry lands on the same name. A writer killed mid-call: its batch is retried elsewhere
 and never was in a part. At the end of a run `seal()` publishes what is still staged
-(batches whose writer held them when the stream ended), skipping staged batches whose
-ids are already committed (published, then the writer died before deleting the staged
-file): detected as committed, never doubled. A killed run: `prepare()` of the rerun drops
-`_tmp/`, so at most the commit window (unpublished batches) is recomputed. The one case
-not covered: Ray re-executing an actor call that had already returned (lineage
-reconstruction after a node is lost) once its batch was published in a larger part; the
-index then reports it in `duplicate_ids`.
+(batches whose writer held them when the stream ended), skipping staged rows whose ids
+are already committed as done (published, then the writer died before deleting the staged
+file): never doubled. A killed run: `prepare()` of the rerun drops its own `_tmp/` files,
+so at most the commit window (unpublished batches) is recomputed. Copies that do reach
+parts (Ray re-executing an actor call that had already returned, after its batch was
+published in a larger part; one request in two manifest blocks) are counted by the index
+in `duplicate_ids` until `seal()` ends the run: it then keeps one row per id over every
+part (`sink/dedupe.py`: a done row before a transient one), so a sealed run holds each id once.
 
 Resume reads the output itself: the `id`, `status`, `error_type` columns of every part
 (`build_index`: vectorised, 16 B per committed id in the resulting `IdIndex`).
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -63,9 +67,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, retried_mask
+from vlbatch.operators.sink.dedupe import duplicate_rows
 from vlbatch.operators.sink.ids import IdIndex, id_keys
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, with_retries
+from vlbatch.operators.storage.io import TMP_MARK
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, with_protocol
 
 PART_PREFIX = "part-"
@@ -73,6 +79,21 @@ PART_SUFFIX = ".parquet"
 TMP_DIR = "_tmp"
 STAGED_DIR = "staged"  # under TMP_DIR: one folder per writer
 SUMMARY_NAME = "_summary.json"
+
+
+# What this sink writes under `_tmp/` (relative to it), and so all that `prepare` / `seal` delete there:
+# staged batches `staged/<group>/part-<24 hex>.parquet` and `put_atomic`'s temp files (`TMP_MARK`).
+STAGED_NAME = re.compile(r"^[^/]+/part-[0-9a-f]{24}\.parquet$")
+_OWN_TMP = re.compile(r"^part-[0-9a-f]{24}\.parquet\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
+
+
+def is_ours(rel: str) -> bool:
+    """Whether `rel` (a path under `_tmp/`) is a file this sink writes there."""
+    name = rel.rsplit("/", 1)[-1]
+    if rel.startswith(STAGED_DIR + "/"):
+        rel = rel[len(STAGED_DIR) + 1:]
+        return bool(STAGED_NAME.match(rel) or (rel.count("/") == 1 and _OWN_TMP.match(name)))
+    return "/" not in rel and bool(_OWN_TMP.match(name))
 
 
 def part_name(ids: list[str]) -> str:
@@ -127,9 +148,25 @@ class ParquetSink(Sink):
     def prepare(self) -> None:
         if not is_object_store(self.fs):  # s3fs's makedirs would create a missing bucket
             self._retry(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {self.root}")
+        self._clean(join(self.root, TMP_DIR))
+
+    def _clean(self, folder: str) -> None:
+        """Delete the files under `folder` (`_tmp/` or a folder in it) that this sink writes there (`is_ours`), then the folders
+        left empty; anything else stays, whoever put it there (the sink never deletes what it did
+        not create)."""
+        if not self._retry(lambda: self.fs.exists(folder), f"listing {folder}"):
+            return
+        found = self._retry(lambda: self.fs.find(folder, withdirs=True, detail=True), f"listing {folder}")
         tmp = join(self.root, TMP_DIR)
-        if self._retry(lambda: self.fs.exists(tmp), f"listing {tmp}"):
-            self._retry(lambda: self.fs.rm(tmp, recursive=True), f"deleting {tmp}")
+        for path, info in sorted(found.items()):
+            if info.get("type") != "directory" and path.startswith(tmp + "/") and is_ours(path[len(tmp) + 1:]):
+                self._retry(lambda p=path: self.fs.rm_file(p), f"deleting {path}")
+        if is_object_store(self.fs):  # no folders there: keys need no parent
+            return
+        dirs = [p for p, i in found.items() if i.get("type") == "directory"] + [folder]
+        for d in sorted(set(dirs), key=len, reverse=True):  # children first
+            if self._retry(lambda d=d: self.fs.isdir(d) and not self.fs.ls(d, detail=False), f"listing {d}"):
+                self._retry(lambda d=d: self.fs.rmdir(d), f"deleting {d}")
 
     def parts(self) -> list[str]:
         """Paths of the committed part files, sorted."""
@@ -213,22 +250,25 @@ class ParquetSink(Sink):
 
     def seal(self, target_rows: int | None = None, target_bytes: int | None = None) -> list[str]:
         """Publish every staged batch whose ids are not committed yet (parts rolled at the targets),
-        then drop the staged tree; the names committed."""
+        then drop the staged tree (our files), then keep one row per id (`dedupe`); the names committed
+        by publishing."""
         root = self._staged_root()
         if not self._retry(lambda: self.fs.exists(root), f"listing {root}"):
+            self.dedupe()
             return []
         found = self._retry(lambda: self.fs.find(root), f"listing {root}")
         by_name = {}
         for p in sorted(found):
-            if p.endswith(PART_SUFFIX):
+            if STAGED_NAME.match(p[len(root):].lstrip("/")):  # ours: `<group>/part-<hash>.parquet`, nothing else
                 by_name.setdefault(p.rsplit("/", 1)[-1], p)  # a retried batch: the same name in two folders
         idx = None
         out, buf, rows, nbytes = [], [], 0, 0
         for _, t in self.read_parts(by_name.values()):
             if idx is None:
                 idx = self.index()
-            keys = id_keys(t.column("id"))  # committed: done or transient (no union of the two: 3 copies of every id)
-            t = t.filter(pa.array(~(idx.done_ids.contains_many(keys) | idx.transient_ids.contains_many(keys))))
+            # committed as done (ok / permanent error): never published twice; a staged row whose id is
+            # committed only as a transient error is published, and `dedupe` keeps the better row
+            t = t.filter(pa.array(~idx.done_ids.contains_many(id_keys(t.column("id")))))
             if t.num_rows:
                 buf.append(t)
                 rows, nbytes = rows + t.num_rows, nbytes + t.nbytes
@@ -238,8 +278,25 @@ class ParquetSink(Sink):
                 release_arrow_memory()
         if buf:
             out.append(self.commit(pa.concat_tables(buf)))
-        self._retry(lambda: self.fs.rm(root, recursive=True), f"deleting {root}")
+        self._clean(root)
+        self.dedupe()
         return out
+
+    def dedupe(self) -> int:
+        """Keep one row per id over every part (`sink/dedupe.py` says which); the rows removed. Each
+        part losing rows is rewritten like `purge`: the kept rows committed first, then the old file
+        deleted."""
+        def units():
+            for p in self.parts():
+                yield p, self.read_part(p, INDEX_COLUMNS)
+
+        removed = 0
+        for path, drop in duplicate_rows(units()).items():
+            kept = self.read_part(path).filter(pa.array(~drop))
+            removed += int(drop.sum())
+            if self.commit(kept) != path:
+                self._retry(lambda p=path: self.fs.rm_file(p), f"deleting {path}")
+        return removed
 
     def read(self) -> pa.Table:
         tables = [self.read_part(p) for p in self.parts()]

@@ -7,7 +7,9 @@
   permanent: `MediaError` at once. `max_bytes` is enforced on `Content-Length` before the body
   and while streaming it (at most `max_bytes + 1` bytes are read): `InputError`.
   `storage.read_timeout_s` bounds each socket read *and* the whole body (a body trickling in
-  slower than that is a timeout, not a hang).
+  slower than that is a timeout, not a hang). Redirects are followed to http(s):// only, at
+  most `MAX_REDIRECTS` hops; a redirect elsewhere (ftp://, file://), a loop or too many hops
+  is a permanent `MediaError` whose one-line message says so.
 - `open_http(uri, storage)`: a streaming response (WebDataset shards over http), its opening
   retried as above.
 - `HostLimiter(per_host)`: at most `per_host` requests in flight per host; one per actor (the
@@ -30,6 +32,7 @@ HTTP_PROTOCOLS = ("http", "https")
 RETRY_AFTER_MAX_S = 120.0
 CHUNK = 1 << 20
 PERMANENT_STATUS = frozenset({400, 401, 403, 404, 405, 410, 414, 451})
+MAX_REDIRECTS = 5  # hops followed per request, each to http(s):// only
 
 
 def is_http(uri: str) -> bool:
@@ -71,15 +74,46 @@ def _retry_after(headers) -> float | None:
         return None  # an HTTP date: use our backoff
 
 
+class _RedirectRefused(Exception):
+    """A redirect we do not follow (another scheme): permanent."""
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirect handling, to http(s) only (its default also follows ftp://), at most
+    `MAX_REDIRECTS` hops and the same URL twice at most (a loop ends at once)."""
+
+    max_redirections = MAX_REDIRECTS
+    max_repeats = 1
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if urlsplit(newurl).scheme.lower() not in HTTP_PROTOCOLS:
+            fp.close()
+            raise _RedirectRefused(f"redirected (HTTP {code}) to {_one_line(newurl)[:200]}: only http(s) "
+                                   "redirects are followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
 def _open_once(uri: str, storage: StorageOptions):
     req = urllib.request.Request(uri, headers={"User-Agent": "vlbatch", "Accept-Encoding": "identity"})
+    opener = urllib.request.build_opener(_Redirects)
     try:
-        return urllib.request.urlopen(req, timeout=max(storage.connect_timeout_s, storage.read_timeout_s))
+        return opener.open(req, timeout=max(storage.connect_timeout_s, storage.read_timeout_s))
+    except _RedirectRefused as e:
+        raise MediaError(f"cannot read {uri}: {e}") from None
     except urllib.error.HTTPError as e:
         e.close()
         if e.code == 429 or e.code >= 500:
             raise _Transient(f"HTTP {e.code}", _retry_after(e.headers)) from None
-        raise MediaError(f"cannot read {uri}: HTTP {e.code} {e.reason}") from None
+        if 300 <= e.code < 400:  # urllib's own refusals: a loop, too many hops, a file:// target
+            reason = _one_line(e.reason)
+            if "Redirection to url" not in reason:
+                reason = f"too many redirects or a redirect loop (at most {MAX_REDIRECTS} hops are followed)"
+            raise MediaError(f"cannot read {uri}: HTTP {e.code} redirect refused: {reason}") from None
+        raise MediaError(f"cannot read {uri}: HTTP {e.code} {_one_line(e.reason)}") from None
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
         raise _Transient(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from None
 

@@ -17,8 +17,8 @@
 - `put_atomic(fs, path, data, storage, tmp_dir=...)`: a file that is visible whole or not at
   all. Object stores (s3): one PUT (or one multipart upload, visible only at
   CompleteMultipartUpload) straight to the final key. Local / POSIX: the bytes go to a unique
-  temp name (under `tmp_dir`, or beside `path`), then `os.replace` onto `path` (atomic within
-  one filesystem). Other fsspec protocols: temp name + `mv`, atomic only where the store's
+  temp name (`<name>.<32 hex>.vlbatch-tmp`, under `tmp_dir` or beside `path`: the mark by which
+  a sink knows its own debris), then `os.replace` onto `path` (atomic within one filesystem). Other fsspec protocols: temp name + `mv`, atomic only where the store's
   rename is. Each attempt of the retry loop writes a fresh temp name.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, f
 from vlbatch.operators.storage.retry import classify, describe, with_retries
 
 STREAM_BUFFER = 8 << 20  # bytes per ranged request of `open_input` (sequential reads)
+TMP_MARK = ".vlbatch-tmp"  # `put_atomic`'s temp names: `<name>.<32 hex>.vlbatch-tmp` (what cleanup may delete)
 
 
 def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes: int | None = None,
@@ -189,10 +190,11 @@ def _put_once(fs, path: str, data: bytes, tmp_dir: str | None) -> None:
         fs.pipe_file(path, data)  # one PUT: the object appears whole or not at all
         return
     name = path.rsplit("/", 1)[-1]
+    tmp_name = f"{name}.{uuid.uuid4().hex}{TMP_MARK}"
     if tmp_dir is None:
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        tmp = f"{path}.{uuid.uuid4().hex}{TMP_MARK}"
     else:
-        tmp = join(tmp_dir, f"{name}.{uuid.uuid4().hex}")
+        tmp = join(tmp_dir, tmp_name)
         fs.makedirs(tmp_dir, exist_ok=True)
     with fs.open(tmp, "wb") as f:
         f.write(data)

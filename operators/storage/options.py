@@ -98,7 +98,9 @@ def filesystem(uri: str, storage: StorageOptions = DEFAULT_STORAGE):
 def with_protocol(uri_like: str, path: str) -> str:
     """`path` (as `filesystem` returns it) back as a URI of the same scheme as `uri_like`."""
     protocol = protocol_of(uri_like)
-    return path if protocol in ("file", "local") else f"{protocol}://{path}"
+    if protocol in ("file", "local") or "://" in path:  # http(s): fsspec's paths keep their scheme
+        return path
+    return f"{protocol}://{path}"
 
 
 def join(root: str, *parts: str) -> str:

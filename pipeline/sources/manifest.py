@@ -1,140 +1,41 @@
 """`input.format: parquet | jsonl | csv`: a manifest of media URIs (the `Source` contract: `base.py`).
 
-Local paths and s3:// are read through the one storage layer (`vlbatch.operators.storage`:
-s3fs with the job's storage options; for Ray Data's readers a pyarrow filesystem whose calls
-follow the one retry policy). Parquet manifests are not read by Ray Data's `read_parquet`,
-whose set-up samples files with 1-CPU tasks (and lists many files with 1-CPU tasks): beside
-actor pools that hold all but a fraction of a CPU those never start and the run hangs.
-Instead the driver lists the files (no task), and function tasks of `num_cpus` each read
-them row group by row group (`_read_parquet_files`). The result is a dataset with exactly three
-columns, whatever the source: `media_uri` (string), `media_type` (string or null),
-`questions` (list<string> or null). Relative media paths in a manifest are resolved
-against the manifest's folder; a null or empty `media_uri` is kept as it is (null / ""),
-and expansion turns it into an `InputError` row.
+Every manifest is read through the one storage layer (`vlbatch.operators.storage`: local
+paths, s3:// with the job's storage options, http(s):// with `storage.http`), never by Ray
+Data's readers: its `read_parquet` samples files with 1-CPU tasks (beside actor pools that
+hold all but a fraction of a CPU those never start and the run hangs), its `read_json`
+refuses a filesystem with `lines=True`, and both fail a whole file on one bad line. The
+driver lists the files (no task); function tasks of `num_cpus` each read them: Parquet row
+group by row group (`_read_parquet_files`), JSONL / CSV line by line (`text.py`: a bad line
+is one `InputError` row). Blocks are normalised (`cells.normalise`) to the manifest columns
+(`base.MANIFEST_SCHEMA`). Relative media paths resolve against the manifest's folder with
+its scheme (`cells.resolve`: a remote manifest's never become local paths, nor climb out of
+its bucket / host); a null or empty `media_uri` is kept as it is (null / ""), and expansion
+turns it into an `InputError` row.
 """
 from __future__ import annotations
 
-import math
+import io
 import posixpath
 from functools import cached_property
 
 import pyarrow as pa
 import ray
 
-from vlbatch.operators.errors import ConfigError, InputError
-from vlbatch.operators.media.load import media_type_of
-from vlbatch.operators.storage import arrow_filesystem, filesystem, open_input, with_retries
+from vlbatch.operators.errors import ConfigError, MediaError, StorageError
+from vlbatch.operators.storage import filesystem, open_input, with_retries
+from vlbatch.operators.storage.http import is_http, open_http, read_http
 from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.keep import encode as encode_keep
-from vlbatch.pipeline.keep import select as select_keep
-from vlbatch.pipeline.sources.base import Source, limit, manifest_table, task_pool
+from vlbatch.pipeline.sources.base import Source, limit, task_pool
+from vlbatch.pipeline.sources.cells import _holds_uris, normalise
+from vlbatch.pipeline.sources.text import is_text_file, read_text_files
 
-
-def _resolve(uri, base: str) -> str | None:
-    """Manifest-relative media paths -> absolute (same protocol as the manifest); null and ""
-    stay as they are (not the manifest's folder, not '<folder>/None')."""
-    if uri is None:
-        return None
-    uri = str(uri)
-    if not uri.strip() or "://" in uri or uri.startswith("/"):
-        return uri
-    return posixpath.normpath(posixpath.join(base, uri))
-
-
-def normalise(table: pa.Table, cfg: JobConfig, base_uri: str, *, file_uri: str | None = None,
-              row_offset: int | None = None, keep: pa.Schema | None = None) -> pa.Table:
-    """Any manifest block -> the manifest columns (`base.MANIFEST_SCHEMA`). `file_uri` and
-    `row_offset` (the block's first row in that file) name embedded media that have no path
-    (`<file>#<row>`); `keep`: the run's schema of `input.columns.keep`."""
-    cols = cfg.input.columns
-    if cols.media not in table.column_names:
-        raise InputError(f"manifest has no column {cols.media!r} (input.columns.media); "
-                         f"columns are: {', '.join(table.column_names)}")
-    n = table.num_rows
-    uris, data, identity = _media(table.column(cols.media), base_uri, file_uri, row_offset)
-    mtype = [_cell(m) for m in table.column(cols.media_type).to_pylist()] \
-        if cols.media_type in table.column_names else [None] * n
-    mtype = [None if m is None else str(m) for m in mtype]
-    if data is not None:  # embedded media: the type from the path's extension, else the bytes' signature
-        mtype = [m if m is not None or b is None else media_type_of(u or "", b[:16])
-                 for m, u, b in zip(mtype, uris, data, strict=True)]
-    if cols.questions:
-        if cols.questions not in table.column_names:
-            raise InputError(f"manifest has no column {cols.questions!r} (input.columns.questions)")
-        qs = [_questions(_cell(q)) for q in table.column(cols.questions).to_pylist()]
-    else:
-        qs = [None] * n
-    extra = {} if data is None else {"media_bytes": data, "identity": identity}
-    if keep is not None:
-        extra["keep"] = encode_keep(select_keep(table, keep, f"manifest {file_uri or base_uri}"))
-    return manifest_table(n, media_uri=uris, media_type=mtype, questions=qs, **extra)
-
-
-def _holds_uris(t: pa.DataType) -> bool:
-    """A media column of this type holds URIs (else embedded bytes: binary, or a struct of them)."""
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
-
-
-def _media(col: pa.ChunkedArray, base_uri: str, file_uri: str | None,
-           row_offset: int | None) -> tuple[list, list | None, list | None]:
-    """(media URIs, embedded bytes or None, identities or None) of the media column: a string column of URIs, a
-    binary column of bytes, or a struct of `bytes` and `path` (Hugging Face `datasets` Image /
-    Video). Embedded media without a path are named `<file>#<row>`."""
-    t = col.type
-    if _holds_uris(t):
-        return [_resolve(_cell(u), base_uri) for u in col.to_pylist()], None, None
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        data, paths = col.to_pylist(), [None] * len(col)
-    elif pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
-        vals = col.to_pylist()
-        data = [None if v is None else v["bytes"] for v in vals]
-        paths = [None if v is None else v.get("path") for v in vals]
-    else:
-        raise InputError(f"media column of type {t}: expected strings (URIs), binary (bytes) or a struct "
-                         "with `bytes` and `path` fields (Hugging Face datasets Image / Video)")
-    if row_offset is None and any(b is not None and not p for b, p in zip(data, paths, strict=True)):
-        raise InputError("embedded media without a path need a Parquet manifest (a row number names them)")
-    where = file_uri or base_uri
-    uris = [(p if b is not None else _resolve(p, base_uri)) if p else
-            (None if b is None else f"{where}#{row_offset + i}")
-            for i, (b, p) in enumerate(zip(data, paths, strict=True))]
-    # identity: the row (`<file>#<row>`), not the path: exports often name every image alike
-    ids = [None if b is None or row_offset is None else f"{where}#{row_offset + i}" for i, b in enumerate(data)]
-    return uris, data, ids
-
-
-def _cell(v):
-    """A manifest value, with a missing one as None: JSON lines that lack a key can reach us as
-    NaN (a float) when Ray Data's JSON reader goes through pandas."""
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
-
-
-def _questions(q) -> list[str] | None:
-    """A questions cell -> list of strings: a list, a JSON list in a string, one question as a
-    string, or a scalar (one question); None when missing."""
-    if q is None:
-        return None
-    if isinstance(q, str):
-        return _json_list(q)
-    if isinstance(q, (list, tuple)):
-        return [str(x) for x in q]
-    return [str(q)]
-
-
-def _json_list(s: str) -> list[str]:
-    import json
-
-    try:
-        v = json.loads(s)
-    except json.JSONDecodeError:
-        return [s]
-    return [str(x) for x in v] if isinstance(v, list) else [str(v)]
+__all__ = ["ManifestSource", "normalise", "parquet_files"]
 
 
 class ManifestSource(Source):
-    """Parquet (listed in the driver, read row group by row group in our tasks), JSONL and CSV
-    (Ray Data's readers through the one storage layer), normalised to the manifest columns."""
+    """Parquet, JSONL and CSV manifests (module docstring), normalised to the manifest columns."""
 
     def _retried(self, fn, what: str):
         return with_retries(fn, what=f"{what} {self.cfg.input.uri}", storage=self.cfg.storage.options())
@@ -143,34 +44,64 @@ class ManifestSource(Source):
     def _parquet_files(self) -> list[str]:
         """A Parquet manifest's files, listed once per source (`read`, `count` and the first file's schema)."""
         inp = self.cfg.input
+        if is_http(inp.uri):
+            return [inp.uri]
         fs, path = filesystem(inp.uri, self.cfg.storage.options())
         return parquet_files(fs, path, inp.uri, self._retried)
+
+    def _check_exists(self) -> None:
+        """`ConfigError` naming input.uri when nothing is there (http(s): one GET opened and closed,
+        so a refused redirect says so, not "does not exist")."""
+        inp, storage = self.cfg.input, self.cfg.storage.options()
+        if is_http(inp.uri):
+            try:
+                open_http(inp.uri, storage).close()
+            except (MediaError, StorageError) as e:
+                raise ConfigError(f"input.uri: {e}") from None
+            return
+        fs, path = filesystem(inp.uri, storage)
+        if not self._retried(lambda: fs.exists(path) or fs.glob(path), "listing"):
+            raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
+
+    @cached_property
+    def _base(self) -> str:
+        """The folder URI that relative media paths resolve against (the input folder, or the manifest's)."""
+        inp = self.cfg.input
+        if is_http(inp.uri):
+            return inp.uri.split("?", 1)[0].split("#", 1)[0].rsplit("/", 1)[0]
+        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        base = path if self._retried(lambda: fs.isdir(path), "listing") else posixpath.dirname(path)
+        return with_protocol(inp.uri, base)
 
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
         cfg = self.cfg
         inp = cfg.input
-        storage = cfg.storage.options()
-        fs, path = filesystem(inp.uri, storage)
-        retried = self._retried
-        if not retried(lambda: fs.exists(path) or fs.glob(path), "listing"):
-            raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
-        pafs = None if protocol_of(inp.uri) == "file" else arrow_filesystem(fs, storage)
-        base = path if retried(lambda: fs.isdir(path), "listing") else posixpath.dirname(path)
-        base = with_protocol(inp.uri, base)
+        self._check_exists()
         keep = self.keep_schema()
-        if inp.format == "parquet":
-            files = self._parquet_files
-            return limit(ray.data.from_items([{"path": f} for f in files]).map_batches(
-                _read_parquet_files, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus,
-                compute=task_pool(concurrency), fn_kwargs={"cfg": cfg, "base_uri": base, "keep": keep}), inp.limit)
-        if inp.format == "jsonl":
-            ds = ray.data.read_json(path, filesystem=pafs, lines=True, num_cpus=num_cpus,
-                                    concurrency=concurrency)
+        files = self._parquet_files if inp.format == "parquet" else self._text_files
+        fn = _read_parquet_files if inp.format == "parquet" else read_text_files
+        items = [{"path": f} for f in files]  # one block per file: one read task each, at most `concurrency` at once
+        return limit(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus, compute=task_pool(concurrency),
+            fn_kwargs={"cfg": cfg, "base_uri": self._base, "keep": keep}), inp.limit)
+
+    @cached_property
+    def _text_files(self) -> list[str]:
+        """A JSONL / CSV manifest's files (URIs, sorted), listed in the driver: the file itself, the
+        manifest files in a folder (`text.is_text_file`) or a glob's matches; http(s): the URL."""
+        inp = self.cfg.input
+        if is_http(inp.uri):
+            return [inp.uri]
+        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        if self._retried(lambda: fs.isdir(path), "listing"):
+            found = [f for f in self._retried(lambda: fs.find(path), "listing") if is_text_file(f, inp.format)]
+        elif any(c in path for c in "*?["):
+            found = self._retried(lambda: fs.glob(path), "listing")
         else:
-            ds = ray.data.read_csv(path, filesystem=pafs, num_cpus=num_cpus, concurrency=concurrency)
-        ds = ds.map_batches(normalise, batch_format="pyarrow", fn_kwargs={"cfg": cfg, "base_uri": base, "keep": keep},
-                            num_cpus=num_cpus, compute=task_pool(concurrency), zero_copy_batch=True)
-        return limit(ds, inp.limit)
+            return [inp.uri if protocol_of(inp.uri) != "file" else path]
+        if not found:
+            raise ConfigError(f"input.uri: no {inp.format} files in {inp.uri!r}")
+        return [with_protocol(inp.uri, f) for f in sorted(found)]
 
     def embeds_media(self) -> bool:
         """Parquet: the first file's media column is binary or a struct (Hugging Face Image /
@@ -185,13 +116,7 @@ class ManifestSource(Source):
     def _first_file(self) -> str:
         """The first manifest file (sorted), the one whose schema stands for the input's."""
         inp = self.cfg.input
-        if inp.format == "parquet":
-            return self._parquet_files[0]
-        fs, path = filesystem(inp.uri, self.cfg.storage.options())
-        found = sorted(self._retried(lambda: fs.find(path) if fs.isdir(path) else fs.glob(path), "listing"))
-        if not found:
-            raise ConfigError(f"input.uri: {inp.uri!r} does not exist")
-        return with_protocol(inp.uri, found[0])
+        return self._parquet_files[0] if inp.format == "parquet" else self._text_files[0]
 
     @cached_property
     def _first_schema(self) -> pa.Schema:
@@ -224,8 +149,7 @@ class ManifestSource(Source):
         storage = self.cfg.storage.options()
         total = 0
         for uri in self._parquet_files:
-            ffs, fpath = filesystem(uri, storage)
-            with open_input(ffs, fpath, storage) as f:
+            with _open_file(uri, storage) as f:
                 total += pq.ParquetFile(f).metadata.num_rows
             if inp.limit is not None and total >= inp.limit:
                 return inp.limit
@@ -248,9 +172,17 @@ class ManifestSource(Source):
 JSONL_COUNT_BYTES = 64 << 20  # a JSONL manifest counted in the driver before the run (~0.1 s per 64 MiB)
 
 
-def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
+def _open_file(uri: str, storage):
+    """A seekable stream of one manifest file: ranged, retried reads (`open_input`); http(s): the
+    whole body read once (`read_http`: many servers answer a Range request with the whole file)."""
+    if is_http(uri):
+        return io.BytesIO(read_http(uri, storage))
     fs, path = filesystem(uri, storage)
-    with open_input(fs, path, storage) as f:
+    return open_input(fs, path, storage)
+
+
+def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
+    with _open_file(uri, storage) as f:
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
@@ -286,8 +218,7 @@ def _read_parquet_files(batch: pa.Table, *, cfg: JobConfig, base_uri: str, keep:
 
     storage = cfg.storage.options()
     for uri in batch.column("path").to_pylist():
-        fs, path = filesystem(uri, storage)
-        with open_input(fs, path, storage) as f:
+        with _open_file(uri, storage) as f:
             pf = pq.ParquetFile(f)
             offset = 0
             for i in range(pf.num_row_groups):

@@ -15,6 +15,11 @@ or `VIDEO_EXTS` (a video); its row: `media_uri` = `<shard>#<key>.<ext>`, the byt
 shards; keys must be unique across the dataset, as WebDataset writers make them: two samples
 with one key are one media to resume and to duplicate dropping). `input.columns.keep` names member extensions (`txt`, `json`, `cls`) kept as strings.
 
+Members are read with a bound (`MemberLimits`): a media member's size in its tar header is
+checked against `image.max_bytes` / `video.max_bytes` before a byte of it is read (over it: the
+sample is an `InputError` row, the member skipped in the stream), kept text members against
+16 MiB; members that are neither media nor kept are not read at all.
+
 Errors are rows, not task failures: a sample without a media member, a member that cannot be
 read (a corrupt header) and a shard that ends early (truncated) give `error` rows
 (`InputError`) for what they spoil: the sample being read, or the shard itself when nothing
@@ -25,6 +30,7 @@ from __future__ import annotations
 import re
 import tarfile
 import zlib
+from dataclasses import dataclass
 
 import pyarrow as pa
 import ray
@@ -104,7 +110,8 @@ def _read_shards(batch: pa.Table, *, cfg, keep: tuple[str, ...]):
     """A batch of shard URIs -> manifest blocks (one per `BLOCK_SAMPLES` samples)."""
     for shard in batch.column("shard").to_pylist():
         rows: list[dict] = []
-        for row in read_shard(shard, cfg.storage.options(), keep):
+        limits = MemberLimits(image=cfg.image.max_bytes, video=cfg.video.max_bytes)
+        for row in read_shard(shard, cfg.storage.options(), keep, limits):
             rows.append(row)
             if len(rows) == BLOCK_SAMPLES:
                 yield _block(rows, keep)
@@ -132,8 +139,48 @@ def _open(shard: str, storage):
     return open_input(fs, path, storage)
 
 
-def read_shard(shard: str, storage, keep: tuple[str, ...] = ()):
-    """The sample rows of one shard (dicts of manifest columns plus `kept`), streamed."""
+@dataclass(frozen=True)
+class MemberLimits:
+    """Bytes read at most per member: media by kind (`image.max_bytes` / `video.max_bytes`), kept
+    text members (`input.columns.keep`) `text`; other members are never read (the stream skips them)."""
+
+    image: int = 64 << 20
+    video: int = 2 << 30
+    text: int = 16 << 20
+
+    def of(self, ext: str, keep: tuple[str, ...]) -> tuple[int, str] | None:
+        """(limit, its name) of a member with extension `ext`; None: not read."""
+        last = ext.rsplit(".", 1)[-1]
+        if last in IMAGE_EXTS:
+            return self.image, "image.max_bytes"
+        if last in VIDEO_EXTS:
+            return self.video, "video.max_bytes"
+        return (self.text, "a kept member's limit") if ext in keep else None
+
+
+class _TooBig:
+    """A member over its limit, never read: its sample becomes an `InputError` row with `message`."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _member(tar, info, shard: str, ext: str, keep: tuple[str, ...], limits: MemberLimits):
+    """A member's bytes; its size from the tar header is checked against its limit first, and at
+    most that many bytes are read (`_TooBig` over it, None for a member nobody reads)."""
+    limit = limits.of(ext, keep)
+    if limit is None:
+        return None
+    max_bytes, name = limit
+    if info.size > max_bytes:
+        return _TooBig(f"{shard}#{info.name}: {info.size} bytes is over the {name} limit of {max_bytes}")
+    member = tar.extractfile(info)
+    return member.read(max_bytes) if member is not None else b""
+
+
+def read_shard(shard: str, storage, keep: tuple[str, ...] = (), limits: MemberLimits = MemberLimits()):
+    """The sample rows of one shard (dicts of manifest columns plus `kept`), streamed; members read
+    up to `limits` (memory bounded by the largest allowed member)."""
     key, members, seen = None, {}, 0
     try:
         with _open(shard, storage) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
@@ -146,8 +193,8 @@ def read_shard(shard: str, storage, keep: tuple[str, ...] = ()):
                     yield _sample(shard, key, members, keep)
                     members = {}
                 key = k
-                member = tar.extractfile(info)
-                members[ext] = member.read() if member is not None else b""
+                data = _member(tar, info, shard, ext, keep, limits)
+                members[ext] = b"" if data is None else data  # an unread member: named in messages only
     except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as e:
         what = f"sample {key!r}" if key is not None else "the shard"
         yield {"media_uri": f"{shard}#{key}" if key is not None else shard, "identity": key,
@@ -159,7 +206,10 @@ def read_shard(shard: str, storage, keep: tuple[str, ...] = ()):
         yield {"media_uri": shard, "error": f"{shard}: no samples (empty shard)", "kept": {}}
 
 
-def _sample(shard: str, key: str, members: dict[str, bytes], keep: tuple[str, ...]) -> dict:
+def _sample(shard: str, key: str, members: dict, keep: tuple[str, ...]) -> dict:
+    too_big = next((m.message for m in members.values() if isinstance(m, _TooBig)), None)
+    if too_big is not None:
+        return {"media_uri": f"{shard}#{key}", "identity": key, "kept": {}, "error": too_big}
     kept = {k: members[k].decode("utf-8", "replace") for k in keep if k in members}
     for kind, exts in (("image", IMAGE_EXTS), ("video", VIDEO_EXTS)):
         ext = next((e for e in members if e.rsplit(".", 1)[-1] in exts), None)
