@@ -11,7 +11,6 @@
 Ray-free; importing this package loads nothing heavy.
 """
 from vlbatch.operators.storage.io import (
-                                         arrow_filesystem,
                                          bucket_exists,
                                          is_object_store,
                                          open_input,
@@ -23,3 +22,10 @@ from vlbatch.operators.storage.retry import classify, with_retries
 
 __all__ = ["DEFAULT_STORAGE", "StorageOptions", "arrow_filesystem", "bucket_exists", "classify", "filesystem",
            "is_object_store", "join", "open_input", "put_atomic", "read_bytes", "with_retries"]
+
+
+def arrow_filesystem(fs, storage: StorageOptions = DEFAULT_STORAGE):
+    """`storage.arrow.arrow_filesystem`, imported on call so that importing this package stays light."""
+    from vlbatch.operators.storage.arrow import arrow_filesystem as build
+
+    return build(fs, storage)

@@ -9,10 +9,10 @@ tasks) and pyarrow.fs is imported only by the readers that need it.
 from __future__ import annotations
 
 from pyarrow import PythonFile
-from pyarrow.fs import FSSpecHandler
+from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from vlbatch.operators.storage.io import open_input
-from vlbatch.operators.storage.options import StorageOptions
+from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions
 from vlbatch.operators.storage.retry import with_retries
 
 
@@ -34,3 +34,9 @@ class RetryingHandler(FSSpecHandler):
 
     def open_input_stream(self, path):
         return PythonFile(open_input(self.fs, path, self.storage), mode="r")
+
+
+def arrow_filesystem(fs, storage: StorageOptions = DEFAULT_STORAGE) -> PyFileSystem:
+    """A `pyarrow.fs.PyFileSystem` over `fs` whose reading calls follow the retry policy
+    (lives here, not in io.py, so that io.py does not import arrow.py back: no cycle)."""
+    return PyFileSystem(RetryingHandler(fs, storage))

@@ -12,7 +12,7 @@
 - `open_input(fs, path, storage)`: a seekable binary stream (manifests, part files) whose
   reads are ranged requests, each retried on its own, so a transient failure in the middle
   of a large file costs one range, not the file.
-- `arrow_filesystem(fs, storage)`: the same for pyarrow readers (Ray Data's read_parquet /
+- (`arrow_filesystem` lives in storage/arrow.py, so this module does not import it back) the same for pyarrow readers (Ray Data's read_parquet /
   read_json / read_csv): metadata calls and file opens retry, reads go through `open_input`.
 - `put_atomic(fs, path, data, storage, tmp_dir=...)`: a file that is visible whole or not at
   all. Object stores (s3): one PUT (or one multipart upload, visible only at
@@ -144,15 +144,6 @@ def open_input(fs, path: str, storage: StorageOptions = DEFAULT_STORAGE) -> io.B
     """A buffered, seekable binary stream over `path` in `fs`; reads retry (module docstring)."""
     size = with_retries(lambda: fs.size(path), what=f"size of {path}", storage=storage)
     return io.BufferedReader(RangeReader(fs, path, int(size), storage), buffer_size=STREAM_BUFFER)
-
-
-def arrow_filesystem(fs, storage: StorageOptions = DEFAULT_STORAGE):
-    """A `pyarrow.fs.PyFileSystem` over `fs` whose reading calls follow the retry policy."""
-    from pyarrow.fs import PyFileSystem
-
-    from vlbatch.operators.storage.arrow import RetryingHandler
-
-    return PyFileSystem(RetryingHandler(fs, storage))
 
 
 def bucket_exists(fs, bucket: str, storage: StorageOptions = DEFAULT_STORAGE) -> bool:
