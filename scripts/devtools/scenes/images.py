@@ -20,6 +20,7 @@ from vlbatch.devtools.scenes.draw import (
     render_background,
     shape_rgb,
 )
+from vlbatch.devtools.scenes.texts import QA  # noqa: F401 - re-exported (scenes.images.QA)
 from vlbatch.devtools.scenes.vocab import COLOURS, KINDS, MAX_SHAPES, POSITIONS, SIZES
 
 # radius as a fraction of min(H, W)
@@ -36,16 +37,6 @@ class Shape:
     position: str
     cx: float
     cy: float
-
-
-@dataclass(frozen=True)
-class QA:
-    """One question with its ground-truth answer; `task` names what it asks (see `texts.TASKS`)."""
-
-    task: str
-    question: str
-    answer: str
-    target: str  # the attribute value the answer states, e.g. "red", "2", "top left", "right"
 
 
 @dataclass(frozen=True)

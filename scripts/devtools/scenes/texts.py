@@ -10,8 +10,20 @@ videos "video_caption", "motion", "colour_start", "colour_end".
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from vlbatch.devtools.scenes.vocab import NUMBER_WORDS, POSITION_PHRASES
+
+
+@dataclass(frozen=True)
+class QA:
+    """One question with its ground-truth answer; `task` names what it asks (see `texts.TASKS`)."""
+
+    task: str
+    question: str
+    answer: str
+    target: str  # the attribute value the answer states, e.g. "red", "2", "top left", "right"
+
 
 IMAGE_TASKS = ("caption", "count", "colour", "shape", "position")
 VIDEO_TASKS = ("video_caption", "motion", "colour_start", "colour_end")
@@ -47,8 +59,6 @@ def image_caption(shapes) -> str:
 
 def image_qas(shapes, caption: str) -> list:
     """Every question this image can answer unambiguously (kinds asked by name only when unique)."""
-    from vlbatch.devtools.scenes.images import QA
-
     qas = [QA("caption", p, caption, str(len(shapes))) for p in IMAGE_CAPTION_PROMPTS]
     n = len(shapes)
     qas.append(QA("count", "How many shapes are there?", f"{_cap(NUMBER_WORDS[n])}.", str(n)))
@@ -82,8 +92,6 @@ def video_caption(shapes) -> str:
 
 def video_qas(shapes, caption: str) -> list:
     """Caption, motion direction and start / end colour questions (kinds are unique in videos)."""
-    from vlbatch.devtools.scenes.images import QA
-
     qas = [QA("video_caption", p, caption, shapes[0].motion) for p in VIDEO_CAPTION_PROMPTS]
     for s in shapes:
         answer = "It stays still." if s.motion == "still" else f"{_cap(s.motion)}."
