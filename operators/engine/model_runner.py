@@ -1,7 +1,7 @@
 """Runs one scheduled step through the model: inputs, vision features, paged cache, logits.
 
 Owns the KV tensors `[n_attn, 2, num_blocks, bs, H_kv, D]` (model dtype) and the DeltaNet
-`StatePool`, and implements `StepCache` over them (`PagedStepCache`). Per step:
+`StatePool`, and implements `StepCache` over them (`PagedStepCache`, `step_cache.py`). Per step:
 1. copy-on-write copies of partially shared tail blocks;
 2. input ids and MRoPE positions per chunk: prompt positions from the request's
    `position_ids`, generated token i at `i + rope_delta` on all three axes;
@@ -27,34 +27,11 @@ import torch
 from vlbatch.operators.engine.scheduler import StepPlan
 from vlbatch.operators.engine.state_pool import StatePool
 from vlbatch.operators.engine.static_decode import StaticDecode, default_buckets
+from vlbatch.operators.engine.step_cache import PagedStepCache
 from vlbatch.operators.engine.vision_cache import VisionCache
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout, select_attention
 from vlbatch.operators.kernels.attention.layout import to_device
-
-
-class PagedStepCache:
-    """`StepCache` over paged K/V blocks and pooled DeltaNet slots for one step."""
-
-    def __init__(self, kv: torch.Tensor, pool: StatePool, layout: PagedLayout, query_lens: tuple[int, ...],
-                 slots: torch.Tensor, attention: PagedAttention, run: tuple[int, int] | None = None):
-        self.kv, self.pool, self.layout, self.attend = kv, pool, layout, attention
-        self._query_lens = query_lens
-        self.slots = slots  # [B] pool slot of each sequence, packing order
-        self.run = run  # `StatePool.contiguous_run` of the slots (host ints): views, no gather copies
-
-    @property
-    def query_lens(self) -> tuple[int, ...]:
-        return self._query_lens
-
-    def attention(self, attn_idx: int, q, k, v, rows=None):
-        return self.attend(self.layout, self.kv[attn_idx, 0], self.kv[attn_idx, 1], q, k, v, rows)
-
-    def linear_states(self, linear_idx: int):
-        return self.pool.gather(linear_idx, self.slots, self.run)
-
-    def set_linear_states(self, linear_idx: int, conv, recurrent) -> None:
-        self.pool.scatter(linear_idx, self.slots, conv, recurrent, self.run)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from vlbatch.operators.engine.scheduler import StepPlan
+from vlbatch.operators.engine.step_cache import PagedStepCache
 from vlbatch.operators.kernels.attention import PagedLayout
 from vlbatch.operators.kernels.attention.layout import decode_slots, padded_tables
 
@@ -134,8 +135,6 @@ class StaticDecode:
     # -- forward -----------------------------------------------------------------------------
     def _forward(self, bufs: StaticBuffers, layout_chunks: tuple) -> torch.Tensor:
         """[Bp, V] logits of the buffers' rows (model dtype); only ops that never sync."""
-        from vlbatch.operators.engine.model_runner import PagedStepCache
-
         r = self.runner
         layout = PagedLayout(bufs.slot_mapping, bufs.rows, bufs.ctx_slots, bufs.ctx_mask, (), layout_chunks,
                              r.block_size, bufs.tables, bufs.lens)
