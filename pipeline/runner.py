@@ -243,8 +243,10 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
                             batch_format="pyarrow", **pool(r.preprocess))
     # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
     gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/replica.py
-    # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes)
-    ds = ds.map_batches(ModelStage, fn_constructor_kwargs=stage_kw, batch_size=None,
+    # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes).
+    # Ray Data refuses batch_size=None for an operator that requests GPUs ("You must provide `batch_size`"):
+    # there the model batch size, which the blocks are already sized to, gives about one call per block too.
+    ds = ds.map_batches(ModelStage, fn_constructor_kwargs=stage_kw, batch_size=None if not gpus else r.model.batch_size,
                         batch_format="pyarrow",
                         **replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
                                                             max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))
