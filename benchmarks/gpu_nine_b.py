@@ -211,7 +211,7 @@ def video_qa(args, base, reqs: list, warm: list, variant: str) -> dict:
 def memory(args, base, model) -> dict:
     """Peak allocated bytes since the load against the memory_fraction plan."""
     from vlbatch.operators.engine.engine import EngineConfig
-    from vlbatch.operators.engine.memory import profile_step, state_bytes_per_seq
+    from vlbatch.operators.engine.caches.memory import profile_step, state_bytes_per_seq
 
     cfg = EngineConfig(**base[3])
     slots = cfg.max_num_seqs * state_bytes_per_seq(model.config.text, model.dtype)

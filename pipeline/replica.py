@@ -24,7 +24,7 @@ Rendezvous: rank 0's node IP and a free port there (`tcp://`); all N ranks join 
 torch.distributed group, gloo on the CPU, NCCL on CUDA. Rank 0 runs the scheduler
 (`Engine.from_pretrained(..., tensor_parallel_size=N)`: a `LeaderEngine`) and broadcasts
 each step's plan; each follower runs `follow_pretrained` with the same arguments (its
-budgets are rank 0's, broadcast: `operators/engine/distributed.py`).
+budgets are rank 0's, broadcast: `operators/parallel/replica.py`).
 
 Lifetime: the followers are owned by rank 0 and die with it (Ray kills the actors an actor
 created when it exits, however it exits). `close()` (the model stage's teardown, and rank
@@ -81,7 +81,7 @@ class Follower:
             engine_kw: dict) -> int:
         import torch.distributed as dist
 
-        from vlbatch.operators.engine.distributed import follow_pretrained
+        from vlbatch.operators.parallel.replica import follow_pretrained
 
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
         try:

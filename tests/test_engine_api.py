@@ -9,7 +9,7 @@ from test_engine_support import assert_static_used, image, processed, reference_
 
 from vlbatch.operators.engine import MediaItem, Request, SamplingParams
 from vlbatch.operators.engine.engine import Engine
-from vlbatch.operators.engine.sequence import Sequence
+from vlbatch.operators.engine.scheduling.sequence import Sequence
 from vlbatch.operators.errors import InputError
 
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)

@@ -1,11 +1,11 @@
-"""Pools sized from free memory (operators/engine/memory.py): the arithmetic with made-up free
+"""Pools sized from free memory (operators/engine/caches/memory.py): the arithmetic with made-up free
 memory, explicit overrides, too little memory, and an engine built that way on the CPU."""
 from __future__ import annotations
 
 import pytest
 
 from vlbatch.operators.engine.engine import Engine
-from vlbatch.operators.engine.memory import PREFIX_SHARE, free_memory, size_pools, state_bytes_per_seq
+from vlbatch.operators.engine.caches.memory import PREFIX_SHARE, free_memory, size_pools, state_bytes_per_seq
 from vlbatch.operators.errors import ConfigError
 from vlbatch.pipeline.config import EngineBudgets
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import plan_branch_points
-from vlbatch.operators.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.caches.block_manager import BlockManager
+from vlbatch.operators.engine.caches.branch_points import plan_branch_points
+from vlbatch.operators.engine.caches.prefix_cache import NoPrefixCache, RadixPrefixCache
 from vlbatch.operators.engine.request import Request, SamplingParams
-from vlbatch.operators.engine.scheduler import Scheduler
-from vlbatch.operators.engine.sequence import Sequence, Status
-from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.scheduling.scheduler import Scheduler
+from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
+from vlbatch.operators.engine.caches.state_pool import StatePool
 
 
 def _req(rid, ids, new=4):

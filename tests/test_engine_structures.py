@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
-from vlbatch.operators.engine.branch_points import plan_branch_points, plan_branch_points_naive
-from vlbatch.operators.engine.prefix_cache import KeyCodec, RadixPrefixCache
+from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
+from vlbatch.operators.engine.caches.branch_points import plan_branch_points, plan_branch_points_naive
+from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, RadixPrefixCache
 from vlbatch.operators.engine.request import MediaItem
-from vlbatch.operators.engine.state_pool import StatePool
-from vlbatch.operators.engine.vision_cache import LRUVisionCache
+from vlbatch.operators.engine.caches.state_pool import StatePool
+from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache
 from vlbatch.operators.errors import ConfigError, InputError
 
 
@@ -116,7 +116,7 @@ def test_key_codec_forgetting_never_aliases():
 
 # -- prefix cache ----------------------------------------------------------------------------
 def _snap(value: float):
-    from vlbatch.operators.engine.state_pool import Snapshot
+    from vlbatch.operators.engine.caches.state_pool import Snapshot
 
     return Snapshot(torch.full((2, 3, 4), value), torch.full((2, 1, 2, 2), value))
 
@@ -191,7 +191,7 @@ def test_eviction_lru_under_budget_never_touches_locked():
 
 
 def test_eviction_takes_expected_prefixes_last_and_still_frees_blocks():
-    from vlbatch.operators.engine.branch_points import prefix_digest
+    from vlbatch.operators.engine.caches.branch_points import prefix_digest
 
     bm = BlockManager(64, 4)
     pc = RadixPrefixCache(bm, block_bytes=10, budget_bytes=2 * _snap(0).nbytes + 100)
@@ -215,7 +215,7 @@ def test_eviction_takes_expected_prefixes_last_and_still_frees_blocks():
 
 
 def test_snapshot_points_are_spaced_by_a_block_keeping_the_earlier():
-    from vlbatch.operators.engine.prefix_cache import spaced
+    from vlbatch.operators.engine.caches.prefix_cache import spaced
 
     # a 13-token header, the media end at 461, all siblings branch at 463, pairs at 465 / 466
     assert spaced({13, 461, 463, 465, 466}, 486, 16) == (461,)

@@ -7,7 +7,7 @@ import pytest
 from parallel_support import run_ranks
 from test_engine_support import image, request, video
 
-from vlbatch.operators.engine.distributed import follow_pretrained
+from vlbatch.operators.parallel.replica import follow_pretrained
 from vlbatch.operators.engine.engine import Engine
 from vlbatch.operators.errors import ConfigError
 

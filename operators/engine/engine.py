@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget
-from vlbatch.operators.engine.model_runner import ModelRunner
-from vlbatch.operators.engine.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget
+from vlbatch.operators.engine.runner.model_runner import ModelRunner
+from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
 from vlbatch.operators.engine.sampler import make_generator, sample
-from vlbatch.operators.engine.scheduler import Scheduler
-from vlbatch.operators.engine.sequence import Sequence
-from vlbatch.operators.engine.vision_cache import LRUVisionCache, NoVisionCache
+from vlbatch.operators.engine.scheduling.scheduler import Scheduler
+from vlbatch.operators.engine.scheduling.sequence import Sequence
+from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.errors import ConfigError, EngineError, InputError
 from vlbatch.operators.kernels.attention import select_attention
 
@@ -61,7 +61,7 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, model, tokenizer, eos_ids: tuple[int, ...], config: EngineConfig):
-        from vlbatch.operators.engine.block_manager import kv_bytes_per_block
+        from vlbatch.operators.engine.caches.block_manager import kv_bytes_per_block
 
         text = model.config.text
         self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
@@ -96,9 +96,9 @@ class Engine:
         "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
         auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields.
         `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
-        (`operators/engine/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
+        (`operators/engine/caches/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
         `tensor_parallel_size` > 1: this process is rank 0 of an initialised torch.distributed
-        group of that size whose other ranks run `operators/engine/distributed.follow_pretrained`
+        group of that size whose other ranks run `operators/parallel/replica.follow_pretrained`
         (`expert_parallel`: MoE experts split whole across the ranks)."""
         from vlbatch.operators.model.loader import load_model, torch_dtype
         from vlbatch.operators.preprocess.tokenizer import load_tokenizer
@@ -106,7 +106,7 @@ class Engine:
         model_dir = Path(model_dir)
         comm = None  # the replica's ranks when tensor_parallel_size > 1
         if tensor_parallel_size > 1:
-            from vlbatch.operators.engine.distributed import load_rank
+            from vlbatch.operators.parallel.replica import load_rank
 
             model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, device=device,
                                     dtype=torch_dtype(dtype), delta_kernels=delta_kernels, leader=True)
@@ -114,11 +114,11 @@ class Engine:
             model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
         tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
         if memory_fraction is not None:
-            from vlbatch.operators.engine.memory import budgets_from_memory
+            from vlbatch.operators.engine.caches.memory import budgets_from_memory
 
             budgets = budgets_from_memory(model, memory_fraction, budgets, comm)
         if tensor_parallel_size > 1:
-            from vlbatch.operators.engine.distributed import LeaderEngine
+            from vlbatch.operators.parallel.replica import LeaderEngine
 
             return LeaderEngine(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets), comm)
         return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))

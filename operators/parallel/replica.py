@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from vlbatch.operators.engine.engine import Engine, EngineConfig
-from vlbatch.operators.engine.model_runner import ModelRunner
-from vlbatch.operators.engine.scheduler import Chunk, StepPlan
-from vlbatch.operators.engine.state_pool import Snapshot, StatePool
-from vlbatch.operators.engine.vision_cache import LRUVisionCache, NoVisionCache
+from vlbatch.operators.engine.runner.model_runner import ModelRunner
+from vlbatch.operators.engine.scheduling.scheduler import Chunk, StepPlan
+from vlbatch.operators.engine.caches.state_pool import Snapshot, StatePool
+from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.errors import ConfigError, InputError
 
 
@@ -117,7 +117,7 @@ def _wire_plan(plan: StepPlan) -> StepPlan:
 def follow(model, comm) -> int:
     """A follower rank's loop: take rank 0's `EngineConfig`, then replay each broadcast step
     on this rank's shard until the leader's `close()`. -> the number of steps run."""
-    from vlbatch.operators.engine.block_manager import blocks_for_budget, kv_bytes_per_block
+    from vlbatch.operators.engine.caches.block_manager import blocks_for_budget, kv_bytes_per_block
 
     config: EngineConfig = comm.broadcast_object(None)
     text = model.config.text
@@ -180,7 +180,7 @@ def follow_pretrained(model_dir, tensor_parallel_size: int, expert_parallel: boo
     """A non-zero rank's side of `Engine.from_pretrained(..., tensor_parallel_size=N)`, with the
     same arguments: load this rank's shard, join the memory sizing when `memory_fraction` is
     set, then `follow` (with rank 0's budgets) until the leader closes."""
-    from vlbatch.operators.engine.memory import budgets_from_memory
+    from vlbatch.operators.engine.caches.memory import budgets_from_memory
     from vlbatch.operators.model.loader import torch_dtype
 
     model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=False, device=device,

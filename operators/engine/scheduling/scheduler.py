@@ -27,11 +27,11 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import prefix_digest
-from vlbatch.operators.engine.prefix_cache import Match, PrefixCache
-from vlbatch.operators.engine.sequence import Sequence, Status
-from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.caches.block_manager import BlockManager
+from vlbatch.operators.engine.caches.branch_points import prefix_digest
+from vlbatch.operators.engine.caches.prefix_cache import Match, PrefixCache
+from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
+from vlbatch.operators.engine.caches.state_pool import StatePool
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.caches.state_pool import StatePool
 from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout
 
 
