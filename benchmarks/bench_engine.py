@@ -147,9 +147,9 @@ def _engine_run(ckpt, reqs, prof, timer=None, **kw):
     """`timer`: a `LinearTimer`, or a `phases.PhaseTimer` (installed in the engine first)."""
     from contextlib import nullcontext
 
-    from vlbatch.operators.engine.engine import Engine
+    from vlbatch.operators.factory import load_engine
 
-    engine = Engine.from_pretrained(ckpt, **kw)
+    engine = load_engine(ckpt, **kw)
     if isinstance(timer, PhaseTimer):
         timer.install(engine)
     if prof is not None:

@@ -4,7 +4,7 @@
         [--requests 64] [--new-tokens 128] [--delta-kernels auto] [--peak-gbs 4800] [--check-kernels]
 
 Writes a random-weight checkpoint of the chosen shape in the Hugging Face layout and loads
-it through `Engine.from_pretrained`, as a real checkpoint is loaded. `9b` is Qwen3.5-9B's
+it through `load_engine`, as a real checkpoint is loaded. `9b` is Qwen3.5-9B's
 configuration (seed 000 section 1: text 4096 wide, 32 layers [DeltaNet x3, attention] x 8,
 FFN 12288, attention 16 / 4 heads of 256, DeltaNet 16 key / 32 value heads of 128, vocab
 248320, untied head; vision 27 layers of 1152, FFN 4304, merger to 4096): ~9.6B parameters,
@@ -155,7 +155,7 @@ def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch"
     """The same requests through the torch and then fla's DeltaNet kernels (`names`) on the
     loaded model (one load; engines without prefix / vision caches, so the second run
     recomputes everything)."""
-    from vlbatch.operators.engine.engine import Engine, EngineConfig
+    from vlbatch.operators.engine import Engine, EngineConfig
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
 
     cfg = EngineConfig(**{**budgets, "prefix_cache_bytes": 0, "vision_cache_bytes": 0})
@@ -173,7 +173,7 @@ def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch"
 def check_backends(engine, reqs: list, budgets: dict) -> str:
     """Greedy tokens of the same requests through every attention backend, static decode off
     and on (one load; no prefix / vision caches), each against the first (sdpa, eager)."""
-    from vlbatch.operators.engine.engine import Engine, EngineConfig
+    from vlbatch.operators.engine import Engine, EngineConfig
 
     names = ("sdpa", "triton") if torch.device(engine.model.device).type == "cuda" else ("sdpa",)
     runs = {}
@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--vs-transformers", type=int, default=0, metavar="N",
                     help="also time transformers' generate on N of the requests (one at a time)")
     args = ap.parse_args(argv)
-    from vlbatch.operators.engine import Engine
+    from vlbatch.operators.factory import load_engine
 
     dtype = getattr(torch, args.dtype)
     out = Path(args.dir or tempfile.mkdtemp(prefix=f"bench_gpu_{args.shape}_"))
@@ -250,7 +250,7 @@ def main(argv=None) -> dict:
     reqs = make_requests(out, args.requests, args.new_tokens)
     budgets = dict(kv_budget_bytes=int(args.kv_gb * 2**30), max_num_seqs=max(args.requests, 1),
                    max_num_batched_tokens=8192, attention=args.attention, static_decode=args.static_decode)
-    engine = Engine.from_pretrained(out, device=args.device, dtype=dtype, delta_kernels=args.delta_kernels, **budgets)
+    engine = load_engine(out, device=args.device, dtype=dtype, delta_kernels=args.delta_kernels, **budgets)
     layer = next(m for m in engine.model.modules() if hasattr(m, "kernels"))
     if args.check_kernels:
         print(f"torch vs fla DeltaNet kernels: {check_kernels(engine, reqs[:4], args.device, budgets)}")

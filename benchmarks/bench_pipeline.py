@@ -120,10 +120,10 @@ def engine_requests(cfg, media: list[str], questions: list[str]) -> list:
 
 def engine_alone(cfg, reqs: list) -> dict:
     """rows/s of one `generate` over all requests (model load not timed); CPU seconds beside."""
-    from vlbatch.operators.engine import Engine
+    from vlbatch.operators.factory import load_engine
     from vlbatch.pipeline.backends import resolve_device
 
-    eng = Engine.from_pretrained(cfg.model.path, device=resolve_device(cfg.model.device),
+    eng = load_engine(cfg.model.path, device=resolve_device(cfg.model.device),
                                  dtype=cfg.model.dtype, **cfg.model.engine.engine_kwargs())
     c0, t0 = time.process_time(), time.perf_counter()
     n = sum(1 for r in eng.generate(reqs) if r.finish_reason != "error")

@@ -146,7 +146,7 @@ def roofline(engine, run: dict, bandwidth: float, peak_gbs: float | None) -> dic
 
 def _engine(base, **changes):
     """A new engine on `base`'s loaded model (`base`: (model, tokenizer, eos_ids, budgets))."""
-    from vlbatch.operators.engine.engine import Engine, EngineConfig
+    from vlbatch.operators.engine import Engine, EngineConfig
 
     model, tokenizer, eos_ids, budgets = base
     return Engine(model, tokenizer, eos_ids, EngineConfig(**{**budgets, **changes}))
@@ -210,8 +210,8 @@ def video_qa(args, base, reqs: list, warm: list, variant: str) -> dict:
 
 def memory(args, base, model) -> dict:
     """Peak allocated bytes since the load against the memory_fraction plan."""
-    from vlbatch.operators.engine.engine import EngineConfig
     from vlbatch.operators.engine.caches.memory import profile_step, state_bytes_per_seq
+    from vlbatch.operators.engine.config import EngineConfig
 
     cfg = EngineConfig(**base[3])
     slots = cfg.max_num_seqs * state_bytes_per_seq(model.config.text, model.dtype)
@@ -272,13 +272,13 @@ def transformers_side(args, ckpt: Path, images: list, engine_best: dict) -> dict
 
 def _load(args, ckpt: Path):
     """(model, tokenizer, eos_ids, budgets): one load, the budgets as the engine decided them."""
-    from vlbatch.operators.engine import Engine
+    from vlbatch.operators.factory import load_engine
 
     budgets = dict(max_num_seqs=max(args.requests, args.videos * args.questions),
                    max_num_batched_tokens=args.max_num_batched_tokens)
     if args.memory_fraction is None:
         budgets["kv_budget_bytes"] = int(args.kv_gb * 2**30)
-    engine = Engine.from_pretrained(ckpt, device=args.device, dtype=args.dtype,
+    engine = load_engine(ckpt, device=args.device, dtype=args.dtype,
                                     memory_fraction=args.memory_fraction, **budgets)
     base = (engine.model, engine.tokenizer, engine.eos_ids, asdict(engine.config))
     del engine

@@ -133,13 +133,14 @@ def run_variant(variant: str, root: Path, device: str, dtype: torch.dtype, new_t
     from transformers import AutoModelForImageTextToText
 
     from vlbatch.devtools.checkpoints import make_tiny_checkpoint
-    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.engine import Request, SamplingParams
+    from vlbatch.operators.factory import load_engine
     from vlbatch.operators.preprocess import Processor
 
     ckpt = make_tiny_checkpoint(root / variant, variant)
     ref = AutoModelForImageTextToText.from_pretrained(str(ckpt), dtype=dtype).to(device).eval()
     ref32 = AutoModelForImageTextToText.from_pretrained(str(ckpt), dtype=torch.float32).to(device).eval()
-    engine = Engine.from_pretrained(ckpt, device=device, dtype=dtype, kv_budget_bytes=32 << 20)
+    engine = load_engine(ckpt, device=device, dtype=dtype, kv_budget_bytes=32 << 20)
     proc = Processor.from_pretrained(ckpt)
     add = max(1e-3, TIE_EPS * torch.finfo(dtype).eps)
     cases = []

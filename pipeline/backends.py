@@ -165,7 +165,8 @@ def local_model_path(cfg: JobConfig) -> str:
 
 class EngineBackend:
     def __init__(self, cfg: JobConfig, on_finished=None):
-        from vlbatch.operators.engine import Engine, EngineLoop
+        from vlbatch.operators.engine import EngineLoop
+        from vlbatch.operators.factory import load_engine
 
         self.cfg = cfg
         kw = {"device": resolve_device(cfg.model.device), "dtype": cfg.model.dtype, **cfg.model.engine.engine_kwargs()}
@@ -177,7 +178,7 @@ class EngineBackend:
             self.replica = Replica(cfg, model_dir, kw)
             self.engine = self.replica.engine
         else:
-            self.engine = Engine.from_pretrained(model_dir, **kw)
+            self.engine = load_engine(model_dir, **kw)
         self.loop = EngineLoop(self.engine, max_visual_tokens=cfg.resources.model.batch_visual_tokens,
                                on_finished=on_finished)
         self.specs = pixel_specs(model_dir)

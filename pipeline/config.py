@@ -47,7 +47,7 @@ class _Section(BaseModel):
 
 
 class EngineBudgets(_Section):
-    """Budgets handed to `Engine.from_pretrained` (per model actor; `vlbatch.operators.engine.EngineConfig`)."""
+    """Budgets handed to `load_engine` (per model actor; `vlbatch.operators.engine.EngineConfig`)."""
 
     max_num_seqs: int = Field(32, ge=1, description="sequences decoded together")
     max_num_batched_tokens: int = Field(2048, ge=16, description="tokens per forward step (chunked prefill)")

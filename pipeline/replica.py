@@ -22,7 +22,7 @@ down, the end of a job on a long-lived driver) would keep its N bundles reserved
 
 Rendezvous: rank 0's node IP and a free port there (`tcp://`); all N ranks join one
 torch.distributed group, gloo on the CPU, NCCL on CUDA. Rank 0 runs the scheduler
-(`Engine.from_pretrained(..., tensor_parallel_size=N)`: a `LeaderEngine`) and broadcasts
+(`load_engine(..., tensor_parallel_size=N)`: a `LeaderEngine`) and broadcasts
 each step's plan; each follower runs `follow_pretrained` with the same arguments (its
 budgets are rank 0's, broadcast: `operators/parallel/replica.py`).
 
@@ -93,14 +93,14 @@ class Follower:
 class Replica:
     """Rank 0's side: starts the followers on this actor's node, joins them and builds the
     `LeaderEngine` (`engine`). `model_dir`: the checkpoint on this node (the followers share the
-    node, so its download too); `engine_kw`: the `Engine.from_pretrained` keywords (device,
+    node, so its download too); `engine_kw`: the `load_engine` keywords (device,
     dtype, budgets), the same on every rank."""
 
     def __init__(self, cfg: JobConfig, model_dir: str, engine_kw: dict):
         import ray
         import torch.distributed as dist
 
-        from vlbatch.operators.engine import Engine
+        from vlbatch.operators.factory import load_engine
 
         n, ep = cfg.model.tensor_parallel_size, cfg.model.expert_parallel
         self.engine = None
@@ -116,7 +116,7 @@ class Replica:
                 self.followers.append(actor)
                 self.runs.append(actor.run.remote(address, rank, n, backend, model_dir, ep, engine_kw))
             dist.init_process_group(backend, init_method=address, rank=0, world_size=n, timeout=COLLECTIVE_TIMEOUT)
-            self.engine = Engine.from_pretrained(model_dir, tensor_parallel_size=n, expert_parallel=ep,
+            self.engine = load_engine(model_dir, tensor_parallel_size=n, expert_parallel=ep,
                                                  **engine_kw)
         except BaseException:
             self.close()  # the actor's error is what Ray Data reports

@@ -55,14 +55,14 @@ def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
 def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_path):
     """On the CPU only the torch kernels exist: torch against torch must agree everywhere, and
     the model keeps the kernels it had."""
-    from vlbatch.operators.engine.engine import Engine
+    from vlbatch.operators.factory import load_engine
     from vlbatch.operators.kernels.delta_rule import TorchDeltaRule
 
     ckpt = bench.write_config(tmp_path, "tiny")
     bench.write_random_weights(ckpt, "cpu", torch.float32)
     reqs = bench.make_requests(ckpt, 2, 4)
     budgets = {"kv_budget_bytes": 8 << 20, "max_num_seqs": 4, "max_num_batched_tokens": 2048}
-    engine = Engine.from_pretrained(ckpt, **budgets)
+    engine = load_engine(ckpt, **budgets)
     line = bench.check_kernels(engine, reqs, "cpu", budgets, names=("torch", "torch"))
     assert line.startswith("8 of 8 greedy tokens identical") and "[None, None]" in line
     assert all(m.kernels == TorchDeltaRule() for m in engine.model.modules() if hasattr(m, "kernels"))
@@ -70,12 +70,12 @@ def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_pa
 
 def test_backend_check_counts_tokens_across_static_decode(tmp_path):
     """On the CPU: sdpa with static decode off and on; both must give every token of the first."""
-    from vlbatch.operators.engine.engine import Engine
+    from vlbatch.operators.factory import load_engine
 
     ckpt = bench.write_config(tmp_path, "tiny")
     bench.write_random_weights(ckpt, "cpu", torch.float32)
     reqs = bench.make_requests(ckpt, 2, 4)
     budgets = {"kv_budget_bytes": 8 << 20, "max_num_seqs": 4, "max_num_batched_tokens": 2048}
-    engine = Engine.from_pretrained(ckpt, **budgets)
+    engine = load_engine(ckpt, **budgets)
     assert bench.check_backends(engine, reqs, budgets) == \
         "greedy tokens identical to sdpa eager: sdpa 8/8, sdpa+static 8/8"

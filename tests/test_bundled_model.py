@@ -98,12 +98,13 @@ def test_bundled_answers_are_well_formed_and_stop(heldout):
 
 def test_engine_gives_the_reference_greedy_answers(heldout):
     """Our engine (batched, caches on) answers every held-out item with transformers' greedy tokens."""
-    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.engine import Request, SamplingParams
+    from vlbatch.operators.factory import load_engine
     from vlbatch.operators.preprocess import Processor
 
     items, generated = heldout
     proc = Processor.from_pretrained(MODEL_DIR)
-    engine = Engine.from_pretrained(MODEL_DIR, device="cpu", dtype="float32")
+    engine = load_engine(MODEL_DIR, device="cpu", dtype="float32")
     requests = []
     for it in items:
         text = proc.apply_chat_template(it.messages(), add_generation_prompt=True, enable_thinking=False)

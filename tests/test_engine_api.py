@@ -8,9 +8,9 @@ import torch
 from test_engine_support import assert_static_used, image, processed, reference_model, request, video
 
 from vlbatch.operators.engine import MediaItem, Request, SamplingParams
-from vlbatch.operators.engine.engine import Engine
 from vlbatch.operators.engine.scheduling.sequence import Sequence
 from vlbatch.operators.errors import InputError
+from vlbatch.operators.factory import load_engine
 
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
 
@@ -25,7 +25,7 @@ def ckpt(tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def engine(ckpt, engine_kw):
-    return Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20, **engine_kw)
+    return load_engine(ckpt, kv_budget_bytes=16 << 20, **engine_kw)
 
 
 def _one(engine, req):
@@ -99,7 +99,7 @@ def test_split_thinking_is_one_rule():
 
 
 def test_bad_requests_become_error_results_and_others_finish(ckpt, engine_kw):
-    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=400 << 10, **engine_kw)
+    engine = load_engine(ckpt, kv_budget_bytes=400 << 10, **engine_kw)
     ok = request(ckpt, "ok", [("image", image(5)), "Describe it."], max_new_tokens=3)
     too_long = request(ckpt, "long", ["word " * 300], max_new_tokens=3)
     m = ok.media[0]
@@ -143,7 +143,7 @@ def test_requests_from_our_processor_batch_match_the_reference_route(ckpt, engin
 
 
 def test_abandoned_generate_releases_everything(ckpt, engine_kw):
-    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=4 << 20, prefix_cache_bytes=0, **engine_kw)
+    engine = load_engine(ckpt, kv_budget_bytes=4 << 20, prefix_cache_bytes=0, **engine_kw)
     reqs = [request(ckpt, f"a{i}", ["Write a caption."], max_new_tokens=2 + 6 * i, stop_token_ids=()) for i in range(3)]
     gen = engine.generate(reqs)
     first = next(gen)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from test_engine_support import assert_static_used, image, reference_greedy, request, video
 
-from vlbatch.operators.engine.engine import Engine
+from vlbatch.operators.factory import load_engine
 
 SYSTEM = "You are a careful visual assistant. Answer briefly."
 QUESTIONS = ["Describe the image.", "What colour dominates?", "Count the objects in the scene please."]
@@ -45,7 +45,7 @@ def dense_requests(dense):
 
 def _run(ckpt, reqs, engine_kw, **kw) -> dict:
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    engine = Engine.from_pretrained(ckpt, **engine_kw, **kw)
+    engine = load_engine(ckpt, **engine_kw, **kw)
     results = {r.id: r for r in engine.generate(reqs)}
     assert sorted(results) == sorted(r.id for r in reqs)
     assert all(r.finish_reason in ("stop", "length") for r in results.values())

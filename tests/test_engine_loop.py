@@ -12,7 +12,7 @@ import pytest
 from test_engine_support import image, request, video
 
 from vlbatch.operators.engine import EngineLoop
-from vlbatch.operators.engine.engine import Engine
+from vlbatch.operators.factory import load_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,7 +37,7 @@ def reqs(ckpt):
 
 
 def _engine(ckpt):
-    return Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+    return load_engine(ckpt, kv_budget_bytes=16 << 20)
 
 
 @pytest.fixture(scope="module")

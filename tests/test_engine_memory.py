@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from vlbatch.operators.engine.engine import Engine
 from vlbatch.operators.engine.caches.memory import PREFIX_SHARE, free_memory, size_pools, state_bytes_per_seq
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.factory import load_engine
 from vlbatch.pipeline.config import EngineBudgets
 
 GIB = 1 << 30
@@ -40,13 +40,13 @@ def test_engine_sized_from_cpu_memory(tiny_ckpt):
     free = free_memory("cpu")
     assert free > 0
     fraction = (64 << 20) / free  # ~64 MiB of what is available now
-    engine = Engine.from_pretrained(ckpt, memory_fraction=fraction, max_num_seqs=4)
+    engine = load_engine(ckpt, memory_fraction=fraction, max_num_seqs=4)
     assert engine.state_bytes_per_seq == state_bytes_per_seq(engine.model.config.text, engine.model.dtype)
     kv = engine.blocks.num_blocks * engine.config.block_size * engine.kv_bytes_per_token
     total = kv + engine.config.prefix_cache_bytes + 4 * engine.state_bytes_per_seq
     assert 40 << 20 < total <= 80 << 20  # free memory moves a little between the two reads
     assert engine.config.prefix_cache_bytes > 0
-    fixed = Engine.from_pretrained(ckpt, memory_fraction=fraction, kv_budget_bytes=1 << 20, max_num_seqs=4)
+    fixed = load_engine(ckpt, memory_fraction=fraction, kv_budget_bytes=1 << 20, max_num_seqs=4)
     assert fixed.config.kv_budget_bytes == 1 << 20
 
 

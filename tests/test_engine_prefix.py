@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_engine_support import assert_static_used, image, request
 
-from vlbatch.operators.engine.engine import Engine
+from vlbatch.operators.factory import load_engine
 
 SYSTEM = "You are a careful visual assistant."
 # shared text after the image, longer than a KV block: the questions' branch point gets its own snapshot
@@ -24,7 +24,7 @@ def ckpt(tiny_ckpt):
 
 def _engine(ckpt, engine_kw, **kw):
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    return Engine.from_pretrained(ckpt, **engine_kw, **kw)
+    return load_engine(ckpt, **engine_kw, **kw)
 
 
 def _spy_prompt_logits(engine) -> dict:

@@ -7,10 +7,10 @@ import torch
 from vlbatch.operators.engine.caches.block_manager import BlockManager
 from vlbatch.operators.engine.caches.branch_points import plan_branch_points
 from vlbatch.operators.engine.caches.prefix_cache import NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.caches.state_pool import StatePool
 from vlbatch.operators.engine.request import Request, SamplingParams
 from vlbatch.operators.engine.scheduling.scheduler import Scheduler
 from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
-from vlbatch.operators.engine.caches.state_pool import StatePool
 
 
 def _req(rid, ids, new=4):

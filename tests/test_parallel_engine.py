@@ -7,9 +7,9 @@ import pytest
 from parallel_support import run_ranks
 from test_engine_support import image, request, video
 
-from vlbatch.operators.parallel.replica import follow_pretrained
-from vlbatch.operators.engine.engine import Engine
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.factory import load_engine
+from vlbatch.operators.parallel.replica import follow_pretrained
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -34,7 +34,7 @@ def _rank(rank: int, world: int, cases: list) -> list:
     out = []
     for ckpt, ep, reqs, kw in cases:
         if rank == 0:
-            engine = Engine.from_pretrained(ckpt, tensor_parallel_size=world, expert_parallel=ep, **kw)
+            engine = load_engine(ckpt, tensor_parallel_size=world, expert_parallel=ep, **kw)
             out.append((_generate(engine, reqs), engine.stats()))
             engine.close()
         else:
@@ -50,7 +50,7 @@ def test_tp2_engine_equals_one_rank(tiny_ckpt):
         cases += [(str(ckpt), ep, reqs, kw) for kw in BUDGETS]
     got = run_ranks(_rank, 2, cases)
     for i, (ckpt, _, reqs, kw) in enumerate(cases):
-        want = _generate(Engine.from_pretrained(ckpt, **kw), reqs)
+        want = _generate(load_engine(ckpt, **kw), reqs)
         tokens, stats = got[0][i]
         assert tokens == want, (ckpt, kw)
         assert got[1][i] > 0  # the follower ran the steps
@@ -60,12 +60,12 @@ def test_tp2_engine_equals_one_rank(tiny_ckpt):
 
 def test_tensor_parallel_needs_a_process_group(tiny_ckpt):
     with pytest.raises(ConfigError, match="torch.distributed"):
-        Engine.from_pretrained(tiny_ckpt("dense"), tensor_parallel_size=2)
+        load_engine(tiny_ckpt("dense"), tensor_parallel_size=2)
 
 
 def _rank_sized(rank: int, world: int, ckpt: str, reqs: list, kw: dict):
     if rank == 0:
-        engine = Engine.from_pretrained(ckpt, tensor_parallel_size=world, **kw)
+        engine = load_engine(ckpt, tensor_parallel_size=world, **kw)
         out = (_generate(engine, reqs), engine.config)
         engine.close()
         return out
@@ -79,8 +79,8 @@ def test_tp2_memory_fraction_sizes_every_rank_alike(tiny_ckpt):
     reqs = [request(ckpt, f"r{i}", c, max_new_tokens=4) for i, c in enumerate(_contents()[:4])]
     kw = {"memory_fraction": 0.5, "kv_budget_bytes": 8 << 20, "max_num_seqs": 4}
     (tokens, config), steps = run_ranks(_rank_sized, 2, str(ckpt), reqs, kw)
-    assert tokens == _generate(Engine.from_pretrained(ckpt, **kw), reqs)
+    assert tokens == _generate(load_engine(ckpt, **kw), reqs)
     assert steps > 0
-    one = Engine.from_pretrained(ckpt, **kw).config
+    one = load_engine(ckpt, **kw).config
     assert config.kv_budget_bytes == 8 << 20  # given: kept
     assert 0 < config.prefix_cache_bytes < 0.75 * one.prefix_cache_bytes  # sized from half the host's free memory

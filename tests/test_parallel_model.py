@@ -10,7 +10,8 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.model import load_model
 from vlbatch.operators.model.config import ModelConfig
 from vlbatch.operators.model.contiguous_cache import ContiguousCache
-from vlbatch.operators.parallel import ParallelPlan, TorchDistributed
+from vlbatch.operators.parallel import ParallelPlan, SingleProcess, TorchDistributed
+from vlbatch.operators.parallel.shard import RankShard
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,7 +34,7 @@ def _rank(rank: int, world: int, cases: list[tuple[str, bool]]) -> list[dict]:
     comm = TorchDistributed()
     out = []
     for ckpt, expert_parallel in cases:
-        model = load_model(ckpt, parallel=ParallelPlan(world, rank, expert_parallel), comm=comm)
+        model = load_model(ckpt, layout=RankShard(ParallelPlan(world, rank, expert_parallel), comm))
         out.append({"logits": _run(model), "shapes": {n: tuple(p.shape) for n, p in model.named_parameters()}})
     return out
 
@@ -76,7 +77,7 @@ def test_uneven_splits_are_refused(tiny_ckpt, variant, ep, names):
         assert name in str(err.value)
     ParallelPlan(1, 0, ep).check(config)  # one rank takes anything
     with pytest.raises(ConfigError):
-        load_model(tiny_ckpt(variant), parallel=ParallelPlan(2, 0, ep))
+        load_model(tiny_ckpt(variant), layout=RankShard(ParallelPlan(2, 0, ep), SingleProcess()))
 
 
 def test_plan_slices_are_disjoint_and_cover():

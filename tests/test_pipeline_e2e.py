@@ -142,7 +142,8 @@ def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, 
     """Answers of the engine alone for (id, media path, prompt), no Ray, no pipeline code."""
     from dataclasses import replace
 
-    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.engine import Request, SamplingParams
+    from vlbatch.operators.factory import load_engine
     from vlbatch.operators.media.video import FrameSampling
     from vlbatch.operators.media.worker import decode_video
     from vlbatch.operators.preprocess import Processor, load_image
@@ -153,7 +154,7 @@ def engine_alone(cfg_dict: dict, reqs: list[tuple[str, str, str]]) -> dict[str, 
     proc.video_config = replace(proc.video_config, max_pixels=v["max_pixels"])
     from vlbatch.pipeline.config import EngineBudgets
 
-    engine = Engine.from_pretrained(ck, device="cpu", **EngineBudgets(**cfg_dict["model"]["engine"]).engine_kwargs())
+    engine = load_engine(ck, device="cpu", **EngineBudgets(**cfg_dict["model"]["engine"]).engine_kwargs())
     requests = []
     for rid, path, prompt in reqs:
         data = Path(path).read_bytes()

@@ -214,7 +214,8 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
 
     import torch
 
-    from vlbatch.operators.engine import Engine, Request, SamplingParams
+    from vlbatch.operators.engine import Request, SamplingParams
+    from vlbatch.operators.factory import load_engine
     from vlbatch.operators.model.pixels import normalize_frames
     from vlbatch.operators.preprocess import Processor
     from vlbatch.operators.types import VideoClip
@@ -256,11 +257,11 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     patch, merge, temporal = spec.layout
     assert np.array_equal(normalize_frames(torch.from_numpy(prep.pixels.copy()), spec.table, patch=patch, merge=merge,
                                            temporal=temporal).numpy(), proc(_chat(proc, kind, "x"), **media)[pv_key])
-    engine = Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+    engine = load_engine(ckpt, kv_budget_bytes=16 << 20)
     refs = [Request.from_processor(r.id, proc(_chat(proc, kind, p, "Be brief."), **media), 0,
                                    sampling=SamplingParams(max_new_tokens=5)) for r, p in zip(reqs, prompts, strict=True)]
     want = {r.id: r.token_ids for r in engine.generate(refs)}
-    engine2 = Engine.from_pretrained(ckpt, kv_budget_bytes=16 << 20)
+    engine2 = load_engine(ckpt, kv_budget_bytes=16 << 20)
     got = {r.id: r.token_ids for r in engine2.generate(reqs)}
     assert got == want and engine2.stats()["vision_encodes"] == 1
 

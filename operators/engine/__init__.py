@@ -1,16 +1,17 @@
 """The batch engine: continuous batching over a hybrid (Gated DeltaNet + full attention) model.
 
-Public API: `Engine.from_pretrained(model_dir, device=..., dtype=..., <budgets>)`,
-`engine.generate(requests) -> Iterator[Result]`, `Request` / `MediaItem` /
-`SamplingParams` / `Result`; `EngineLoop(engine, max_visual_tokens).run(requests)` shares
-one engine between concurrent callers (threads) without draining it between their batches.
+Public API: `Engine(model, tokenizer, eos_ids, EngineConfig(...))` over a loaded model (a
+checkpoint directory is loaded by `vlbatch.operators.factory.load_engine`), `engine.generate(requests)
+-> Iterator[Result]`, `Request` / `MediaItem` / `SamplingParams` / `Result`;
+`EngineLoop(engine, max_visual_tokens).run(requests)` shares one engine between concurrent callers
+(threads) without draining it between their batches.
 
-Request path (one file each): `request` + `media_spans` (types) -> `engine` (loop) -> `scheduler`
-(continuous batching, chunked prefill, preemption, sibling gating) with `block_manager`
-(paged KV ids), `state_pool` (DeltaNet slots + snapshots), `prefix_cache` (radix tree
-with hybrid snapshots), `branch_points` (offline planning) -> `model_runner` (inputs,
-`vision_cache`, `operators/kernels/attention`, the model's `forward_packed`) -> `sampler`.
-Submodules import lazily: importing the package loads no model code.
+The request path: `request` + `media_spans` (types), `config` (`EngineConfig`) -> `engine` (the
+step loop) -> `scheduling/` (continuous batching, chunked prefill, preemption, sibling gating) over
+`caches/` (paged KV block ids, DeltaNet state slots + snapshots, the radix prefix cache, the vision
+cache, pool sizing from free memory) -> `runner/` (step inputs, vision features, paged attention,
+the model's `forward_packed`) -> `sampler`. Layers inside go one way: engine/loop -> runner ->
+scheduling -> caches -> types. Submodules import lazily: importing the package loads no model code.
 """
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ __all__ = ["Engine", "EngineConfig", "EngineLoop", "MediaItem", "Request", "Resu
 
 
 def __getattr__(name: str):
-    if name in ("Engine", "EngineConfig"):
-        from vlbatch.operators.engine import engine
+    if name == "Engine":
+        from vlbatch.operators.engine.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "EngineConfig":
+        from vlbatch.operators.engine.config import EngineConfig
+
+        return EngineConfig
     if name == "EngineLoop":
         from vlbatch.operators.engine.loop import EngineLoop
 

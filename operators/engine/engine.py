@@ -11,58 +11,32 @@ Budgets (bytes): `kv_budget_bytes` sizes the paged KV pool of the full-attention
 preempted); `prefix_cache_bytes` bounds what the radix tree keeps (DeltaNet snapshots +
 the distinct KV blocks it references; 0 turns the prefix cache off);
 `vision_cache_bytes` bounds cached vision features (0 turns it off). DeltaNet slots:
-`max_num_seqs` of them (`state_bytes_per_seq` each). `from_pretrained(memory_fraction=...)`
-sizes the KV pool and prefix cache from free device memory instead (`memory.py`).
+`max_num_seqs` of them (`state_bytes_per_seq` each). `operators/factory.load_engine(memory_fraction=...)`
+sizes the KV pool and prefix cache from free device memory instead (`caches/memory.py`).
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
 import torch
 
-from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget
-from vlbatch.operators.engine.runner.model_runner import ModelRunner
+from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
 from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
+from vlbatch.operators.engine.config import EngineConfig
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
+from vlbatch.operators.engine.runner.model_runner import ModelRunner
 from vlbatch.operators.engine.sampler import make_generator, sample
 from vlbatch.operators.engine.scheduling.scheduler import Scheduler
 from vlbatch.operators.engine.scheduling.sequence import Sequence
-from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
-from vlbatch.operators.errors import ConfigError, EngineError, InputError
+from vlbatch.operators.errors import EngineError, InputError
 from vlbatch.operators.kernels.attention import select_attention
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    kv_budget_bytes: int = 256 << 20
-    prefix_cache_bytes: int = 128 << 20
-    vision_cache_bytes: int = 256 << 20
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    chunk_size: int | None = None  # None: prefill chunks only limited by the token budget
-    block_size: int = 16
-    attention: str = "auto"  # `vlbatch.operators.kernels.attention.CHOICES` (auto: by the model's device)
-    static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
-
-    def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ConfigError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
-        for name in ("kv_budget_bytes", "prefix_cache_bytes", "vision_cache_bytes"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0")
 
 
 class Engine:
     def __init__(self, model, tokenizer, eos_ids: tuple[int, ...], config: EngineConfig):
-        from vlbatch.operators.engine.caches.block_manager import kv_bytes_per_block
-
         text = model.config.text
         self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
         elem = torch.empty(0, dtype=model.dtype).element_size()
@@ -86,42 +60,6 @@ class Engine:
         return ModelRunner(model, num_blocks, c.block_size, c.max_num_seqs, vcache,
                            select_attention(c.attention, model.device),
                            static_decode=c.static_decode)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                        delta_kernels: str = "auto", memory_fraction: float | None = None,
-                        tensor_parallel_size: int = 1, expert_parallel: bool = False, **budgets) -> Engine:
-        """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
-        generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
-        "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
-        auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields.
-        `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
-        (`operators/engine/caches/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
-        `tensor_parallel_size` > 1: this process is rank 0 of an initialised torch.distributed
-        group of that size whose other ranks run `operators/parallel/replica.follow_pretrained`
-        (`expert_parallel`: MoE experts split whole across the ranks)."""
-        from vlbatch.operators.model.loader import load_model, torch_dtype
-        from vlbatch.operators.preprocess.tokenizer import load_tokenizer
-
-        model_dir = Path(model_dir)
-        comm = None  # the replica's ranks when tensor_parallel_size > 1
-        if tensor_parallel_size > 1:
-            from vlbatch.operators.parallel.replica import load_rank
-
-            model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, device=device,
-                                    dtype=torch_dtype(dtype), delta_kernels=delta_kernels, leader=True)
-        else:
-            model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
-        tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
-        if memory_fraction is not None:
-            from vlbatch.operators.engine.caches.memory import budgets_from_memory
-
-            budgets = budgets_from_memory(model, memory_fraction, budgets, comm)
-        if tensor_parallel_size > 1:
-            from vlbatch.operators.parallel.replica import LeaderEngine
-
-            return LeaderEngine(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets), comm)
-        return cls(model, tokenizer, _eos_ids(model_dir), EngineConfig(**budgets))
 
     # -- stats ----------------------------------------------------------------------------
     @property
@@ -275,14 +213,3 @@ def _group_adjacent(reqs: list[Request]) -> list[Request]:
         k = first.setdefault(r.group, i) if r.group is not None else i
         keyed.append((k, i))
     return [reqs[i] for _, i in sorted(keyed)]
-
-
-def _eos_ids(model_dir: Path) -> tuple[int, ...]:
-    for name, key in (("generation_config.json", "eos_token_id"), ("config.json", "eos_token_id")):
-        path = model_dir / name
-        if path.exists():
-            raw = json.loads(path.read_text())
-            val = raw.get(key, raw.get("text_config", {}).get(key))
-            if val is not None:
-                return tuple(val) if isinstance(val, list) else (int(val),)
-    return ()

@@ -25,6 +25,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
@@ -88,29 +89,37 @@ def check_checkpoint(model_dir: str | Path) -> None:
     _plan(checkpoint_files(model_dir), shapes, config)
 
 
+class Layout(Protocol):
+    """How a model is laid out over ranks; `operators/parallel/shard.RankShard` is the one
+    implementation (the loader stays below `parallel/`: it never imports it)."""
+
+    def build(self, config: ModelConfig) -> Qwen35Model:
+        """This rank's model, built on the meta device (full shapes when unsharded)."""
+
+    def slice(self, name: str, shape: tuple[int, ...], text) -> object | None:
+        """This rank's part of checkpoint tensor `name` of full `shape` (None: the whole)."""
+
+
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               delta_kernels: str = "auto", parallel=None, comm=None) -> Qwen35Model:
+               delta_kernels: str = "auto", layout: Layout | None = None) -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
     `delta_kernels`: auto / torch / fla (`operators/kernels/delta_rule.select_delta_rule`); MoE experts:
-    `operators/kernels/moe.select_experts`. With `parallel` (`operators/parallel.ParallelPlan`, tp > 1)
-    and its `comm`, this rank's shard (`operators/parallel/shard.ParallelModel`): only its slices
-    of each tensor are read from the memory-mapped files."""
+    `operators/kernels/moe.select_experts`. With `layout` (a rank of a tensor-parallel replica:
+    `operators/parallel/shard.RankShard`), this rank's shard: only its slices of each tensor are
+    read from the memory-mapped files."""
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
     from vlbatch.operators.kernels.moe import select_experts
 
     kernels = select_delta_rule(device, delta_kernels)  # a bad choice fails before the weights load
     config = ModelConfig.from_pretrained(model_dir)
-    sharded = parallel is not None and parallel.tp > 1
     with torch.device("meta"):
         model = Qwen35Model(config)  # full shapes: what the checkpoint is checked against
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        if sharded:
-            from vlbatch.operators.parallel.shard import ParallelModel
-
-            model = ParallelModel(config, parallel, comm)
+        if layout is not None:
+            model = layout.build(config)
     files = checkpoint_files(model_dir)
     plan, mtp = _plan(files, shapes, config)
-    shard_of = (lambda name: parallel.shard(name, shapes[name], config.text)) if sharded else None
+    shard_of = (lambda name: layout.slice(name, shapes[name], config.text)) if layout is not None else None
     _materialise(model, plan, files, torch.device(device), dtype, shard_of)
     for name in mtp:
         with safe_open(str(files[name]), framework="pt") as f:

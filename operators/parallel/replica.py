@@ -25,13 +25,21 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from vlbatch.operators.engine.engine import Engine, EngineConfig
-from vlbatch.operators.engine.runner.model_runner import ModelRunner
-from vlbatch.operators.engine.scheduling.scheduler import Chunk, StepPlan
+from vlbatch.operators.engine.caches.block_manager import blocks_for_budget, kv_bytes_per_block
+from vlbatch.operators.engine.caches.memory import budgets_from_memory
 from vlbatch.operators.engine.caches.state_pool import Snapshot, StatePool
 from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
+from vlbatch.operators.engine.config import EngineConfig
+from vlbatch.operators.engine.engine import Engine
+from vlbatch.operators.engine.runner.model_runner import ModelRunner
+from vlbatch.operators.engine.scheduling.scheduler import Chunk, StepPlan
 from vlbatch.operators.errors import ConfigError, InputError
+from vlbatch.operators.model.loader import load_model, torch_dtype
+from vlbatch.operators.parallel.comm import TorchDistributed
+from vlbatch.operators.parallel.plan import ParallelPlan
+from vlbatch.operators.parallel.shard import RankShard
 
 
 @dataclass(frozen=True)
@@ -117,8 +125,6 @@ def _wire_plan(plan: StepPlan) -> StepPlan:
 def follow(model, comm) -> int:
     """A follower rank's loop: take rank 0's `EngineConfig`, then replay each broadcast step
     on this rank's shard until the leader's `close()`. -> the number of steps run."""
-    from vlbatch.operators.engine.caches.block_manager import blocks_for_budget, kv_bytes_per_block
-
     config: EngineConfig = comm.broadcast_object(None)
     text = model.config.text
     elem = torch.empty(0, dtype=model.dtype).element_size()
@@ -157,11 +163,6 @@ def load_rank(model_dir, tensor_parallel_size: int, expert_parallel: bool = Fals
               **load_kw):
     """This process's shard over the initialised torch.distributed group -> (model, comm).
     ConfigError when the group is missing, of another size, or `leader` is not rank 0's role."""
-    import torch.distributed as dist
-
-    from vlbatch.operators.model.loader import load_model
-    from vlbatch.operators.parallel import ParallelPlan, TorchDistributed
-
     if not dist.is_available() or not dist.is_initialized():
         raise ConfigError(f"tensor_parallel_size={tensor_parallel_size} needs an initialised torch.distributed "
                           "group (one process per rank)")
@@ -171,18 +172,15 @@ def load_rank(model_dir, tensor_parallel_size: int, expert_parallel: bool = Fals
     if leader != (comm.rank == 0):
         raise ConfigError(f"rank {comm.rank}: rank 0 runs the Engine, every other rank follow_pretrained")
     plan = ParallelPlan(tensor_parallel_size, comm.rank, expert_parallel)
-    return load_model(model_dir, parallel=plan, comm=comm, **load_kw), comm
+    return load_model(model_dir, layout=RankShard(plan, comm), **load_kw), comm
 
 
 def follow_pretrained(model_dir, tensor_parallel_size: int, expert_parallel: bool = False, *, device="cpu",
                       dtype=torch.float32, delta_kernels: str = "auto", memory_fraction: float | None = None,
                       **budgets) -> int:
-    """A non-zero rank's side of `Engine.from_pretrained(..., tensor_parallel_size=N)`, with the
+    """A non-zero rank's side of `operators/factory.load_engine(..., tensor_parallel_size=N)`, with the
     same arguments: load this rank's shard, join the memory sizing when `memory_fraction` is
     set, then `follow` (with rank 0's budgets) until the leader closes."""
-    from vlbatch.operators.engine.caches.memory import budgets_from_memory
-    from vlbatch.operators.model.loader import torch_dtype
-
     model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=False, device=device,
                             dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
     if memory_fraction is not None:  # its collectives need every rank; rank 0's result is broadcast

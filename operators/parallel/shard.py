@@ -20,6 +20,8 @@ The vision tower is replicated. With `SingleProcess` and tp=1 this is the plain 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -117,3 +119,18 @@ class ParallelModel(Qwen35Model):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + this rank's vocab slice, gathered: [n, D] -> [n, V]."""
         return self.comm.all_gather(super().logits(hidden), dim=-1)
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """One rank's layout for `load_model(layout=...)`: its `ParallelModel`, and `plan.shard`'s
+    slice of each checkpoint tensor (so a rank reads only its slices)."""
+
+    plan: ParallelPlan
+    comm: Comm
+
+    def build(self, config: ModelConfig) -> ParallelModel:
+        return ParallelModel(config, self.plan, self.comm)
+
+    def slice(self, name: str, shape: tuple[int, ...], text: TextConfig):
+        return self.plan.shard(name, shape, text)

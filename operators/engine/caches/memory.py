@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from vlbatch.operators.engine.config import EngineConfig
 from vlbatch.operators.errors import ConfigError
 
 PREFIX_SHARE = 0.125  # of what the slots leave, when the prefix cache budget is not given
@@ -96,8 +97,6 @@ def budgets_from_memory(model, fraction: float, budgets: dict, comm=None) -> dic
     """`budgets` (EngineConfig fields) with the KV pool and prefix cache sized from free memory
     after a profiling step; budgets given explicitly are kept. `comm`: the replica's ranks,
     all calling this with the same arguments (see the module docstring)."""
-    from vlbatch.operators.engine.engine import EngineConfig
-
     defaults = EngineConfig(**{k: v for k, v in budgets.items() if k not in ("kv_budget_bytes", "prefix_cache_bytes")})
     activation = profile_step(model, defaults.max_num_batched_tokens)
     free = free_memory(model.device)

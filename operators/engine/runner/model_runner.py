@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from vlbatch.operators.engine.scheduling.scheduler import StepPlan
 from vlbatch.operators.engine.caches.state_pool import StatePool
+from vlbatch.operators.engine.caches.vision_cache import VisionCache
 from vlbatch.operators.engine.runner.static_decode import StaticDecode, default_buckets
 from vlbatch.operators.engine.runner.step_cache import PagedStepCache
-from vlbatch.operators.engine.caches.vision_cache import VisionCache
+from vlbatch.operators.engine.scheduling.scheduler import StepPlan
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout, select_attention
 from vlbatch.operators.kernels.attention.layout import to_device

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vlbatch.operators.engine.scheduling.scheduler import StepPlan
 from vlbatch.operators.engine.runner.step_cache import PagedStepCache
+from vlbatch.operators.engine.scheduling.scheduler import StepPlan
 from vlbatch.operators.kernels.attention import PagedLayout
 from vlbatch.operators.kernels.attention.layout import decode_slots, padded_tables
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from vlbatch.operators.engine.caches.block_manager import BlockManager
 from vlbatch.operators.engine.caches.branch_points import prefix_digest
 from vlbatch.operators.engine.caches.prefix_cache import Match, PrefixCache
-from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
 from vlbatch.operators.engine.caches.state_pool import StatePool
+from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
 
 
 @dataclass(frozen=True)
