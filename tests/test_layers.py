@@ -1,0 +1,60 @@
+"""The layer contracts in pyproject.toml ([tool.importlinter]) hold, and they can fail.
+
+`lint-imports` (import-linter, over grimp's import graph, lazy imports inside functions included)
+checks that each layer imports only those below it, that the engine's parts go one way, and that
+`vlbatch.devtools` stays out of the product path. The second test runs the same contracts over a
+copy of the tree with one upward import added, so a contract that checked nothing would fail it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.tree_site import roots
+
+REPO = Path(__file__).resolve().parents[1]
+LINT = ("import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True, no_logo=True))")
+
+
+def _lint(config: Path, cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
+    return subprocess.run([sys.executable, "-c", LINT, str(config)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_layer_contracts_are_kept():
+    done = _lint(REPO / "pyproject.toml", REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+def _copy(tmp: Path, name: str) -> Path:
+    """The product's Python files under the import name `name` instead of `vlbatch` (a package
+    of its own, so the installed vlbatch cannot shadow the copy) -> the copied contracts file."""
+    for sub, folder in roots(REPO / "setup.py").items():
+        shutil.copytree(REPO / folder, tmp / name / sub,
+                        ignore=lambda d, names: [n for n in names if not n.endswith(".py") and not (Path(d) / n).is_dir()
+                                                 or n == "__pycache__"])
+    for f in (tmp / name).rglob("*.py"):
+        f.write_text(f.read_text().replace("vlbatch.", f"{name}."))
+    config = tmp / "contracts.toml"
+    config.write_text((REPO / "pyproject.toml").read_text().replace("vlbatch.", f"{name}."))
+    return config
+
+
+def test_an_upward_import_breaks_the_contracts(tmp_path):
+    config = _copy(tmp_path, "vlbcopy")
+    kept = _lint(config, tmp_path, pythonpath=str(tmp_path))
+    assert kept.returncode == 0, kept.stdout + kept.stderr  # the copy itself is clean
+    (tmp_path / "vlbcopy/operators/kernels/_upward.py").write_text("from vlbcopy.pipeline import config\n")
+    (tmp_path / "vlbcopy/operators/engine/caches/_upward.py").write_text(
+        "def f():\n    from vlbcopy.operators.engine.runner import model_runner\n")
+    broken = _lint(config, tmp_path, pythonpath=str(tmp_path))
+    assert broken.returncode == 1
+    said = " ".join(broken.stdout.split())  # the report wraps long lines
+    assert "vlbcopy.operators.kernels._upward -> vlbcopy.pipeline.config" in said
+    assert "vlbcopy.operators.engine.caches._upward -> vlbcopy.operators.engine.runner.model_runner" in said
