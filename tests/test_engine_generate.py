@@ -1,13 +1,14 @@
 """End-to-end engine exactness on tiny checkpoints (dense and MoE): images, videos, several media.
 
 Greedy outputs must be identical whether a request runs alone or in a batch of 32 with
-mixed lengths, with the prefix and vision caches on or off, with chunked prefill, and
-after preemption; and equal to transformers' generate on the same prompt.
+mixed lengths, with the prefix and vision caches on or off (the prefix cache: the radix tree
+and its naive twin), with chunked prefill, and after preemption; and equal to transformers'
+generate on the same prompt.
 """
 from __future__ import annotations
 
 import pytest
-from test_engine_support import assert_static_used, image, reference_greedy, request, video
+from test_engine_support import DictCacheEngine, assert_static_used, image, reference_greedy, request, video
 
 from vlbatch.operators.factory import load_engine
 
@@ -43,9 +44,9 @@ def dense_requests(dense):
             for i, c in enumerate(_contents())]
 
 
-def _run(ckpt, reqs, engine_kw, **kw) -> dict:
+def _run(ckpt, reqs, engine_kw, cls=Engine, **kw) -> dict:
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    engine = load_engine(ckpt, **engine_kw, **kw)
+    engine = cls.from_pretrained(ckpt, **engine_kw, **kw)
     results = {r.id: r for r in engine.generate(reqs)}
     assert sorted(results) == sorted(r.id for r in reqs)
     assert all(r.finish_reason in ("stop", "length") for r in results.values())
@@ -71,6 +72,7 @@ def test_alone_equals_transformers_generate(dense, dense_requests, alone):
 
 @pytest.mark.parametrize("name,kw", [
     ("batched_caches_on", {}),
+    ("batched_caches_on_dict_prefix_cache", {"cls": DictCacheEngine}),
     ("batched_caches_off", {"prefix_cache_bytes": 0, "vision_cache_bytes": 0}),
     ("chunked_prefill", {"chunk_size": 7, "max_num_batched_tokens": 64}),
     ("preemption", {"kv_budget_bytes": 400 << 10, "max_num_seqs": 32}),
@@ -78,7 +80,7 @@ def test_alone_equals_transformers_generate(dense, dense_requests, alone):
 def test_batch_of_32_equals_alone(dense, dense_requests, alone, engine_kw, name, kw):
     got, stats = _run(dense, dense_requests, engine_kw, **kw)
     assert got == alone
-    if name == "batched_caches_on":
+    if name.startswith("batched_caches_on"):
         assert stats["prefix_hit_tokens"] > 0 and stats["vision_encodes"] == 10
     if name == "batched_caches_off":
         assert stats["prefix_hit_tokens"] == 0 and stats["vision_encodes"] == 12 + 6 + 2 + 2

@@ -1,9 +1,12 @@
-"""Prefix-cache behaviour through the real engine: exact branch points, copy-on-write, eviction, media keys."""
+"""Prefix-cache behaviour through the real engine: exact branch points, copy-on-write, eviction, media keys.
+
+Every test runs against both prefix caches (the `cache_engine` fixture): the radix tree and its naive
+twin, a dict of exact prefixes; their outputs must equal the engine's with caches off."""
 from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_support import assert_static_used, image, request
+from test_engine_support import CACHE_ENGINES, assert_static_used, image, request
 
 from vlbatch.operators.factory import load_engine
 
@@ -22,9 +25,15 @@ def ckpt(tiny_ckpt):
     return tiny_ckpt("dense")
 
 
-def _engine(ckpt, engine_kw, **kw):
+@pytest.fixture(params=sorted(CACHE_ENGINES))
+def cache_engine(request):
+    """The engine class over one prefix cache (radix tree, dict twin)."""
+    return CACHE_ENGINES[request.param]
+
+
+def _engine(ckpt, engine_kw, cls=Engine, **kw):
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    return load_engine(ckpt, **engine_kw, **kw)
+    return cls.from_pretrained(ckpt, **engine_kw, **kw)
 
 
 def _spy_prompt_logits(engine) -> dict:
@@ -57,7 +66,7 @@ def _branch_point(a, b) -> int:
     return n
 
 
-def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
+def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw, cache_engine):
     img = ("image", image(3, 48, 64))
     reqs = [request(ckpt, f"q{i}", [img, LEAD + q], system=SYSTEM, max_new_tokens=5)
             for i, q in enumerate(QUESTIONS[:3])]
@@ -65,7 +74,7 @@ def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
     block = 16 if bp % 16 else 12
     # shared text after the image, more than a block of it (`spaced`), the branch mid-block
     assert bp % block and bp - reqs[0].media[0].spans[-1][1] >= 16
-    cached, plain = _engine(ckpt, engine_kw, block_size=block), _engine(ckpt, engine_kw, block_size=block, prefix_cache_bytes=0)
+    cached, plain = _engine(ckpt, engine_kw, cache_engine, block_size=block), _engine(ckpt, engine_kw, block_size=block, prefix_cache_bytes=0)
     rows_c, rows_p = _spy_prompt_logits(cached), _spy_prompt_logits(plain)
     res_c = {r.id: r for r in cached.generate(reqs)}
     res_p = {r.id: r for r in plain.generate(reqs)}
@@ -79,11 +88,11 @@ def test_hit_at_exact_unaligned_branch_point_with_equal_logits(ckpt, engine_kw):
     assert cached.stats()["vision_encodes"] == 1  # the siblings' hits cover the image
 
 
-def test_copy_on_write_isolation(ckpt, engine_kw):
+def test_copy_on_write_isolation(ckpt, engine_kw, cache_engine):
     img = ("image", image(4, 40, 72))
     reqs = [request(ckpt, f"c{i}", [img, LEAD + q], system=SYSTEM, max_new_tokens=7) for i, q in enumerate(QUESTIONS)]
     alone = _alone(ckpt, reqs, engine_kw)
-    engine = _engine(ckpt, engine_kw, block_size=16)
+    engine = _engine(ckpt, engine_kw, cache_engine, block_size=16)
     first = {r.id: r.token_ids for r in engine.generate(reqs[:2])}
     bp = _branch_point(reqs[0], reqs[1])
     match = engine.prefix_cache.match(engine.codec.encode(reqs[2].prompt_token_ids, reqs[2].media), bp)
@@ -102,13 +111,13 @@ def test_copy_on_write_isolation(ckpt, engine_kw):
     assert_static_used(engine.stats(), engine_kw)
 
 
-def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw):
+def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw, cache_engine):
     reqs = [request(ckpt, f"e{g}{i}", [("image", image(20 + g, 40, 40)), q], system=SYSTEM, max_new_tokens=4)
             for g in range(4) for i, q in enumerate(QUESTIONS[:2])]
     alone = _alone(ckpt, reqs, engine_kw)
     probe = _engine(ckpt, engine_kw)
     budget = int(1.5 * probe.state_bytes_per_seq) + 8 * 16 * probe.kv_bytes_per_token
-    engine = _engine(ckpt, engine_kw, prefix_cache_bytes=budget, max_num_seqs=4)
+    engine = _engine(ckpt, engine_kw, cache_engine, prefix_cache_bytes=budget, max_num_seqs=4)
     got = {r.id: r.token_ids for r in engine.generate(reqs)}
     stats = engine.stats()
     assert got == alone
@@ -116,7 +125,7 @@ def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw):
     assert stats["prefix_hit_tokens"] > 0
 
 
-def test_a_full_cache_evicts_what_no_queued_request_will_reuse(ckpt, engine_kw):
+def test_a_full_cache_evicts_what_no_queued_request_will_reuse(ckpt, engine_kw, cache_engine):
     """One sequence at a time, in this order: A, A, B, B, C, A; the cache holds the chat header
     and two image prefixes. When C's prefix comes in, B's was used last, but nobody waits for
     it, while A's last question still does: B's goes (plain LRU would drop A's)."""
@@ -125,21 +134,21 @@ def test_a_full_cache_evicts_what_no_queued_request_will_reuse(ckpt, engine_kw):
     order = [("A", 0), ("A", 1), ("B", 0), ("B", 1), ("C", 0), ("A", 2)]
     reqs = [request(ckpt, f"{k}{i}", [img[k], qs[i]], system=SYSTEM, max_new_tokens=3) for k, i in order]
     alone = _alone(ckpt, reqs, engine_kw)
-    roomy = _engine(ckpt, engine_kw, prefix_cache_bytes=1 << 30, max_num_seqs=1)
+    roomy = _engine(ckpt, engine_kw, cache_engine, prefix_cache_bytes=1 << 30, max_num_seqs=1)
     roomy.submit(reqs)
     held = {}  # snapshots inserted -> prefix-cache bytes
     while roomy.has_work:
         roomy.step()
         held.setdefault(roomy.stats()["snapshots_inserted"], roomy.stats()["prefix_cache_bytes"])
     budget = held[3] + 1024  # the header, A's and B's prefixes: C's does not fit beside them
-    engine = _engine(ckpt, engine_kw, prefix_cache_bytes=budget, max_num_seqs=1)
+    engine = _engine(ckpt, engine_kw, cache_engine, prefix_cache_bytes=budget, max_num_seqs=1)
     res = {r.id: r for r in engine.generate(reqs)}
     assert engine.stats()["prefix_evicted_nodes"] > 0
     assert res["A2"].cached_tokens >= reqs[0].media[0].spans[-1][1]
     assert {k: v.token_ids for k, v in res.items()} == alone
 
 
-def test_same_text_different_media_never_collide(ckpt, engine_kw):
+def test_same_text_different_media_never_collide(ckpt, engine_kw, cache_engine):
     q = "Describe it."
     a = request(ckpt, "a", [("image", image(7, 48, 48)), q], system=SYSTEM)
     b = request(ckpt, "b", [("image", image(8, 48, 48)), q], system=SYSTEM)  # same size: same token ids
@@ -147,7 +156,7 @@ def test_same_text_different_media_never_collide(ckpt, engine_kw):
     assert a.prompt_token_ids == b.prompt_token_ids == c.prompt_token_ids
     alone = _alone(ckpt, [a, b], engine_kw)
     assert alone["a"] != alone["b"]
-    engine = _engine(ckpt, engine_kw)
+    engine = _engine(ckpt, engine_kw, cache_engine)
     res = {r.id: r for r in engine.generate([a, b, c])}
     start, end = a.media[0].spans[0][0], a.media[0].spans[-1][1]
     assert res["b"].cached_tokens == start  # only the text before the image is shared
@@ -157,7 +166,7 @@ def test_same_text_different_media_never_collide(ckpt, engine_kw):
 
 
 @pytest.mark.parametrize("variant", ["dense", "moe"])
-def test_siblings_diverging_at_a_second_media_reuse_the_shared_media_prefix(tiny_ckpt, engine_kw, variant):
+def test_siblings_diverging_at_a_second_media_reuse_the_shared_media_prefix(tiny_ckpt, engine_kw, cache_engine, variant):
     """One call: [system, A, question] x 3 and [system, A, C, question], [system, A, D, question].
     Every prompt but the first to run shares [system, A] with one already computing it, so each
     waits for it and starts from A's end (the spaced snapshot points agree on every prompt
@@ -170,7 +179,7 @@ def test_siblings_diverging_at_a_second_media_reuse_the_shared_media_prefix(tiny
     end_a = reqs[0].media[0].spans[-1][1]
     assert reqs[3].media[0].spans[-1][1] == end_a and len(reqs[3].media) == 2
     alone = _alone(ckpt, reqs, engine_kw)
-    engine = _engine(ckpt, engine_kw)
+    engine = _engine(ckpt, engine_kw, cache_engine)
     res = {r.id: r for r in engine.generate(reqs)}
     assert res["t0"].cached_tokens == 0
     assert {k: v.cached_tokens >= end_a for k, v in res.items() if k != "t0"} == {k: True for k in res if k != "t0"}
@@ -178,7 +187,7 @@ def test_siblings_diverging_at_a_second_media_reuse_the_shared_media_prefix(tiny
     assert engine.stats()["vision_encodes"] == 3  # A once, C and D once each
 
 
-def test_a_later_call_waits_for_a_prefix_another_call_is_computing(ckpt, engine_kw):
+def test_a_later_call_waits_for_a_prefix_another_call_is_computing(ckpt, engine_kw, cache_engine):
     """Call 1: two text prompts branching after a long shared lead; its first sequence is
     still computing that branch point (16-token chunks) when call 2 brings a third prompt
     through the same lead. Call 2 alone plans no point there, yet it waits for the prefix
@@ -188,7 +197,7 @@ def test_a_later_call_waits_for_a_prefix_another_call_is_computing(ckpt, engine_
     bp = _branch_point(reqs[0], reqs[1])
     assert _branch_point(reqs[0], reqs[2]) == bp > 32
     alone = _alone(ckpt, reqs, engine_kw)
-    engine = _engine(ckpt, engine_kw, chunk_size=16)
+    engine = _engine(ckpt, engine_kw, cache_engine, chunk_size=16)
     done = {r.id: r for r in engine.submit(reqs[:2])}
     done.update({r.id: r for r in engine.step()})
     assert engine.scheduler.running and engine.scheduler.running[0].num_computed < bp

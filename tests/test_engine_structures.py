@@ -1,4 +1,5 @@
-"""Engine data structures without a model: blocks, state pool, prefix tree, planning, vision cache."""
+"""Engine data structures without a model: blocks, state pool, keys, planning, vision cache (the prefix
+caches and the planner: tests/test_engine_prefix_cache.py)."""
 from __future__ import annotations
 
 import random
@@ -7,11 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
-from vlbatch.operators.engine.caches.branch_points import plan_branch_points, plan_branch_points_naive
-from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, RadixPrefixCache
-from vlbatch.operators.engine.caches.state_pool import StatePool
-from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache
+from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
+from vlbatch.operators.engine.branch_points import plan_branch_points, plan_branch_points_naive
+from vlbatch.operators.engine.prefix_cache import KeyCodec
 from vlbatch.operators.engine.request import MediaItem
 from vlbatch.operators.errors import ConfigError, InputError
 
@@ -112,117 +111,6 @@ def test_key_codec_forgetting_never_aliases():
     others = [codec.encode(ids, [_item(s, ((1, 3),))]) for s in (1, 2, 3)]
     assert not (again == first).all()  # fresh id: a miss, not a false hit
     assert all(not (again[1:3] == o[1:3]).any() for o in others)
-
-
-# -- prefix cache ----------------------------------------------------------------------------
-def _snap(value: float):
-    from vlbatch.operators.engine.caches.state_pool import Snapshot
-
-    return Snapshot(torch.full((2, 3, 4), value), torch.full((2, 1, 2, 2), value))
-
-
-def _computed(bm, n):
-    table: list[int] = []
-    bm.grow_table(table, n)
-    return table
-
-
-def test_match_at_exact_non_aligned_positions_and_shares_full_blocks():
-    bm = BlockManager(32, 4)
-    pc = RadixPrefixCache(bm, block_bytes=100, budget_bytes=10**9)
-    keys = np.arange(100, 111)  # 11 tokens
-    table = _computed(bm, 11)
-    pc.insert(keys[:7], table, _snap(7.0))  # branch point at 7 (not a multiple of 4)
-    pc.insert(keys, table, _snap(11.0))
-    q = np.concatenate([keys[:9], [1, 2, 3]])
-    m = pc.match(q, max_len=len(q) - 1)
-    assert m.length == 7 and m.key_len == 9 and m.snapshot.conv.eq(7).all()
-    assert m.blocks == tuple(table[:2])  # positions 0..6: block 0 full, block 1 partial tail
-    m2 = pc.match(np.concatenate([keys, [5]]), max_len=11)
-    assert m2.length == 11 and m2.blocks == tuple(table[:3])
-    assert pc.match(keys, max_len=10).length == 7  # a hit must leave a token to compute
-    assert pc.match(np.array([999, 1]), 1).length == 0
-    bm.decref(table)  # the sequence finishes; the tree keeps its blocks
-    # block 1 straddles the branch point: held by both nodes of the path
-    assert [bm.refcount(b) for b in table] == [1, 2, 1]
-
-
-def test_split_keeps_straddling_block_for_both_halves():
-    bm = BlockManager(32, 4)
-    pc = RadixPrefixCache(bm, block_bytes=100, budget_bytes=10**9)
-    a = np.arange(10)
-    ta = _computed(bm, 10)
-    pc.insert(a, ta, _snap(1.0))
-    b = np.concatenate([a[:6], [50, 51, 52, 53]])
-    tb = list(ta[:1]) + _computed(bm, 8)[:2]  # b computed its own block 1 (copy) and block 2
-    pc.insert(b[:6], tb, _snap(2.0))  # split a's node at 6 (mid block 1)
-    assert bm.refcount(ta[1]) == 3  # a's sequence + both halves of the split node
-    pc.insert(b, tb, _snap(3.0))
-    mb = pc.match(np.concatenate([b, [0]]), 10)
-    ma = pc.match(np.concatenate([a, [0]]), 10)
-    assert mb.blocks == (ta[0], tb[1], tb[2]) and ma.blocks == tuple(ta[:3])
-    assert pc.match(np.concatenate([a[:6], [77]]), 6).snapshot.conv.eq(2).all()
-
-
-def test_eviction_lru_under_budget_never_touches_locked():
-    bm = BlockManager(64, 4)
-    snap_bytes = _snap(0).nbytes
-    pc = RadixPrefixCache(bm, block_bytes=10, budget_bytes=3 * snap_bytes + 100)
-    nodes = []
-    for i in range(3):
-        t = _computed(bm, 4)
-        nodes.append(pc.insert(np.array([i, 1, 2, 3]), t, _snap(i)))
-        bm.decref(t)
-    m0 = pc.match(np.array([0, 1, 2, 3, 9]), 4)
-    pc.lock(m0.node)
-    pc.match(np.array([2, 1, 2, 3, 9]), 4)  # refresh 2: 1 is now least recently used
-    t = _computed(bm, 4)
-    pc.insert(np.array([3, 1, 2, 3]), t, _snap(3))  # over budget: one leaf must go
-    bm.decref(t)
-    assert pc.nbytes <= pc.budget_bytes
-    assert pc.match(np.array([1, 1, 2, 3, 9]), 4).length == 0  # LRU victim
-    assert pc.match(np.array([0, 1, 2, 3, 9]), 4).length == 4  # locked survives
-    free_before = bm.num_free
-    assert pc.evict_blocks(bm.num_blocks) is False  # cannot free the locked node's block
-    assert bm.num_free == free_before + 2 and pc.match(np.array([0, 1, 2, 3, 9]), 4).length == 4
-    pc.unlock(m0.node)
-    pc.clear()
-    assert bm.num_free == bm.num_blocks and pc.nbytes == 0
-
-
-def test_eviction_takes_expected_prefixes_last_and_still_frees_blocks():
-    from vlbatch.operators.engine.caches.branch_points import prefix_digest
-
-    bm = BlockManager(64, 4)
-    pc = RadixPrefixCache(bm, block_bytes=10, budget_bytes=2 * _snap(0).nbytes + 100)
-    keys = [np.array([i, 1, 2, 3, 4, 5]) for i in range(3)]
-    for i in range(2):
-        t = _computed(bm, 6)
-        pc.insert(keys[i][:5], t, _snap(i))  # prefix 0 is the least recently used
-        bm.decref(t)
-    pc.expect([prefix_digest(keys[0], 5)])  # a queued request plans to reuse prefix 0
-    t = _computed(bm, 6)
-    pc.insert(keys[2][:5], t, _snap(2))  # over budget: the unexpected prefix 1 goes, not the LRU one
-    bm.decref(t)
-    assert pc.match(keys[0], 5).length == 5 and pc.match(keys[1], 5).length == 0
-    pc.unexpect([prefix_digest(keys[0], 5)])
-    pc.match(keys[0], 5)  # prefix 0 is now the most recently used: plain LRU takes prefix 2
-    pc.budget_bytes = _snap(0).nbytes + 100
-    pc.evict_to_budget()
-    assert pc.match(keys[0], 5).length == 5 and pc.match(keys[2], 5).length == 0
-    pc.expect([prefix_digest(keys[0], 5)])
-    assert pc.evict_blocks(bm.num_blocks) is True and pc.nbytes == 0  # KV memory still comes first
-
-
-def test_snapshot_points_are_spaced_by_a_block_keeping_the_earlier():
-    from vlbatch.operators.engine.caches.prefix_cache import spaced
-
-    # a 13-token header, the media end at 461, all siblings branch at 463, pairs at 465 / 466
-    assert spaced({13, 461, 463, 465, 466}, 486, 16) == (461,)
-    assert spaced({40, 60, 100}, 120, 16) == (40, 60, 100)  # far enough apart: all kept
-    assert spaced({16, 31, 32, 47, 48}, 120, 16) == (16, 32, 48)  # measured from the last kept one
-    assert spaced({20, 40}, 40, 16) == (20,)  # never at the prompt's end
-    assert spaced(set(), 10, 16) == ()
 
 
 # -- planning --------------------------------------------------------------------------------

@@ -22,10 +22,10 @@ from dataclasses import asdict
 
 import torch
 
-from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
-from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
-from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
-from vlbatch.operators.engine.config import EngineConfig
+from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget
+from vlbatch.operators.engine.model_runner import ModelRunner
+from vlbatch.operators.engine.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.prefix_planner import PrefixPlanner
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
 from vlbatch.operators.engine.runner.model_runner import ModelRunner
 from vlbatch.operators.engine.sampler import make_generator, sample
@@ -36,6 +36,10 @@ from vlbatch.operators.kernels.attention import select_attention
 
 
 class Engine:
+    # where prefixes are stored (a `prefix_cache.BudgetedPrefixCache`); the tests also run the
+    # engine over its naive twin, `prefix_cache_naive.DictPrefixCache`
+    prefix_cache_class = RadixPrefixCache
+
     def __init__(self, model, tokenizer, eos_ids: tuple[int, ...], config: EngineConfig):
         text = model.config.text
         self.model, self.tokenizer, self.eos_ids, self.config = model, tokenizer, eos_ids, config
@@ -46,9 +50,12 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size)
         vcache = LRUVisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else NoVisionCache()
         self.runner = self._runner(model, num_blocks, vcache)
-        self.prefix_cache = (RadixPrefixCache(self.blocks, block_bytes, config.prefix_cache_bytes)
-                             if config.prefix_cache_bytes > 0 else NoPrefixCache())
-        self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache,
+        share = config.prefix_cache_bytes > 0
+        self.planner = PrefixPlanner(config.block_size, share=share)
+        self.prefix_cache = (self.prefix_cache_class(self.blocks, block_bytes, config.prefix_cache_bytes,
+                                                     self.planner.expects)
+                             if share else NoPrefixCache())
+        self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache, self.planner,
                                    max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    chunk_size=config.chunk_size)
@@ -107,7 +114,7 @@ class Engine:
         rejected: list[Result] = []
         reqs = _group_adjacent(list(requests))
         keys = [self.codec.encode(r.prompt_token_ids, r.media) for r in reqs]
-        plans = self.prefix_cache.branch_points(reqs, keys)
+        plans = self.planner.branch_points(reqs, keys)
         for r, k, bp in zip(reqs, keys, plans, strict=False):
             seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
             problem = self._check(seq)

@@ -1,5 +1,8 @@
-"""Prefix caches behind one contract (`PrefixCache`): the radix tree over prompt keys with
-hybrid (KV + DeltaNet) snapshots (`RadixPrefixCache`), and `NoPrefixCache` (caching off).
+"""Prefix caches behind one storage contract (`PrefixCache`): the radix tree over prompt keys
+with hybrid (KV + DeltaNet) snapshots (`RadixPrefixCache`), its naive twin, a dict of exact
+prefixes (`prefix_cache_naive.DictPrefixCache`), and `NoPrefixCache` (caching off). Which
+prefixes are worth storing, and which to evict last, is the planner's
+(`prefix_planner.PrefixPlanner`); a cache stores, matches, locks and evicts.
 
 Keys: `KeyCodec.encode(request) -> int64 [L]`. Text tokens keep their id (>= 0); media
 placeholders become `-(uid << 24 | offset) - 1` where `uid` is a unique integer interned
@@ -11,26 +14,22 @@ never from a truncated hash).
 Radix tree blocks: node covering positions [s, e) holds the blocks of block indices
 s // bs .. ceil(e / bs) - 1; a block straddling a node boundary is referenced by both
 nodes. For a path the right block of index j is that of the deepest node covering j,
-whose data for positions up to its end are valid for the path. A block fully inside
-[0, m) is shared by reference; the tail block of a match ending mid-block must be
-copied by the caller (copy-on-write: the original stays with the tree). Eviction: least
-recently used unlocked leaves first, down to `budget_bytes` (counted as snapshot bytes
-plus distinct KV blocks held by the tree), or until the block manager has `n` free
-blocks (`evict_blocks`); a leaf that queued requests expect to reuse (`expect`) goes only
-after every other one (a video's prefix is not dropped while its other questions wait).
+whose data for positions up to its end are valid for the path. Eviction takes unlocked
+leaves only (an inner node goes once its subtree has).
 """
 from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from vlbatch.operators.engine.caches.block_manager import BlockManager
-from vlbatch.operators.engine.caches.branch_points import common_prefix_len, plan_branch_points, prefix_digest
-from vlbatch.operators.engine.caches.state_pool import Snapshot
+from vlbatch.operators.engine.block_manager import BlockManager
+from vlbatch.operators.engine.branch_points import common_prefix_len, prefix_digest
+from vlbatch.operators.engine.state_pool import Snapshot
 
 _OFFSET_BITS = 24
 
@@ -91,7 +90,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Match:
-    """A prefix hit: positions [0, length) are served from `blocks` + `snapshot`."""
+    """A prefix hit: positions [0, length) are served from `blocks` + `snapshot`; `node` is
+    the cache's handle for `lock` / `unlock`."""
 
     length: int
     key_len: int
@@ -100,56 +100,42 @@ class Match:
     node: Node | None
 
 
-def spaced(points, prompt_len: int, gap: int) -> tuple[int, ...]:
-    """The snapshot points of one prompt: `points` ascending, below `prompt_len`, each at least
-    `gap` past the one kept before it (and past 0). Each snapshot holds a whole DeltaNet state;
-    one a few tokens past another (questions that share their first word, a short chat header)
-    would save a few tokens of prefill. Of two close points the earlier is kept: every prompt
-    that shares the later one shares it, and a media's end stays the point a later call with
-    the same media and another question finds."""
-    kept: list[int] = []
-    for p in sorted(points):
-        if p >= prompt_len:
-            break
-        if p - (kept[-1] if kept else 0) >= gap:
-            kept.append(p)
-    return tuple(kept)
-
-
 class PrefixCache(ABC):
-    """What the scheduler and the engine use of a prefix cache (they never ask which one).
+    """Storage of computed prompt prefixes: what the scheduler matches, inserts, locks and
+    evicts (it never asks which cache it has; what to store and when is the planner's).
 
-    - `branch_points(requests, keys) -> [tuple[int, ...]]`: per request (keys [L] each),
-      the prompt positions 0 < p < L, ascending, where the scheduler cuts prefill chunks,
-      snapshots the DeltaNet states and `insert`s. A cache that keeps nothing plans none,
-      so the scheduler never snapshots for it.
-    - `match(keys, max_len) -> Match`: the deepest position `m <= max_len` on the key path
-      where a DeltaNet snapshot is stored, the KV blocks that hold positions [0, m), the
-      snapshot, and `key_len` (how far the keys agree with the cache, snapshot or not: a
-      branch point the caller should snapshot at). No hit: `Match(0, key_len, (), None, None)`.
-    - `insert(keys, block_table, snapshot) -> Node | None`: record that positions
-      [0, len(keys)) are computed in `block_table` with DeltaNet states `snapshot` at
-      position len(keys); the cache takes its own references on the blocks it keeps.
-      Returns the node now holding position len(keys), None when nothing was recorded.
-    - `lock(node)` / `unlock(node)` (`Match.node`, None for a miss): while locked a node
-      and its ancestors are never evicted (a running request restores from / copies
-      out of them).
-    - `evict_blocks(n) -> bool`: drop unlocked entries until the block manager has `n`
-      free blocks; False if impossible.
-    - `expect(digests)` / `unexpect(digests)` (`branch_points.prefix_digest` of a queued
-      request's keys at its planned branch points): while expected, a prefix is evicted only
-      after every unexpected one (a preference, never a lock: KV memory always comes first).
+    - `match(keys, max_len) -> Match`: the longest stored prefix keys[:m], m <= max_len, that
+      holds a DeltaNet snapshot; the KV blocks that hold positions [0, m) (block index j
+      covers positions j * bs .. (j + 1) * bs - 1); the snapshot; `key_len`, how far the keys
+      agree with any stored prefix, snapshot or not (a branch off the cache: the scheduler
+      snapshots there); a handle for `lock`. No hit: `Match(0, key_len, (), None, None)`. A
+      hit counts as a use of the prefix and of every stored prefix of it (LRU).
+    - `insert(keys, block_table, snapshot) -> bool`: positions [0, len(keys)) are computed in
+      `block_table` with DeltaNet states `snapshot` at position len(keys). The cache takes
+      its own references (`BlockManager.incref`) on the blocks it keeps and never writes
+      them; the tail block of a later match ending mid-block is copied by the caller
+      (copy-on-write). A prefix already stored keeps its blocks (and its snapshot). Returns
+      whether a snapshot is stored at len(keys) afterwards (the insert may evict, its own
+      entry included, to stay within the byte budget).
+    - `lock(node)` / `unlock(node)` (`Match.node`, None for a miss): while locked, the hit's
+      blocks and snapshot are never evicted (a running request restores from / copies out
+      of them).
+    - `evict_blocks(n) -> bool`: drop unlocked entries until the block manager has `n` free
+      blocks; False if impossible.
     - `stats() -> dict`: `prefix_cache_bytes` (held now) and `prefix_evicted_nodes`.
-    """
 
-    @abstractmethod
-    def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]: ...
+    Caches that store (`BudgetedPrefixCache`) take `(blocks, block_bytes, budget_bytes,
+    keep_last)` and evict least recently used entries first, down to `budget_bytes` (snapshot
+    bytes plus distinct KV blocks held) on insert, or until `evict_blocks` is met; entries
+    whose prefix digest (`branch_points.prefix_digest`) `keep_last` names go only after every
+    other one (a preference, never a lock: KV memory always comes first).
+    """
 
     @abstractmethod
     def match(self, keys: np.ndarray, max_len: int) -> Match: ...
 
     @abstractmethod
-    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> Node | None: ...
+    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> bool: ...
 
     @abstractmethod
     def lock(self, node: Node | None) -> None: ...
@@ -161,26 +147,17 @@ class PrefixCache(ABC):
     def evict_blocks(self, n: int) -> bool: ...
 
     @abstractmethod
-    def expect(self, digests) -> None: ...
-
-    @abstractmethod
-    def unexpect(self, digests) -> None: ...
-
-    @abstractmethod
     def stats(self) -> dict[str, int]: ...
 
 
 class NoPrefixCache(PrefixCache):
-    """Prefix caching off: plans no branch points, never matches, keeps nothing."""
-
-    def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]:
-        return [()] * len(keys)
+    """Prefix caching off: never matches, keeps nothing."""
 
     def match(self, keys: np.ndarray, max_len: int) -> Match:
         return Match(0, 0, (), None, None)
 
-    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> None:
-        return None
+    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> bool:
+        return False
 
     def lock(self, node: Node | None) -> None:
         pass
@@ -191,31 +168,31 @@ class NoPrefixCache(PrefixCache):
     def evict_blocks(self, n: int) -> bool:
         return False
 
-    def expect(self, digests) -> None:
-        pass
-
-    def unexpect(self, digests) -> None:
-        pass
-
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_bytes": 0, "prefix_evicted_nodes": 0}
 
 
-class RadixPrefixCache(PrefixCache):
-    """The radix tree; see the module docstring for its keys, blocks and eviction. On
-    `insert` existing nodes keep their blocks; a new leaf takes references on the new blocks."""
+def _never(digest: bytes | None) -> bool:
+    return False
 
-    def __init__(self, blocks: BlockManager, block_bytes: int, budget_bytes: int):
+
+class BudgetedPrefixCache(PrefixCache):
+    """What every storing cache shares: block references and byte accounting, locks up a
+    node's parents, and eviction in the contract's order. A subclass finds its entries
+    (`match`, `insert`), names the eviction candidates (`_candidates`: unlocked entries whose
+    removal leaves every other entry whole) and unlinks one (`_unlink`)."""
+
+    def __init__(self, blocks: BlockManager, block_bytes: int, budget_bytes: int,
+                 keep_last: Callable[[bytes | None], bool] = _never):
         self.bm = blocks
         self.bs = blocks.block_size
         self.block_bytes = block_bytes
         self.budget_bytes = budget_bytes
-        self.root = Node(np.zeros(0, np.int64), 0, None, [])
-        self._held: Counter[int] = Counter()  # block id -> references held by tree nodes
+        self.keep_last = keep_last
+        self._held: Counter[int] = Counter()  # block id -> references held by entries
         self._snap_bytes = 0
         self._clock = itertools.count(1)
         self.evicted_nodes = 0
-        self._expected: Counter[bytes] = Counter()  # prefix digest -> queued requests expecting it
 
     # -- accounting ----------------------------------------------------------------------
     @property
@@ -233,31 +210,80 @@ class RadixPrefixCache(PrefixCache):
             if self._held[b] <= 0:
                 del self._held[b]
 
+    def _keep_snapshot(self, node: Node, snapshot: Snapshot | None) -> None:
+        if node.snapshot is None and snapshot is not None:
+            node.snapshot = snapshot
+            self._snap_bytes += snapshot.nbytes
+
+    def _stamp(self, nodes: Iterable[Node]) -> None:
+        stamp = next(self._clock)
+        for node in nodes:
+            node.last_used = stamp
+
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_bytes": self.nbytes, "prefix_evicted_nodes": self.evicted_nodes}
 
-    def expect(self, digests) -> None:
-        self._expected.update(digests)
+    # -- locks -----------------------------------------------------------------------------
+    def lock(self, node: Node | None) -> None:
+        while node is not None:
+            node.lock += 1
+            node = node.parent
 
-    def unexpect(self, digests) -> None:
-        self._expected.subtract(digests)
-        for d in digests:
-            if self._expected[d] <= 0:
-                del self._expected[d]
+    def unlock(self, node: Node | None) -> None:
+        while node is not None:
+            node.lock -= 1
+            node = node.parent
 
-    # -- planning --------------------------------------------------------------------------
-    def branch_points(self, requests, keys: list[np.ndarray]) -> list[tuple[int, ...]]:
-        """Where the prompts of one call branch off each other, plus the end of each media item
-        (so a later call with the same media reuses it), spaced by one KV block (`spaced`).
+    # -- eviction --------------------------------------------------------------------------
+    @abstractmethod
+    def _candidates(self) -> list[Node]: ...
 
-        Every candidate is a property of the prefix before it (a branch of the call's trie, a
-        media's end), never of the rest of the prompt, so `spaced` keeps the same points on every
-        prompt through a shared prefix: siblings that share [system, A] and go on to different
-        text or a second media C all snapshot at A's end, and the scheduler holds them back
-        until the first has computed it. (Only the last media's end as a candidate broke this:
-        [system, A, question] kept A's end, [system, A, C, ...] the branch one token after it.)"""
-        return [spaced(set(bp) | {m.spans[-1][1] for m in r.media}, r.prompt_len, self.bs)
-                for r, bp in zip(requests, plan_branch_points(keys), strict=False)]
+    @abstractmethod
+    def _unlink(self, node: Node) -> None: ...
+
+    def _rank(self, node: Node):
+        """Eviction order: unexpected before expected, least recently used first, longer first."""
+        return self.keep_last(node.digest), node.last_used, -node.end
+
+    def _remove(self, node: Node) -> None:
+        self._unlink(node)
+        self._release(node.blocks)
+        if node.snapshot is not None:
+            self._snap_bytes -= node.snapshot.nbytes
+        node.blocks, node.snapshot = [], None
+        self.evicted_nodes += 1
+
+    def _evict_until(self, done) -> bool:
+        while not done():
+            victims = self._candidates()
+            if not victims:
+                return False
+            for node in sorted(victims, key=self._rank):
+                self._remove(node)
+                if done():
+                    return True
+        return True
+
+    def evict_to_budget(self) -> None:
+        self._evict_until(lambda: self.nbytes <= self.budget_bytes)
+
+    def evict_blocks(self, n: int) -> bool:
+        """Evict unlocked LRU entries until `n` KV blocks are free; False if impossible."""
+        return self._evict_until(lambda: self.bm.num_free >= n)
+
+    def clear(self) -> None:
+        """Drop every unlocked entry."""
+        self._evict_until(lambda: False)
+
+
+class RadixPrefixCache(BudgetedPrefixCache):
+    """The radix tree; see the module docstring for its keys and blocks. On `insert` existing
+    nodes keep their blocks; a new leaf takes references on the new blocks."""
+
+    def __init__(self, blocks: BlockManager, block_bytes: int, budget_bytes: int,
+                 keep_last: Callable[[bytes | None], bool] = _never):
+        super().__init__(blocks, block_bytes, budget_bytes, keep_last)
+        self.root = Node(np.zeros(0, np.int64), 0, None, [])
 
     # -- lookup ----------------------------------------------------------------------------
     def _walk(self, keys: np.ndarray):
@@ -284,28 +310,16 @@ class RadixPrefixCache(PrefixCache):
                 best = node
         if best is None:
             return Match(0, key_len, (), None, None)
-        stamp = next(self._clock)
+        used = path[: path.index(best) + 1]
+        self._stamp(used)
         table: dict[int, int] = {}
-        for node in path:
-            node.last_used = stamp
+        for node in used:
             first = node.start // self.bs
             for i, b in enumerate(node.blocks):
                 table[first + i] = b
-            if node is best:
-                break
         m = best.end
         blocks = tuple(table[j] for j in range(-(-m // self.bs)))
         return Match(m, key_len, blocks, best.snapshot, best)
-
-    def lock(self, node: Node | None) -> None:
-        while node is not None and node is not self.root:
-            node.lock += 1
-            node = node.parent
-
-    def unlock(self, node: Node | None) -> None:
-        while node is not None and node is not self.root:
-            node.lock -= 1
-            node = node.parent
 
     # -- insertion -------------------------------------------------------------------------
     def _split(self, child: Node, n: int, keys: np.ndarray) -> Node:
@@ -325,7 +339,7 @@ class RadixPrefixCache(PrefixCache):
         mid.parent.children[int(mid.key[0])] = mid
         return mid
 
-    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> Node:
+    def insert(self, keys: np.ndarray, block_table: list[int], snapshot: Snapshot | None) -> bool:
         """Record positions [0, len(keys)) computed in `block_table`, states `snapshot` at the end."""
         p = len(keys)
         if p == 0:
@@ -342,19 +356,21 @@ class RadixPrefixCache(PrefixCache):
             parent.children[int(keys[pos])] = leaf
             parent = leaf
         node = parent
-        if node.snapshot is None and snapshot is not None:
-            node.snapshot = snapshot
-            self._snap_bytes += snapshot.nbytes
-        stamp = next(self._clock)
-        n = node
-        while n is not None and n is not self.root:
-            n.last_used = stamp
-            n = n.parent
+        self._keep_snapshot(node, snapshot)
+        self._stamp(self._ancestry(node))
         self.evict_to_budget()
-        return node
+        return node.snapshot is not None
+
+    def _ancestry(self, node: Node) -> list[Node]:
+        out = []
+        while node is not None and node is not self.root:
+            out.append(node)
+            node = node.parent
+        return out
 
     # -- eviction --------------------------------------------------------------------------
-    def _leaves(self) -> list[Node]:
+    def _candidates(self) -> list[Node]:
+        """Unlocked leaves."""
         out, stack = [], [self.root]
         while stack:
             node = stack.pop()
@@ -364,32 +380,5 @@ class RadixPrefixCache(PrefixCache):
                 out.append(node)
         return out
 
-    def _remove(self, node: Node) -> None:
+    def _unlink(self, node: Node) -> None:
         del node.parent.children[int(node.key[0])]
-        self._release(node.blocks)
-        if node.snapshot is not None:
-            self._snap_bytes -= node.snapshot.nbytes
-        node.blocks, node.snapshot = [], None
-        self.evicted_nodes += 1
-
-    def _evict_until(self, done) -> bool:
-        while not done():
-            leaves = self._leaves()
-            if not leaves:
-                return False
-            for leaf in sorted(leaves, key=lambda n: (self._expected[n.digest] > 0, n.last_used)):
-                self._remove(leaf)
-                if done():
-                    return True
-        return True
-
-    def evict_to_budget(self) -> None:
-        self._evict_until(lambda: self.nbytes <= self.budget_bytes)
-
-    def evict_blocks(self, n: int) -> bool:
-        """Evict unlocked LRU leaves until `n` KV blocks are free; False if impossible."""
-        return self._evict_until(lambda: self.bm.num_free >= n)
-
-    def clear(self) -> None:
-        """Drop every unlocked node."""
-        self._evict_until(lambda: False)

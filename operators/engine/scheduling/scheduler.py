@@ -5,11 +5,14 @@ Each step packs, under `max_num_batched_tokens` and `max_num_seqs`:
    prefill chunk (at most `chunk_size`, and cut at its next branch point so the DeltaNet
    states can be snapshotted at that exact position);
 2. then waiting sequences, first come first served, each starting from its prefix-cache
-   hit. A waiting sequence a prefix of which (beyond its hit) another sequence is computing
-   right now, to snapshot it, is skipped until that prefix is cached (sibling groups: the
-   shared prefix is computed once; it need not be one of the waiting sequence's own planned
-   points, e.g. a request submitted in a later call). While a sequence waits, the prefixes it plans to reuse
-   are `expect`ed in the prefix cache, which then evicts them last.
+   hit, unless the planner holds it back (`PrefixPlanner.gated`: another sequence is
+   computing a longer prefix of it right now; sibling groups compute a shared prefix once).
+
+Prefix sharing is split in two, and the scheduler asks both: the planner
+(`prefix_planner.PrefixPlanner`: where a sequence snapshots, which waiting sequence is
+gated, which prefixes waiting ones expect) and the cache (`prefix_cache.PrefixCache`:
+match, insert, lock, evict). The scheduler tells the planner each sequence's life
+(queued, admitted, inserted, released, finished).
 
 KV blocks are allocated chunk by chunk. When none are free, unlocked prefix-cache leaves
 are evicted first, then the most recently admitted running sequence is preempted
@@ -17,21 +20,21 @@ are evicted first, then the most recently admitted running sequence is preempted
 so running out of KV memory never crashes. A request whose prompt plus max_new_tokens
 cannot fit in the whole pool is rejected with an error result up front.
 
-The scheduler always has a prefix cache (`prefix_cache.PrefixCache`); with caching off it
-is `NoPrefixCache`, whose misses, empty plans and no-op inserts make every step above
-the plain path (no cuts, no gating, no snapshots).
+The scheduler always has a planner and a prefix cache; with caching off they are a planner
+that plans no points (`share=False`) and `NoPrefixCache`, whose empty plans, misses and
+no-op inserts make every step above the plain path (no cuts, no gating, no snapshots).
 """
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 
-from vlbatch.operators.engine.caches.block_manager import BlockManager
-from vlbatch.operators.engine.caches.branch_points import prefix_digest
-from vlbatch.operators.engine.caches.prefix_cache import Match, PrefixCache
-from vlbatch.operators.engine.caches.state_pool import StatePool
-from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
+from vlbatch.operators.engine.block_manager import BlockManager
+from vlbatch.operators.engine.prefix_cache import Match, PrefixCache
+from vlbatch.operators.engine.prefix_planner import PrefixPlanner
+from vlbatch.operators.engine.sequence import Sequence, Status
+from vlbatch.operators.engine.state_pool import StatePool
 
 
 @dataclass(frozen=True)
@@ -66,19 +69,14 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, states: StatePool, cache: PrefixCache, *,
+    def __init__(self, blocks: BlockManager, states: StatePool, cache: PrefixCache, planner: PrefixPlanner, *,
                  max_num_seqs: int, max_num_batched_tokens: int, chunk_size: int | None):
-        self.bm, self.pool, self.cache = blocks, states, cache
+        self.bm, self.pool, self.cache, self.planner = blocks, states, cache, planner
         self.max_num_seqs = max_num_seqs
         self.max_tokens = max_num_batched_tokens
         self.chunk_size = chunk_size or max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._in_flight: dict[bytes, Sequence] = {}  # prefix digest -> the sequence computing it
-        self._flight_at: Counter[int] = Counter()  # prefix length -> in-flight digests of that length
-        self._probed: dict[int, dict[int, bytes]] = {}  # id(seq) -> {length: digest} asked by `_gated`
-        self._digests: dict[int, dict[int, bytes]] = {}  # id(seq) -> {branch point: digest}
-        self._expecting: set[int] = set()  # id(seq) of waiting sequences whose digests the cache expects
         self.stats = SchedulerStats()
         self.failed: list[tuple[Sequence, str]] = []  # finished with an error; the engine reports them
 
@@ -88,19 +86,8 @@ class Scheduler:
         return self.bm.blocks_needed(need) <= self.bm.num_blocks
 
     def add(self, seq: Sequence) -> None:
-        self._digests[id(seq)] = {p: prefix_digest(seq.keys, p) for p in seq.planned}
-        self._expect(seq)
+        self.planner.queued(seq)
         self.waiting.append(seq)
-
-    def _expect(self, seq: Sequence) -> None:
-        if id(seq) not in self._expecting:
-            self._expecting.add(id(seq))
-            self.cache.expect(self._digests.get(id(seq), {}).values())
-
-    def _unexpect(self, seq: Sequence) -> None:
-        if id(seq) in self._expecting:
-            self._expecting.discard(id(seq))
-            self.cache.unexpect(self._digests.get(id(seq), {}).values())
 
     @property
     def has_work(self) -> bool:
@@ -148,43 +135,13 @@ class Scheduler:
     def _match(self, seq: Sequence) -> Match:
         return self.cache.match(seq.keys, min(seq.prompt_len, seq.num_tokens - 1))
 
-    def _gated(self, seq: Sequence, hit: int) -> bool:
-        """Whether another sequence is computing a prefix of `seq` longer than its hit (it is
-        then admitted once that prefix is cached and starts from there)."""
-        for p in self._flight_at:
-            if hit < p < seq.prompt_len:
-                owner = self._in_flight.get(self._digest(seq, p))
-                if owner is not None and owner is not seq:
-                    return True
-        return False
-
-    def _digest(self, seq: Sequence, p: int) -> bytes:
-        d = self._digests.get(id(seq), {}).get(p)
-        if d is None:
-            seen = self._probed.setdefault(id(seq), {})
-            d = seen.get(p)
-            if d is None:
-                d = seen[p] = prefix_digest(seq.keys, p)
-        return d
-
-    def _fly(self, d: bytes, p: int, seq: Sequence) -> None:
-        if d not in self._in_flight:
-            self._in_flight[d] = seq
-            self._flight_at[p] += 1
-
-    def _land(self, d: bytes, p: int) -> None:
-        del self._in_flight[d]
-        self._flight_at[p] -= 1
-        if self._flight_at[p] <= 0:
-            del self._flight_at[p]
-
     def _admit(self, plan: StepPlan, budget: int) -> None:
         i = 0
         while (i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs
                and self.pool.num_free > 0):
             seq = self.waiting[i]
             match = self._match(seq)
-            if self._gated(seq, match.length):
+            if self.planner.gated(seq, match.length):
                 i += 1
                 continue
             if not self._start(seq, match, plan, budget):
@@ -198,8 +155,7 @@ class Scheduler:
         full = list(match.blocks[: m // bs])
         self.bm.incref(full)
         seq.block_table, seq.num_computed = full, m
-        seq.branches = sorted({p for p in seq.planned if p > m}
-                              | ({match.key_len} if m < match.key_len < seq.prompt_len else set()))
+        seq.branches = self.planner.snapshot_points(seq, match)
         n = self._chunk_len(seq, budget)
         # admit only when the whole rest of the prompt (+1 token) fits now: chunk-by-chunk
         # allocation then rarely has to preempt a sequence that was just admitted
@@ -218,14 +174,11 @@ class Scheduler:
             self.pool.restore(seq.slot, match.snapshot)
         seq.node, seq.cached_tokens = match.node, m
         seq.status = Status.RUNNING
-        self._unexpect(seq)  # it holds its hit now, and computes the rest itself
         seq.t_admitted = seq.t_admitted or time.perf_counter()
         if m:
             self.stats.prefix_hits += 1
             self.stats.prefix_hit_tokens += m
-        for p, d in self._digests.get(id(seq), {}).items():
-            if p > m:
-                self._fly(d, p, seq)
+        self.planner.admitted(seq, m)
         self.running.append(seq)
         plan.chunks.append(Chunk(seq, m, m + n))
         return True
@@ -242,11 +195,9 @@ class Scheduler:
             if c.end >= seq.prompt_len:
                 continue
             if seq.branches and seq.branches[0] == c.end:
-                node = self.cache.insert(seq.keys[: c.end], seq.block_table, self.pool.snapshot(seq.slot))
-                self.stats.snapshots_inserted += node is not None and node.snapshot is not None
-                d = self._digests.get(id(seq), {}).get(c.end)
-                if d is not None and self._in_flight.get(d) is seq:
-                    self._land(d, c.end)
+                stored = self.cache.insert(seq.keys[: c.end], seq.block_table, self.pool.snapshot(seq.slot))
+                self.stats.snapshots_inserted += stored
+                self.planner.inserted(seq, c.end)
 
     def _release(self, seq: Sequence) -> None:
         self.bm.decref(seq.block_table)
@@ -257,9 +208,7 @@ class Scheduler:
         self.cache.unlock(seq.node)
         seq.node = None
         seq.features.clear()
-        for p, d in self._digests.get(id(seq), {}).items():
-            if self._in_flight.get(d) is seq:
-                self._land(d, p)
+        self.planner.released(seq)
         if seq in self.running:
             self.running.remove(seq)
 
@@ -269,25 +218,20 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.stats.preemptions += 1
-        self._expect(seq)
+        self.planner.queued(seq)
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
         self._release(seq)
-        self._unexpect(seq)
+        self.planner.finished(seq)
         seq.status = Status.FINISHED
-        self._digests.pop(id(seq), None)
-        self._probed.pop(id(seq), None)
 
     def abort_all(self) -> None:
         """Release everything (the caller stopped consuming results)."""
         for seq in list(self.running):
             self.finish(seq)
         for seq in self.waiting:
-            self._unexpect(seq)
+            self.planner.finished(seq)
             seq.status = Status.FINISHED
         self.waiting.clear()
-        self._digests.clear()
-        self._probed.clear()
-        self._in_flight.clear()
-        self._flight_at.clear()
+        self.planner.clear()
