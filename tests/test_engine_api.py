@@ -9,7 +9,7 @@ from test_engine_support import assert_static_used, image, processed, reference_
 
 from vlbatch.operators.engine import MediaItem, Request, SamplingParams
 from vlbatch.operators.engine.scheduling.sequence import Sequence
-from vlbatch.operators.errors import InputError
+from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.operators.factory import load_engine
 
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
@@ -178,3 +178,11 @@ def test_submit_while_running_equals_generate(ckpt, engine):
         done.update({r.id: r for r in engine.step()})
     assert steps_together > 0  # the second batch ran beside the first, not after it
     assert {k: r.token_ids for k, r in done.items()} == want
+
+
+def test_the_factory_names_an_unknown_prefix_cache(ckpt):
+    """`EngineConfig.prefix_cache` picks the store (radix tree or its dict twin); an unknown one is
+    refused with the choices, before any request."""
+    with pytest.raises(ConfigError, match=r"prefix_cache must be one of \['dict', 'radix'\], got 'lru'"):
+        load_engine(ckpt, prefix_cache="lru")
+    assert type(load_engine(ckpt, prefix_cache="dict").prefix_cache).__name__ == "DictPrefixCache"

@@ -8,7 +8,7 @@ generate on the same prompt.
 from __future__ import annotations
 
 import pytest
-from test_engine_support import DictCacheEngine, assert_static_used, image, reference_greedy, request, video
+from test_engine_support import assert_static_used, image, reference_greedy, request, video
 
 from vlbatch.operators.factory import load_engine
 
@@ -44,9 +44,9 @@ def dense_requests(dense):
             for i, c in enumerate(_contents())]
 
 
-def _run(ckpt, reqs, engine_kw, cls=Engine, **kw) -> dict:
+def _run(ckpt, reqs, engine_kw, **kw) -> dict:
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    engine = cls.from_pretrained(ckpt, **engine_kw, **kw)
+    engine = load_engine(ckpt, **engine_kw, **kw)
     results = {r.id: r for r in engine.generate(reqs)}
     assert sorted(results) == sorted(r.id for r in reqs)
     assert all(r.finish_reason in ("stop", "length") for r in results.values())
@@ -72,7 +72,7 @@ def test_alone_equals_transformers_generate(dense, dense_requests, alone):
 
 @pytest.mark.parametrize("name,kw", [
     ("batched_caches_on", {}),
-    ("batched_caches_on_dict_prefix_cache", {"cls": DictCacheEngine}),
+    ("batched_caches_on_dict_prefix_cache", {"prefix_cache": "dict"}),
     ("batched_caches_off", {"prefix_cache_bytes": 0, "vision_cache_bytes": 0}),
     ("chunked_prefill", {"chunk_size": 7, "max_num_batched_tokens": 64}),
     ("preemption", {"kv_budget_bytes": 400 << 10, "max_num_seqs": 32}),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_support import CACHE_ENGINES, assert_static_used, image, request
+from test_engine_support import PREFIX_CACHES, assert_static_used, image, request
 
 from vlbatch.operators.factory import load_engine
 
@@ -25,15 +25,15 @@ def ckpt(tiny_ckpt):
     return tiny_ckpt("dense")
 
 
-@pytest.fixture(params=sorted(CACHE_ENGINES))
+@pytest.fixture(params=PREFIX_CACHES)
 def cache_engine(request):
-    """The engine class over one prefix cache (radix tree, dict twin)."""
-    return CACHE_ENGINES[request.param]
+    """One prefix cache (`EngineConfig.prefix_cache`): the radix tree, its dict twin."""
+    return request.param
 
 
-def _engine(ckpt, engine_kw, cls=Engine, **kw):
+def _engine(ckpt, engine_kw, cache="radix", **kw):
     kw.setdefault("kv_budget_bytes", 16 << 20)
-    return cls.from_pretrained(ckpt, **engine_kw, **kw)
+    return load_engine(ckpt, prefix_cache=cache, **engine_kw, **kw)
 
 
 def _spy_prompt_logits(engine) -> dict:

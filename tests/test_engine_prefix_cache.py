@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import prefix_digest
-from vlbatch.operators.engine.prefix_cache import RadixPrefixCache
-from vlbatch.operators.engine.prefix_cache_naive import DictPrefixCache
-from vlbatch.operators.engine.prefix_planner import PrefixPlanner, spaced
+from vlbatch.operators.engine.caches.block_manager import BlockManager
+from vlbatch.operators.engine.caches.branch_points import prefix_digest
+from vlbatch.operators.engine.caches.prefix_cache import RadixPrefixCache
+from vlbatch.operators.engine.caches.prefix_cache_naive import DictPrefixCache
+from vlbatch.operators.engine.caches.state_pool import Snapshot
 from vlbatch.operators.engine.request import Request, SamplingParams
-from vlbatch.operators.engine.sequence import Sequence
-from vlbatch.operators.engine.state_pool import Snapshot
+from vlbatch.operators.engine.scheduling.prefix_planner import PrefixPlanner, spaced
+from vlbatch.operators.engine.scheduling.sequence import Sequence
 
 CACHES = pytest.mark.parametrize("cache_class", [RadixPrefixCache, DictPrefixCache], ids=["radix", "dict"])
 

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import plan_branch_points
-from vlbatch.operators.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
-from vlbatch.operators.engine.prefix_cache_naive import DictPrefixCache
-from vlbatch.operators.engine.prefix_planner import PrefixPlanner
+from vlbatch.operators.engine.caches.block_manager import BlockManager
+from vlbatch.operators.engine.caches.branch_points import plan_branch_points
+from vlbatch.operators.engine.caches.prefix_cache import NoPrefixCache, RadixPrefixCache
+from vlbatch.operators.engine.caches.prefix_cache_naive import DictPrefixCache
+from vlbatch.operators.engine.caches.state_pool import StatePool
 from vlbatch.operators.engine.request import Request, SamplingParams
+from vlbatch.operators.engine.scheduling.prefix_planner import PrefixPlanner
 from vlbatch.operators.engine.scheduling.scheduler import Scheduler
 from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
 

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from vlbatch.operators.engine.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
-from vlbatch.operators.engine.branch_points import plan_branch_points, plan_branch_points_naive
-from vlbatch.operators.engine.prefix_cache import KeyCodec
+from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
+from vlbatch.operators.engine.caches.branch_points import plan_branch_points, plan_branch_points_naive
+from vlbatch.operators.engine.caches.prefix_cache import KeyCodec
+from vlbatch.operators.engine.caches.state_pool import StatePool
+from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache
 from vlbatch.operators.engine.request import MediaItem
 from vlbatch.operators.errors import ConfigError, InputError
 

@@ -12,18 +12,10 @@ import numpy as np
 import torch
 
 from vlbatch.operators.engine import Request, SamplingParams
-from vlbatch.operators.engine.engine import Engine
-from vlbatch.operators.engine.prefix_cache_naive import DictPrefixCache
 
-
-class DictCacheEngine(Engine):
-    """The engine storing prefixes in the radix tree's naive twin (a dict of exact prefixes)."""
-
-    prefix_cache_class = DictPrefixCache
-
-
-# the engine over each prefix cache: the prefix tests run against both
-CACHE_ENGINES = {"radix": Engine, "dict": DictCacheEngine}
+# the prefix caches (`EngineConfig.prefix_cache`): the prefix tests run against both, the radix tree
+# and its naive twin (a dict of exact prefixes)
+PREFIX_CACHES = ("radix", "dict")
 
 
 @functools.lru_cache(maxsize=4)

@@ -7,7 +7,8 @@ checkpoint directory is loaded by `vlbatch.operators.factory.load_engine`), `eng
 (threads) without draining it between their batches.
 
 The request path: `request` + `media_spans` (types), `config` (`EngineConfig`) -> `engine` (the
-step loop) -> `scheduling/` (continuous batching, chunked prefill, preemption, sibling gating) over
+step loop) -> `scheduling/` (continuous batching, chunked prefill, preemption; the prefix planner: where
+snapshots go, sibling gating) over
 `caches/` (paged KV block ids, DeltaNet state slots + snapshots, the radix prefix cache, the vision
 cache, pool sizing from free memory) -> `runner/` (step inputs, vision features, paged attention,
 the model's `forward_packed`) -> `sampler`. Layers inside go one way: engine/loop -> runner ->

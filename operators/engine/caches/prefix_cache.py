@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.branch_points import common_prefix_len, prefix_digest
-from vlbatch.operators.engine.state_pool import Snapshot
+from vlbatch.operators.engine.caches.block_manager import BlockManager
+from vlbatch.operators.engine.caches.branch_points import common_prefix_len, prefix_digest
+from vlbatch.operators.engine.caches.state_pool import Snapshot
 
 _OFFSET_BITS = 24
 

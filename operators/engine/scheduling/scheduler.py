@@ -30,11 +30,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from vlbatch.operators.engine.block_manager import BlockManager
-from vlbatch.operators.engine.prefix_cache import Match, PrefixCache
-from vlbatch.operators.engine.prefix_planner import PrefixPlanner
-from vlbatch.operators.engine.sequence import Sequence, Status
-from vlbatch.operators.engine.state_pool import StatePool
+from vlbatch.operators.engine.caches.block_manager import BlockManager
+from vlbatch.operators.engine.caches.prefix_cache import Match, PrefixCache
+from vlbatch.operators.engine.caches.state_pool import StatePool
+from vlbatch.operators.engine.scheduling.prefix_planner import PrefixPlanner
+from vlbatch.operators.engine.scheduling.sequence import Sequence, Status
 
 
 @dataclass(frozen=True)

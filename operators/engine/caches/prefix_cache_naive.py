@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlbatch.operators.engine.branch_points import common_prefix_len, prefix_digest
-from vlbatch.operators.engine.prefix_cache import BudgetedPrefixCache, Match, Node
-from vlbatch.operators.engine.state_pool import Snapshot
+from vlbatch.operators.engine.caches.branch_points import common_prefix_len, prefix_digest
+from vlbatch.operators.engine.caches.prefix_cache import BudgetedPrefixCache, Match, Node
+from vlbatch.operators.engine.caches.state_pool import Snapshot
 
 
 class DictPrefixCache(BudgetedPrefixCache):

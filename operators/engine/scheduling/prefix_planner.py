@@ -31,7 +31,7 @@ from collections import Counter
 
 import numpy as np
 
-from vlbatch.operators.engine.branch_points import plan_branch_points, prefix_digest
+from vlbatch.operators.engine.caches.branch_points import plan_branch_points, prefix_digest
 
 
 def spaced(points, prompt_len: int, gap: int) -> tuple[int, ...]:
