@@ -175,8 +175,8 @@ def load_rank(model_dir, tensor_parallel_size: int, expert_parallel: bool = Fals
 
 
 def follow_pretrained(model_dir, tensor_parallel_size: int, expert_parallel: bool = False, *, device="cpu",
-                      dtype=torch.float32, delta_kernels: str = "auto", memory_fraction: float | None = None,
-                      **budgets) -> int:
+                      dtype=torch.float32, delta_kernels: str = "auto", moe_kernels: str = "auto",
+                      memory_fraction: float | None = None, **budgets) -> int:
     """A non-zero rank's side of `Engine.from_pretrained(..., tensor_parallel_size=N)`, with the
     same arguments: load this rank's shard, join the memory sizing when `memory_fraction` is
     set, then `follow` (with rank 0's budgets) until the leader closes."""
@@ -184,7 +184,7 @@ def follow_pretrained(model_dir, tensor_parallel_size: int, expert_parallel: boo
     from vlbatch.operators.model.loader import torch_dtype
 
     model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=False, device=device,
-                            dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
+                            dtype=torch_dtype(dtype), delta_kernels=delta_kernels, moe_kernels=moe_kernels)
     if memory_fraction is not None:  # its collectives need every rank; rank 0's result is broadcast
         budgets_from_memory(model, memory_fraction, budgets, comm)
     return follow(model, comm)

@@ -45,7 +45,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     chunk_size: int | None = None  # None: prefill chunks only limited by the token budget
     block_size: int = 16
-    attention: str = "auto"  # `vlbatch.operators.kernels.attention.CHOICES` (auto: by the model's device)
+    attention: str = "auto"  # a name in `vlbatch.operators.kernels.attention.ATTENTION` (auto: by the device)
     static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
 
     def __post_init__(self):
@@ -89,12 +89,12 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                        delta_kernels: str = "auto", memory_fraction: float | None = None,
+                        delta_kernels: str = "auto", moe_kernels: str = "auto", memory_fraction: float | None = None,
                         tensor_parallel_size: int = 1, expert_parallel: bool = False, **budgets) -> Engine:
         """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
         generation_config.json); `dtype` a torch dtype or its name ("float32", "bfloat16",
-        "float16"); `delta_kernels` auto / torch / fla (`vlbatch.operators.kernels.delta_rule`:
-        auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields.
+        "float16"); `delta_kernels` / `moe_kernels`: names in `vlbatch.operators.kernels.delta_rule.DELTA_RULE`
+        / `moe.MOE` (auto: by the device); `budgets` are `EngineConfig` fields.
         `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
         (`operators/engine/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
         `tensor_parallel_size` > 1: this process is rank 0 of an initialised torch.distributed
@@ -109,9 +109,11 @@ class Engine:
             from vlbatch.operators.engine.distributed import load_rank
 
             model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, device=device,
-                                    dtype=torch_dtype(dtype), delta_kernels=delta_kernels, leader=True)
+                                    dtype=torch_dtype(dtype), delta_kernels=delta_kernels, moe_kernels=moe_kernels,
+                                    leader=True)
         else:
-            model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels)
+            model = load_model(model_dir, device=device, dtype=torch_dtype(dtype), delta_kernels=delta_kernels,
+                               moe_kernels=moe_kernels)
         tokenizer = load_tokenizer(model_dir)  # decodes as transformers' tokenizer of this checkpoint does
         if memory_fraction is not None:
             from vlbatch.operators.engine.memory import budgets_from_memory

@@ -89,16 +89,17 @@ def check_checkpoint(model_dir: str | Path) -> None:
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               delta_kernels: str = "auto", parallel=None, comm=None) -> Qwen35Model:
+               delta_kernels: str = "auto", parallel=None, comm=None, moe_kernels: str = "auto") -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
-    `delta_kernels`: auto / torch / fla (`operators/kernels/delta_rule.select_delta_rule`); MoE experts:
-    `operators/kernels/moe.select_experts`. With `parallel` (`operators/parallel.ParallelPlan`, tp > 1)
+    `delta_kernels`: a name of `operators/kernels/delta_rule.DELTA_RULE`; `moe_kernels` (MoE
+    checkpoints): a name of `operators/kernels/moe.MOE`. With `parallel` (`operators/parallel.ParallelPlan`, tp > 1)
     and its `comm`, this rank's shard (`operators/parallel/shard.ParallelModel`): only its slices
     of each tensor are read from the memory-mapped files."""
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
-    from vlbatch.operators.kernels.moe import select_experts
+    from vlbatch.operators.kernels.moe import MOE, select_experts
 
     kernels = select_delta_rule(device, delta_kernels)  # a bad choice fails before the weights load
+    MOE.entry(moe_kernels)
     config = ModelConfig.from_pretrained(model_dir)
     sharded = parallel is not None and parallel.tp > 1
     with torch.device("meta"):
@@ -118,7 +119,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
     model = model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
     text = model.config.text
     if text.is_moe:
-        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size))
+        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size, moe_kernels))
     return model
 
 
