@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.sink import SINKS
+from vlbatch.operators.sink import new_sink
 from vlbatch.operators.sink.base import Sink
 from vlbatch.operators.sink.rolling import PartRoller
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow, Timings, rows_to_table
@@ -79,8 +79,8 @@ def keep_schema(cfg: JobConfig) -> pa.Schema | None:
 
 def open_sink(cfg: JobConfig, run_uri: str) -> Sink:
     """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the `output.format` entry of
-    `SINKS`. Its schema: `OUTPUT_SCHEMA` plus the kept input columns."""
-    return SINKS.load(cfg.output.format)(run_uri, cfg.storage.options(), output_schema(keep_schema(cfg)))
+    `operators/sink.SINKS`. Its schema: `OUTPUT_SCHEMA` plus the kept input columns."""
+    return new_sink(cfg.output.format, run_uri, cfg.storage.options(), output_schema(keep_schema(cfg)))
 
 
 def keep_schema_of(sink: Sink) -> pa.Schema | None:

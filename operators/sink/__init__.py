@@ -6,8 +6,8 @@
 - `parquet`: `ParquetSink`, deterministic atomically committed part files.
 
 `SINKS` names the implementations: the job config's `output.format` and its schema take their
-choices from it, `pipeline/write_stage.open_sink` builds the chosen one as
-`target(uri, storage, schema)`, and tests/test_sink_contract.py checks every one. Importing
+choices from it, `new_sink` builds the chosen one as `target(uri, storage, schema)` (for
+`pipeline/write_stage.open_sink`), and tests/test_sink_contract.py checks every one. Importing
 this package imports nothing heavy (no pyarrow): a sink's module is imported when chosen.
 A new sink (Lance, Iceberg): its module (a `Sink` subclass) and one `Entry` below.
 Ray-free.
@@ -21,4 +21,10 @@ SINKS = Registry("output format", "output.format", "parquet", (
           "zstd Parquet part files under <output.uri>/<run_id>/, rolled by part_mb / part_rows / commit_interval_s"),
 ))
 
-__all__ = ["SINKS"]
+__all__ = ["SINKS", "new_sink"]
+
+
+def new_sink(name: str, uri: str, storage, schema):
+    """The `base.Sink` called `name` in `SINKS` at `uri` (`storage`: `StorageOptions`; `schema`:
+    `OUTPUT_SCHEMA` plus the run's kept input columns)."""
+    return SINKS.load(name)(uri, storage, schema)
