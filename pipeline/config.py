@@ -3,7 +3,9 @@
 A job is a YAML file (``configs/*.yaml``) plus ``--set a.b=value`` overrides. It is
 validated completely before Ray starts; every problem becomes one
 `vlbatch.operators.errors.ConfigError` whose message names each bad field (dotted path) and,
-for choices, the allowed values. Everything past this module uses the frozen
+for choices, the allowed values (a field naming an implementation: `model.engine.attention` /
+`delta_rule` / `moe`, `input.format`, `output.format`, takes them from that extension point's
+registry, `pipeline/choices.py`). Everything past this module uses the frozen
 `JobConfig` object (pydantic models with ``frozen=True``), never raw dicts.
 
 `load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
