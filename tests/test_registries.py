@@ -169,3 +169,12 @@ def test_the_kernels_a_job_yaml_chooses_reach_the_model(tmp_path, tiny_ckpt):
     req = request(ckpt, "r0", ["Describe.", ("image", image(1))], max_new_tokens=4)
     [a], [b] = chosen.generate([req]), default.generate([req])
     assert a.token_ids == b.token_ids and len(a.token_ids) > 0
+
+
+def test_a_backend_that_is_not_installed_is_a_setup_error_naming_the_field():
+    from vlbatch.operators.errors import SetupError
+
+    reg = moe_pkg.MOE.with_entry(Entry("absent", "vlbatch_no_such_backend.kernels:Experts.create", "not installed"))
+    assert reg.choices()[-1] == "absent" and moe_pkg.MOE.choices()[-1] == "loop"  # a new registry; the old unchanged
+    with pytest.raises(SetupError, match=r"^model.engine.moe=absent: vlbatch_no_such_backend is not installed here"):
+        reg.load("absent")
