@@ -36,6 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlbatch.operators.kernels.attention import ATTENTION
+from vlbatch.operators.kernels.delta_rule import DELTA_RULE
+
 NINE_B_TEXT = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
                    num_key_value_heads=4, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
                    linear_num_key_heads=16, linear_num_value_heads=32, vocab_size=248320,
@@ -226,12 +229,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--delta-kernels", default="auto", choices=["auto", "torch", "fla"])
+    ap.add_argument("--delta-kernels", default="auto", choices=DELTA_RULE.choices())
     ap.add_argument("--kv-gb", type=float, default=16.0, help="paged KV pool")
     ap.add_argument("--peak-gbs", type=float, default=None, help="nominal bandwidth, GB/s (H200: 4800)")
     ap.add_argument("--check-kernels", action="store_true", help="first compare the torch and fla kernels' greedy tokens (CUDA)")
     ap.add_argument("--dir", default=None, help="checkpoint folder (reused when it holds one)")
-    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "triton"])
+    ap.add_argument("--attention", default="sdpa", choices=ATTENTION.choices())
     ap.add_argument("--static-decode", action="store_true", help="decode steps on static buffers (CUDA graphs)")
     ap.add_argument("--check-backends", action="store_true", help="greedy tokens across attention backends and "
                                                                   "static decode off / on")

@@ -27,8 +27,10 @@ TOLERANCE = {"float32": 2e-3, "bfloat16": 1e-1}  # over outputs / states of magn
 
 
 def delta_rule(device: str) -> dict:
-    from vlbatch.operators.kernels.delta_rule import NaiveDeltaRule, fla_installed, select_delta_rule
+    from vlbatch.operators.kernels.delta_rule import select_delta_rule
     from vlbatch.operators.kernels.delta_rule.check import compare_with_torch
+    from vlbatch.operators.kernels.delta_rule.fla_rule import fla_installed
+    from vlbatch.operators.kernels.delta_rule.naive import NaiveDeltaRule
 
     impls = {"torch": (select_delta_rule(device, "torch"), device), "naive": (NaiveDeltaRule(), "cpu")}
     if torch.device(device).type == "cuda" and fla_installed():
@@ -50,8 +52,9 @@ def attention(device: str) -> dict:
 
 
 def experts(device: str, shapes=((37, 4, 6, 24, 20), (64, 8, 16, 32, 8), (300, 8, 64, 256, 128))) -> dict:
-    from vlbatch.operators.kernels.moe import LoopExperts, PaddedExperts
     from vlbatch.operators.kernels.moe.grouped import GroupedMMExperts, grouped_mm_supported
+    from vlbatch.operators.kernels.moe.naive import LoopExperts
+    from vlbatch.operators.kernels.moe.padded import PaddedExperts
 
     out = {}
     for dt in (torch.float32, torch.bfloat16):

@@ -21,19 +21,19 @@ from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
 
 def load_engine(model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                delta_kernels: str = "auto", memory_fraction: float | None = None,
+                delta_kernels: str = "auto", moe_kernels: str = "auto", memory_fraction: float | None = None,
                 tensor_parallel_size: int = 1, expert_parallel: bool = False, **budgets) -> Engine:
     """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
     generation_config.json) into an `Engine`. `dtype`: a torch dtype or its name ("float32",
-    "bfloat16", "float16"); `delta_kernels` auto / torch / fla (`operators/kernels/delta_rule`:
-    auto takes fla's Triton kernels on CUDA when installed); `budgets` are `EngineConfig` fields.
+    "bfloat16", "float16"); `delta_kernels` / `moe_kernels`: names in `operators/kernels/delta_rule.DELTA_RULE`
+    / `moe.MOE` (auto: by the device); `budgets` are `EngineConfig` fields.
     `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
     (`engine/caches/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
     `tensor_parallel_size` > 1: this process is rank 0 of an initialised torch.distributed group of
     that size whose other ranks run `follow_pretrained` (`expert_parallel`: MoE experts split whole
     across the ranks); the result is a `LeaderEngine`."""
     model_dir = Path(model_dir)
-    load_kw = {"device": device, "dtype": torch_dtype(dtype), "delta_kernels": delta_kernels}
+    load_kw = {"device": device, "dtype": torch_dtype(dtype), "delta_kernels": delta_kernels, "moe_kernels": moe_kernels}
     if tensor_parallel_size > 1:
         model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=True, **load_kw)
     else:

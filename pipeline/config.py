@@ -3,7 +3,9 @@
 A job is a YAML file (``configs/*.yaml``) plus ``--set a.b=value`` overrides. It is
 validated completely before Ray starts; every problem becomes one
 `vlbatch.operators.errors.ConfigError` whose message names each bad field (dotted path) and,
-for choices, the allowed values. Everything past this module uses the frozen
+for choices, the allowed values (a field naming an implementation: `model.engine.attention` /
+`delta_rule` / `moe`, `input.format`, `output.format`, takes them from that extension point's
+registry, `pipeline/choices.py`). Everything past this module uses the frozen
 `JobConfig` object (pydantic models with ``frozen=True``), never raw dicts.
 
 `load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
@@ -37,7 +39,20 @@ from pydantic import (
     model_validator,
 )
 
+from vlbatch.operators import sink as sink_pkg
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.kernels import attention as attention_pkg
+from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
+from vlbatch.operators.kernels import moe as moe_pkg
+from vlbatch.pipeline import sources as sources_pkg
+from vlbatch.pipeline.choices import registry_choice
+
+# the extension points' fields: choices, their docs and errors come from each one's registry
+AttentionChoice = registry_choice(attention_pkg, "ATTENTION")
+DeltaRuleChoice = registry_choice(delta_rule_pkg, "DELTA_RULE")
+MoeChoice = registry_choice(moe_pkg, "MOE")
+SourceChoice = registry_choice(sources_pkg, "SOURCES")
+SinkChoice = registry_choice(sink_pkg, "SINKS")
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "configs" / "job.schema.json"
 
@@ -58,15 +73,15 @@ class EngineBudgets(_Section):
         None, gt=0.0, le=1.0, description="size the KV pool and prefix cache from this share of the memory free "
                                           "after loading (kv_cache_mb / prefix_cache_mb, when given, override)")
     static_decode: bool = Field(False, description="decode steps padded to batch buckets (CUDA graphs on CUDA)")
-    attention: Literal["auto", "sdpa", "triton", "cpu"] = Field(
-        "auto", description="paged attention: auto (cpu on the CPU, else sdpa), torch SDPA, a Triton paged-decode "
-                            "kernel (CUDA), or a numba paged-decode kernel (CPU float32)")
+    attention: AttentionChoice = attention_pkg.ATTENTION.default
+    delta_rule: DeltaRuleChoice = delta_rule_pkg.DELTA_RULE.default
+    moe: MoeChoice = moe_pkg.MOE.default
 
     def engine_kwargs(self) -> dict:
         out = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
                "vision_cache_bytes": self.vision_cache_mb << 20, "static_decode": self.static_decode,
-               "attention": self.attention}
+               "attention": self.attention, "delta_kernels": self.delta_rule, "moe_kernels": self.moe}
         if self.memory_fraction is not None:  # MB budgets only as explicit overrides
             out["memory_fraction"] = self.memory_fraction
             for name, field in (("kv_budget_bytes", "kv_cache_mb"), ("prefix_cache_bytes", "prefix_cache_mb")):
@@ -119,10 +134,7 @@ class InputConfig(_Section):
                                                     "glob of media, or a folder whose media (image and video files, "
                                                     "recursively) are read; local path (relative: to the config file's "
                                                     "folder; given by --set: to the current directory) or s3://")
-    format: Literal["parquet", "jsonl", "csv", "glob", "webdataset"] = Field(
-        "parquet", description="glob: `uri` is a glob of media files, one request set per file; webdataset: `uri` "
-                               "names tar shards (a glob or brace notation: shards/train-{000000..000127}.tar)"
-    )
+    format: SourceChoice = sources_pkg.SOURCES.default
     columns: InputColumns = InputColumns()
     limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
 
@@ -271,6 +283,7 @@ class OutputConfig(_Section):
     part_rows: int | None = Field(None, ge=1, description="... or this many rows (None: by size only)")
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
+    format: SinkChoice = sink_pkg.SINKS.default
 
     @field_validator("run_id")
     @classmethod

@@ -32,7 +32,7 @@ def expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Tab
     the same object-store copy, zero-copy); `tally`: a `Tally` actor told the block's counts."""
     import ray
 
-    from vlbatch.pipeline.sources import COLUMNS
+    from vlbatch.pipeline.sources.base import COLUMNS
 
     if isinstance(done, ray.ObjectRef):
         done = ray.get(done)
@@ -49,7 +49,7 @@ def expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Tab
 def expanded(source, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
     """The lazy dataset of pending MediaTask rows of `source` (the run's `Source`: its manifest read
     + expansion, committed ids dropped; `done`: an `IdIndex` or its ObjectRef, see `expand_batch`)."""
-    from vlbatch.pipeline.sources import task_pool
+    from vlbatch.pipeline.sources.base import task_pool
 
     return source.read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
         expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),

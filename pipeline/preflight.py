@@ -13,7 +13,7 @@ second, one line per problem naming the field:
   linear-head, vocabulary, width and expert counts (`operators/parallel/plan.py`);
 - every tensor's name and shape against config.json (safetensors headers only, no weight is
   read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
-- `model.engine.attention: triton` needs CUDA (`device_problems`).
+- `model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA (`device_problems`).
 
 An s3:// (or other remote) `model.path` is checked by reading its config.json alone (the
 architecture and the tensor-parallel split); its other files are the download's business
@@ -134,10 +134,12 @@ def device_problems(config: JobConfig, *, gpus: float) -> list[str]:
     now; with none, `device: auto` runs the model on the CPU: `pipeline/resources.model_gpus`)."""
     m, r = config.model, config.resources.model
     on_cpu = m.device == "cpu" or (m.device == "auto" and (r.num_gpus == 0 or gpus == 0))
-    if m.backend == "engine" and m.engine.attention == "triton" and on_cpu:
-        return ["model.engine.attention: triton is a CUDA kernel but the model runs on the CPU "
-                "(use auto or cpu, or give the model a GPU: model.device=cuda, resources.model.num_gpus)"]
-    return []
+    if m.backend != "engine" or not on_cpu:
+        return []
+    cuda_only = (("attention", m.engine.attention, "triton"), ("delta_rule", m.engine.delta_rule, "fla"))
+    return [f"model.engine.{field}: {kernel} is a CUDA kernel but the model runs on the CPU (use auto, or give "
+            "the model a GPU: model.device=cuda, resources.model.num_gpus)"
+            for field, chosen, kernel in cuda_only if chosen == kernel]
 
 
 def check_checkpoint(config: JobConfig) -> None:

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.sink import OUTPUT_SCHEMA, OutputRow, ParquetSink, Sink, Timings, rows_to_table
+from vlbatch.operators.sink import new_sink
+from vlbatch.operators.sink.base import Sink
 from vlbatch.operators.sink.rolling import PartRoller
-from vlbatch.operators.sink.schema import TIMINGS_TYPE
+from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow, Timings, rows_to_table
 from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.keep import decode as decode_keep
@@ -77,9 +78,9 @@ def keep_schema(cfg: JobConfig) -> pa.Schema | None:
 
 
 def open_sink(cfg: JobConfig, run_uri: str) -> Sink:
-    """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the one place that names the
-    implementation (Parquet). Its schema: `OUTPUT_SCHEMA` plus the kept input columns."""
-    return ParquetSink(run_uri, cfg.storage.options(), output_schema(keep_schema(cfg)))
+    """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the `output.format` entry of
+    `operators/sink.SINKS`. Its schema: `OUTPUT_SCHEMA` plus the kept input columns."""
+    return new_sink(cfg.output.format, run_uri, cfg.storage.options(), output_schema(keep_schema(cfg)))
 
 
 def keep_schema_of(sink: Sink) -> pa.Schema | None:

@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from vlbatch.operators.sink import OutputRow, ParquetSink, rows_to_table
+from vlbatch.operators.sink.parquet import ParquetSink
+from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions
 from vlbatch.pipeline.runner import RunSummary
 from vlbatch.pipeline.timeline import Timeline

@@ -56,7 +56,7 @@ def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_pa
     """On the CPU only the torch kernels exist: torch against torch must agree everywhere, and
     the model keeps the kernels it had."""
     from vlbatch.operators.factory import load_engine
-    from vlbatch.operators.kernels.delta_rule import TorchDeltaRule
+    from vlbatch.operators.kernels.delta_rule.torch_rule import TorchDeltaRule
 
     ckpt = bench.write_config(tmp_path, "tiny")
     bench.write_random_weights(ckpt, "cpu", torch.float32)

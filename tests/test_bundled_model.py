@@ -122,7 +122,7 @@ def pipeline_answers(tmp_path_factory):
     """The held-out set through `run_job` (local Ray, local Parquet): (items, {media path: row})."""
     import ray
 
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.runner import run_job
 

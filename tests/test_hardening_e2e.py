@@ -180,7 +180,7 @@ def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
             rss.sample()
     finally:
         ray.shutdown()
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
 
     rows = ParquetSink(str(tmp_path / "out" / "bad")).read().to_pylist()
     ids = [r["id"] for r in rows]

@@ -52,7 +52,7 @@ def test_parquet_manifest_on_two_cpus_with_the_demo_resources(two_cpu_ray, tmp_p
     assert s.committed_total == 4 and s.duplicate_ids == 0 and s.duplicates_dropped == 1
     assert s.committed_by_status == {"ok": 3, "error": 1}
 
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
 
     rows = ParquetSink(s.output_dir).read().to_pylist()
     err = [r for r in rows if r["status"] == "error"]

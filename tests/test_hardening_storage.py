@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from vlbatch.operators.errors import ConfigError, InputError, MediaError, StorageError
-from vlbatch.operators.sink import ParquetSink, rows_to_table
-from vlbatch.operators.sink.schema import OutputRow
+from vlbatch.operators.sink.parquet import ParquetSink
+from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 from vlbatch.operators.storage import StorageOptions, read_bytes
 from vlbatch.pipeline.config import validate_config
 

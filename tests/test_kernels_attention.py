@@ -8,13 +8,10 @@ import pytest
 import torch
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.kernels.attention import (
-    NaivePagedAttention,
-    PagedLayout,
-    SdpaPagedAttention,
-    attention_naive,
-    select_attention,
-)
+from vlbatch.operators.kernels.attention import select_attention
+from vlbatch.operators.kernels.attention.layout import PagedLayout
+from vlbatch.operators.kernels.attention.naive import NaivePagedAttention, attention_naive
+from vlbatch.operators.kernels.attention.torch_sdpa import SdpaPagedAttention
 
 
 def _paged_case(rng, lens, block_size, n_blocks, hq, hkv, d):
@@ -102,5 +99,5 @@ def test_selection():
     a, b = select_attention(), select_attention()
     assert isinstance(a, SdpaPagedAttention) and a.workspace is not b.workspace  # one per engine
     assert isinstance(select_attention("naive"), NaivePagedAttention)
-    with pytest.raises(ConfigError, match="allowed: sdpa, naive, triton"):
+    with pytest.raises(ConfigError, match="model.engine.attention: unknown attention kernel .flash.; allowed: auto, sdpa, cpu, triton, naive"):
         select_attention("flash")

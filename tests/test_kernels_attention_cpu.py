@@ -7,8 +7,10 @@ import random
 import pytest
 import torch
 
-from vlbatch.operators.kernels.attention import NaivePagedAttention, PagedLayout, select_attention
+from vlbatch.operators.kernels.attention import select_attention
 from vlbatch.operators.kernels.attention.cpu_decode import CpuPagedAttention, paged_decode_cpu
+from vlbatch.operators.kernels.attention.layout import PagedLayout
+from vlbatch.operators.kernels.attention.naive import NaivePagedAttention
 
 CASES = [  # block_size, H_q, H_kv, D, (cached, new) per sequence
     (4, 4, 2, 8, [(5, 1), (13, 1), (0, 1), (2, 1)]),

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.kernels import delta_rule as dk
+from vlbatch.operators.kernels.delta_rule import fla_rule, select_delta_rule
 from vlbatch.operators.kernels.delta_rule.check import compare_with_torch
 from vlbatch.operators.kernels.delta_rule.naive import delta_rule_naive
+from vlbatch.operators.kernels.delta_rule.torch_rule import TorchDeltaRule
 
 
 def _naive_rows(q, k, v, g, beta, scale, state):
@@ -72,8 +73,8 @@ def test_fla_prefill_adapter_equals_the_torch_kernels(lens):
     q, k, v, g, beta = _inputs(sum(lens))
     state = torch.randn(len(lens), 4, 16, 8, generator=torch.Generator().manual_seed(1)) * 0.1
     before = state.clone()
-    o_ref, s_ref = dk.TorchDeltaRule().prefill(q, k, v, g, beta, state, lens)
-    o, s = dk.fla_kernels(fake.chunk, fake.recurrent).prefill(q, k, v, g, beta, state, lens)
+    o_ref, s_ref = TorchDeltaRule().prefill(q, k, v, g, beta, state, lens)
+    o, s = fla_rule.fla_kernels(fake.chunk, fake.recurrent).prefill(q, k, v, g, beta, state, lens)
     assert torch.equal(state, before)
     assert o.shape == o_ref.shape and s.shape == s_ref.shape and s.dtype == torch.float32
     assert (o - o_ref).abs().max() < 1e-5 and (s - s_ref).abs().max() < 1e-5
@@ -88,8 +89,8 @@ def test_fla_decode_adapter_updates_the_state_in_place_like_the_torch_kernel():
     q, k, v, g, beta = _inputs(3, seed=2)
     state = torch.randn(3, 4, 16, 8, generator=torch.Generator().manual_seed(3))
     ours, theirs = state.clone(), state.clone()
-    o_ref = dk.TorchDeltaRule().decode_(q, k, v, g, beta, ours)
-    o = dk.fla_kernels(fake.chunk, fake.recurrent).decode_(q, k, v, g, beta, theirs)
+    o_ref = TorchDeltaRule().decode_(q, k, v, g, beta, ours)
+    o = fla_rule.fla_kernels(fake.chunk, fake.recurrent).decode_(q, k, v, g, beta, theirs)
     assert (o - o_ref).abs().max() < 1e-5 and (theirs - ours).abs().max() < 1e-5
     assert not torch.equal(theirs, state)  # written in place
     assert fake.calls == [("recurrent", (3, 1, 4, 16), None, 1.0)]
@@ -115,37 +116,37 @@ def test_deltanet_layer_with_fla_kernels_equals_torch_on_a_mixed_step(tiny_ckpt)
         cache.begin_step(lens)
         return layer(x, cache, 0), cache.recurrent[0].clone()
 
-    assert layer.kernels == dk.TorchDeltaRule()  # what load_model picks on the CPU
+    assert layer.kernels == TorchDeltaRule()  # what load_model picks on the CPU
     out_ref, rec_ref = run()
     fake = FlaStandIn()
-    model.use_delta_kernels(dk.fla_kernels(fake.chunk, fake.recurrent))
+    model.use_delta_kernels(fla_rule.fla_kernels(fake.chunk, fake.recurrent))
     out, rec = run()
     assert {c[0] for c in fake.calls} == {"chunk", "recurrent"}  # both paths went through the stand-in
     assert (out - out_ref).abs().max() < 1e-5 and (rec - rec_ref).abs().max() < 1e-5
 
 
 def test_selection_rules(monkeypatch, tiny_ckpt):
-    sentinel = dk.FlaDeltaRule(None, None)
-    monkeypatch.setattr(dk, "fla_kernels", lambda: sentinel)
-    monkeypatch.setattr(dk, "fla_installed", lambda: True)
-    assert dk.select_delta_rule("cpu") == dk.TorchDeltaRule()  # fla only runs on CUDA
-    assert dk.select_delta_rule("cuda") is sentinel and dk.select_delta_rule("cuda:1", "fla") is sentinel
-    assert dk.select_delta_rule("cuda", "torch") == dk.TorchDeltaRule()
+    sentinel = fla_rule.FlaDeltaRule(None, None)
+    monkeypatch.setattr(fla_rule, "fla_kernels", lambda: sentinel)
+    monkeypatch.setattr(fla_rule, "fla_installed", lambda: True)
+    assert select_delta_rule("cpu") == TorchDeltaRule()  # fla only runs on CUDA
+    assert select_delta_rule("cuda") is sentinel and select_delta_rule("cuda:1", "fla") is sentinel
+    assert select_delta_rule("cuda", "torch") == TorchDeltaRule()
     with pytest.raises(ConfigError, match="needs a CUDA device"):
-        dk.select_delta_rule("cpu", "fla")
-    monkeypatch.setattr(dk, "fla_installed", lambda: False)
-    assert dk.select_delta_rule("cuda") == dk.TorchDeltaRule()  # the fallback
+        select_delta_rule("cpu", "fla")
+    monkeypatch.setattr(fla_rule, "fla_installed", lambda: False)
+    assert select_delta_rule("cuda") == TorchDeltaRule()  # the fallback
     with pytest.raises(ConfigError, match="needs flash-linear-attention"):
-        dk.select_delta_rule("cuda", "fla")
-    with pytest.raises(ConfigError, match="allowed: auto, torch, fla"):
-        dk.select_delta_rule("cpu", "triton")
+        select_delta_rule("cuda", "fla")
+    with pytest.raises(ConfigError, match="model.engine.delta_rule: unknown .*allowed: auto, torch, fla, naive"):
+        select_delta_rule("cpu", "triton")
     from vlbatch.operators.model import load_model
 
-    with pytest.raises(ConfigError, match="delta_kernels='fla' needs a CUDA device"):
+    with pytest.raises(ConfigError, match="delta_rule='fla' needs a CUDA device"):
         load_model(tiny_ckpt("dense"), delta_kernels="fla")
 
 
-class _Unscaled(dk.TorchDeltaRule):
+class _Unscaled(TorchDeltaRule):
     """A wrong kernel: q doubled (the scale applied twice, say)."""
 
     def prefill(self, q, *args):
@@ -158,7 +159,7 @@ class _Unscaled(dk.TorchDeltaRule):
 def test_compare_with_torch_sees_a_wrong_kernel():
     """The GPU check's own function: ~0 for a faithful implementation, large for a wrong one."""
     fake = FlaStandIn()
-    good = compare_with_torch(dk.fla_kernels(fake.chunk, fake.recurrent), dk=16, dv=8)
+    good = compare_with_torch(fla_rule.fla_kernels(fake.chunk, fake.recurrent), dk=16, dv=8)
     assert set(good) == {"prefill_o", "prefill_state", "decode_o", "decode_state"} and max(good.values()) < 1e-5
     bad = compare_with_torch(_Unscaled(), dk=16, dv=8)
     assert bad["prefill_o"] > 1e-2 and bad["decode_o"] > 1e-2 and bad["prefill_state"] < 1e-6

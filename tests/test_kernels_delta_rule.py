@@ -191,5 +191,6 @@ def test_selection_picks_torch_on_the_cpu_and_rejects_unknown_names():
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
 
     assert select_delta_rule("cpu") == TorchDeltaRule() and select_delta_rule("cpu", "torch").name == "torch"
-    with pytest.raises(ConfigError, match="allowed: auto, torch, fla"):
-        select_delta_rule("cpu", "naive")
+    assert select_delta_rule("cpu", "naive").name == "naive"  # the reference is a choice too
+    with pytest.raises(ConfigError, match="model.engine.delta_rule: unknown .*allowed: auto, torch, fla, naive"):
+        select_delta_rule("cpu", "flash")

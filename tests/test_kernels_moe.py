@@ -7,12 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.kernels.moe import (
-    GroupedMMExperts,
-    LoopExperts,
-    PaddedExperts,
-    select_experts,
-)
+from vlbatch.operators.kernels.moe import select_experts
+from vlbatch.operators.kernels.moe.grouped import GroupedMMExperts
+from vlbatch.operators.kernels.moe.naive import LoopExperts
+from vlbatch.operators.kernels.moe.padded import PaddedExperts
 
 
 def _case(t, k, e, d, inner, seed, dtype=torch.float32, skip=()):
@@ -88,7 +86,7 @@ def test_selection():
     assert select_experts("cpu", torch.float32, 64, 32, "padded") == PaddedExperts()
     with pytest.raises(ConfigError, match="does not take"):
         select_experts("cpu", torch.float32, 6, 5, "grouped_mm")
-    with pytest.raises(ConfigError, match="allowed: auto, grouped_mm, padded, loop"):
+    with pytest.raises(ConfigError, match="model.engine.moe: unknown .*allowed: auto, grouped_mm, padded, loop"):
         select_experts("cpu", torch.float32, 64, 32, "triton")
 
 

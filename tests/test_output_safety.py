@@ -8,8 +8,9 @@ import pyarrow as pa
 import pytest
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.sink import OutputRow, ParquetSink, rows_to_table
+from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.rolling import PartRoller, RollPolicy
+from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 
 
 def _rows(ids, status="ok", error_type=None, answer="a"):

@@ -128,7 +128,7 @@ def job(env, name: str, media: list[str], *, questions: dict | None = None, **ov
 
 
 def _sink(env, run: str):
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.operators.storage import StorageOptions
 
     return ParquetSink(f"s3://out/{run}", StorageOptions(endpoint_url=env["endpoint"], region="us-east-1"))

@@ -88,7 +88,7 @@ def _job(root, ckpt: str, run: str, tp: int) -> dict:
 
 
 def _rows(cfg: dict) -> list[tuple]:
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.operators.storage import StorageOptions
 
     sink = ParquetSink(f"{cfg['output']['uri']}/{cfg['output']['run_id']}", StorageOptions())

@@ -102,7 +102,7 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
 
 
 def test_write_actor_commits_what_write_batch_commits(tmp_path):
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.pipeline.rows import Generated
     from vlbatch.pipeline.write_stage import WriteStage, write_batch
 

@@ -110,7 +110,8 @@ def test_progress_logs_periodically_when_not_a_terminal():
 
 
 def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
-    from vlbatch.operators.sink import OUTPUT_SCHEMA, ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
+    from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.write_stage import write_batch
 

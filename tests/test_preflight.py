@@ -114,6 +114,8 @@ def test_engine_and_output_problems_are_refused_at_validate(tmp_path, ckpt):
     cfg = _job(tmp_path, ckpt)
     r = _validate(cfg, "--set", "model.engine.attention=triton")  # a CUDA kernel, the model on the CPU
     assert r.returncode == 2 and "model.engine.attention" in r.stderr, r.stdout + r.stderr
+    r = _validate(cfg, "--set", "model.engine.delta_rule=fla")  # fla's Triton kernels, the model on the CPU
+    assert r.returncode == 2 and "model.engine.delta_rule: fla is a CUDA kernel" in r.stderr, r.stdout + r.stderr
     (tmp_path / "afile").write_text("x")
     r = _validate(cfg, "--set", f"output.uri={tmp_path / 'afile'}")
     assert r.returncode == 2 and "output.uri" in r.stderr and "is a file" in r.stderr, r.stdout + r.stderr

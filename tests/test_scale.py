@@ -7,10 +7,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlbatch.operators.sink import OutputRow, ParquetSink, rows_to_table
 from vlbatch.operators.sink.base import build_index
 from vlbatch.operators.sink.ids import IdIndex, id_keys
+from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.rolling import PartRoller, RollPolicy
+from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 from vlbatch.pipeline.requests import expand_all, request_id
 
 
@@ -116,7 +117,7 @@ def test_roller_commits_by_interval_and_alone_when_a_batch_fills_a_part(tmp_path
     assert len(r.add(_rows(_ids(1, 2)))) == 1  # the first two batches: older than the interval
     big = _rows(_ids(5, 10))
     out = r.add(big)  # held batch first, then the full batch alone under its own name
-    from vlbatch.operators.sink import part_name
+    from vlbatch.operators.sink.parquet import part_name
     assert len(out) == 2 and out[1].endswith(part_name(_ids(5, 10)))
     assert len(sink.index().done_ids) == 8
 

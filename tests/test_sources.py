@@ -57,7 +57,8 @@ def _cfg(kind: str, uri: str, tmp_path, limit=None):
 
 @pytest.mark.parametrize("kind", ["glob", "parquet", "jsonl", "csv"])
 def test_source_gives_the_manifest_columns(one_cpu_ray, tmp_path, kind):
-    from vlbatch.pipeline.sources import COLUMNS, open_source
+    from vlbatch.pipeline.sources import open_source
+    from vlbatch.pipeline.sources.base import COLUMNS
 
     folder = tmp_path / "media"
     cfg = _cfg(kind, _write(kind, folder), tmp_path)

@@ -11,16 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from vlbatch.operators.errors import StorageError
-from vlbatch.operators.sink import (
-    OUTPUT_SCHEMA,
-    OutputRow,
-    ParquetSink,
-    Timings,
-    is_transient,
-    part_name,
-    rows_to_table,
-    table_to_rows,
-)
+from vlbatch.operators.sink.base import is_transient
+from vlbatch.operators.sink.parquet import ParquetSink, part_name
+from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, OutputRow, Timings, rows_to_table, table_to_rows
 from vlbatch.operators.storage import StorageOptions, with_retries
 
 FAST = StorageOptions(backoff_s=0.001, backoff_max_s=0.01)

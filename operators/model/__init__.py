@@ -3,9 +3,9 @@ Gated DeltaNet / full-attention decoder, safetensors loading. transformers is no
 
 Public API
 ----------
-`load_model(model_dir, device="cpu", dtype=torch.float32, delta_kernels="auto") -> Qwen35Model`
-(eval mode, no grads; `delta_kernels`: the gated delta rule's torch kernels, or fla's Triton
-kernels on CUDA, see `operators/kernels/delta_rule`).
+`load_model(model_dir, device="cpu", dtype=torch.float32, delta_kernels="auto", moe_kernels="auto")
+-> Qwen35Model` (eval mode, no grads; `delta_kernels` / `moe_kernels`: names in the kernel
+registries `operators/kernels/delta_rule.DELTA_RULE` / `operators/kernels/moe.MOE`).
 
 `model.forward(input_ids [B, L], pixel_values=None, image_grid_thw=None,
 pixel_values_videos=None, video_grid_thw=None, mm_token_type_ids=None, position_ids=None,

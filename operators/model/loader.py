@@ -101,16 +101,17 @@ class Layout(Protocol):
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               delta_kernels: str = "auto", layout: Layout | None = None) -> Qwen35Model:
+               delta_kernels: str = "auto", moe_kernels: str = "auto", layout: Layout | None = None) -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
-    `delta_kernels`: auto / torch / fla (`operators/kernels/delta_rule.select_delta_rule`); MoE experts:
-    `operators/kernels/moe.select_experts`. With `layout` (a rank of a tensor-parallel replica:
-    `operators/parallel/shard.RankShard`), this rank's shard: only its slices of each tensor are
-    read from the memory-mapped files."""
+    `delta_kernels`: a name of `operators/kernels/delta_rule.DELTA_RULE`; `moe_kernels` (MoE
+    checkpoints): a name of `operators/kernels/moe.MOE`. With `layout` (a rank of a tensor-parallel
+    replica: `operators/parallel/shard.RankShard`), this rank's shard: only its slices of each tensor
+    are read from the memory-mapped files."""
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
-    from vlbatch.operators.kernels.moe import select_experts
+    from vlbatch.operators.kernels.moe import MOE, select_experts
 
     kernels = select_delta_rule(device, delta_kernels)  # a bad choice fails before the weights load
+    MOE.entry(moe_kernels)
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = Qwen35Model(config)  # full shapes: what the checkpoint is checked against
@@ -127,7 +128,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
     model = model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
     text = model.config.text
     if text.is_moe:
-        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size))
+        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size, moe_kernels))
     return model
 
 

@@ -32,8 +32,10 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
 - Nothing here creates a bucket: on an object store "directories" need no creation, and a
   missing bucket is the caller's config error (`vlbatch.pipeline.write_stage.check_output`).
 
-A new sink (Lance, Iceberg) is one new file in `operators/sink/` with a subclass, named in
-`vlbatch.pipeline.write_stage.open_sink` and in the contract test's list of sink classes.
+A new sink (Lance, Iceberg) is one new file in `operators/sink/` with a subclass, taking
+`(uri, storage, schema)` (`schema`: `OUTPUT_SCHEMA` plus the run's kept input columns), and one
+`Entry` in `SINKS` (`operators/sink/__init__.py`): `output.format` then accepts its name,
+`vlbatch.pipeline.write_stage.open_sink` builds it, and the contract test checks it.
 """
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ Rules every source keeps:
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
   rows holds all its media's bytes (`pipeline/runner.py:scan_batch_size`).
 
-A new input format is one new module here with a `Source` subclass, named in
-`open_source` (`pipeline/sources/__init__.py`).
+A new input format is one new module here with a `Source` subclass (built as `cls(cfg)`), and
+one `Entry` in `SOURCES` (`pipeline/sources/__init__.py`): `input.format` then accepts its name.
 """
 from __future__ import annotations
 

@@ -30,8 +30,9 @@ from vlbatch.operators.engine.runner.static_decode import NoStaticDecode, Static
 from vlbatch.operators.engine.runner.step_cache import PagedStepCache
 from vlbatch.operators.engine.scheduling.scheduler import StepPlan
 from vlbatch.operators.errors import InputError
-from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout, select_attention
-from vlbatch.operators.kernels.attention.layout import to_device
+from vlbatch.operators.kernels.attention import select_attention
+from vlbatch.operators.kernels.attention.base import PagedAttention
+from vlbatch.operators.kernels.attention.layout import PagedLayout, to_device
 
 
 @dataclass

@@ -26,8 +26,7 @@ import torch
 
 from vlbatch.operators.engine.runner.step_cache import PagedStepCache
 from vlbatch.operators.engine.scheduling.scheduler import StepPlan
-from vlbatch.operators.kernels.attention import PagedLayout
-from vlbatch.operators.kernels.attention.layout import decode_slots, padded_tables
+from vlbatch.operators.kernels.attention.layout import PagedLayout, decode_slots, padded_tables
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from vlbatch.operators.engine.caches.state_pool import StatePool
-from vlbatch.operators.kernels.attention import PagedAttention, PagedLayout
+from vlbatch.operators.kernels.attention.base import PagedAttention
+from vlbatch.operators.kernels.attention.layout import PagedLayout
 
 
 class PagedStepCache:

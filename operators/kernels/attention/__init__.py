@@ -1,47 +1,32 @@
 """Causal GQA attention over paged K/V behind one contract (`base.PagedAttention`; the
 step's index tensors are `layout.PagedLayout`).
 
-Implementations: `torch_sdpa.SdpaPagedAttention` (gathers + `scaled_dot_product_attention`,
-every device; the default) and `naive.NaivePagedAttention` (a float64 loop, the test
-reference) and `triton_decode.TritonPagedAttention` (SDPA's, with decode rows by a Triton
-paged-decode kernel reading block tables; CUDA; imported only when chosen).
-`select_attention(choice)` is called once per engine (its `ModelRunner`); the instance
-owns reusable buffers, so each engine gets its own.
+`ATTENTION` names the implementations (the job config's `model.engine.attention` and its
+schema take their choices from it); each target is called as `create(device)` once per
+engine (its `ModelRunner`), and the instance owns reusable buffers, so each engine gets its
+own. Importing this package imports no torch: a target's module is imported when chosen.
+A new kernel: its module (a `PagedAttention` subclass) and one `Entry` below.
 """
 from __future__ import annotations
 
-import os
+from vlbatch.operators.registry import Entry, Registry
 
-import torch
+_PKG = "vlbatch.operators.kernels.attention"
 
-from vlbatch.operators.errors import ConfigError, SetupError
-from vlbatch.operators.kernels.attention.base import PagedAttention
-from vlbatch.operators.kernels.attention.layout import PagedLayout
-from vlbatch.operators.kernels.attention.naive import NaivePagedAttention, attention_naive
-from vlbatch.operators.kernels.attention.torch_sdpa import SdpaPagedAttention
+ATTENTION = Registry("attention kernel", "model.engine.attention", "auto", (
+    Entry("auto", f"{_PKG}.auto:auto", "cpu on the CPU, else sdpa"),
+    Entry("sdpa", f"{_PKG}.torch_sdpa:SdpaPagedAttention.create",
+          "gathers + torch scaled_dot_product_attention, every device"),
+    Entry("cpu", f"{_PKG}.cpu_decode:CpuPagedAttention.create",
+          "sdpa with decode rows by a numba paged-decode kernel (CPU float32)"),
+    Entry("triton", f"{_PKG}.triton_decode:TritonPagedAttention.create",
+          "sdpa with decode rows by a Triton paged-decode kernel (CUDA)"),
+    Entry("naive", f"{_PKG}.naive:NaivePagedAttention.create", "a float64 loop: the test reference (slow)"),
+))
 
-CHOICES = ("sdpa", "naive", "triton", "cpu", "auto")
-
-__all__ = ["CHOICES", "NaivePagedAttention", "PagedAttention", "PagedLayout", "SdpaPagedAttention",
-           "attention_naive", "select_attention"]
+__all__ = ["ATTENTION", "select_attention"]
 
 
-def select_attention(choice: str = "sdpa", device="cpu") -> PagedAttention:
-    """A new instance of the `choice` implementation (see the module docstring); `device`
-    (where the caches live) resolves `auto`."""
-    if choice not in CHOICES:
-        raise ConfigError(f"attention {choice!r}; allowed: {', '.join(CHOICES)}")
-    if choice == "auto":
-        choice = "cpu" if torch.device(device).type == "cpu" else "sdpa"
-    if choice == "cpu":  # numba: imported when chosen
-        from vlbatch.operators.kernels.attention.cpu_decode import CpuPagedAttention
-
-        return CpuPagedAttention()
-    if choice == "triton":
-        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise SetupError(f"model.engine.attention=triton is a CUDA kernel but the engine runs on {device!r} "
-                             "(use auto, or a GPU); TRITON_INTERPRET=1 runs it on the CPU for tests")
-        from vlbatch.operators.kernels.attention.triton_decode import TritonPagedAttention
-
-        return TritonPagedAttention()
-    return SdpaPagedAttention() if choice == "sdpa" else NaivePagedAttention()
+def select_attention(choice: str = "sdpa", device="cpu"):
+    """A new `PagedAttention` of the `choice` implementation for caches on `device`."""
+    return ATTENTION.load(choice)(device)

@@ -23,9 +23,17 @@ class PagedAttention:
       rows only, and out is [n, H_q, D]; K/V of all T rows are still stored.
 
     An implementation may keep reusable buffers (one instance per engine); `name` is for logs.
+    A new implementation: a subclass in its own module, and one `Entry` in `ATTENTION`
+    (`attention/__init__.py`), whose target is its `create`.
     """
 
     name: ClassVar[str] = "base"
+
+    @classmethod
+    def create(cls, device) -> PagedAttention:
+        """A new instance for caches on `device` (called once per engine); override to refuse
+        a device (raise `SetupError`) or to prepare for it."""
+        return cls()
 
     def __call__(self, layout: PagedLayout, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,
                  k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

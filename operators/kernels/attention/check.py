@@ -25,7 +25,8 @@ def compare_triton_with_naive(device: str = "cpu") -> dict[str, float]:
     needed (a static step's padding) with a padded row -> {"float32": err, "bfloat16": err}.
     Raises AssertionError on a wrong shape / dtype, an error over `TOLERANCE`, or a
     non-finite padded row."""
-    from vlbatch.operators.kernels.attention import NaivePagedAttention, PagedLayout
+    from vlbatch.operators.kernels.attention.layout import PagedLayout
+    from vlbatch.operators.kernels.attention.naive import NaivePagedAttention
     from vlbatch.operators.kernels.attention.triton_decode import TritonPagedAttention, paged_decode
 
     torch.manual_seed(0)

@@ -12,12 +12,14 @@ one program walks a whole sequence (long contexts at small batch leave SMs idle)
 """
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
+from vlbatch.operators.errors import SetupError
 from vlbatch.operators.kernels.attention.layout import PagedLayout
 from vlbatch.operators.kernels.attention.torch_sdpa import SdpaPagedAttention
 
@@ -86,6 +88,13 @@ class TritonPagedAttention(SdpaPagedAttention):
     `TRITON_INTERPRET=1`); everything else as `SdpaPagedAttention`."""
 
     name: ClassVar[str] = "triton"
+
+    @classmethod
+    def create(cls, device) -> TritonPagedAttention:
+        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SetupError(f"model.engine.attention=triton is a CUDA kernel but the engine runs on {device!r} "
+                             "(use auto, or a GPU); TRITON_INTERPRET=1 runs it on the CPU for tests")
+        return cls()
 
     def decode(self, layout: PagedLayout, kc: torch.Tensor, vc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         bs = layout.block_size

@@ -25,9 +25,18 @@ class DeltaRuleKernels:
     - `decode_(q, k, v, g, beta, state) -> o`: one token per sequence, q, k [B, H, K],
       v [B, H, V], g, beta [B, H]; `state` [B, H, K, V] float32 is overwritten in place
       with the state after the token; o [B, H, V] in v's dtype.
+
+    A new implementation: a subclass in its own module, and one `Entry` in `DELTA_RULE`
+    (`delta_rule/__init__.py`), whose target is its `create`.
     """
 
     name: ClassVar[str] = "base"
+
+    @classmethod
+    def create(cls, device) -> DeltaRuleKernels:
+        """The kernels for a model on `device` (called once by `load_model`, before the weights
+        load); override to refuse a device (raise `ConfigError`) or to prepare for it."""
+        return cls()
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 state: torch.Tensor, lens: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:

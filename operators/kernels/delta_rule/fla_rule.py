@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 
 
@@ -28,6 +29,15 @@ class FlaDeltaRule(DeltaRuleKernels):
     chunk_fn: Callable
     recurrent_fn: Callable
     name: ClassVar[str] = "fla"
+
+    @classmethod
+    def create(cls, device) -> FlaDeltaRule:
+        if torch.device(device).type != "cuda":
+            raise ConfigError(f"model.engine.delta_rule='fla' needs a CUDA device, the model is on {device}")
+        if not fla_installed():
+            raise ConfigError("model.engine.delta_rule='fla' needs flash-linear-attention "
+                              "(pip install flash-linear-attention)")
+        return fla_kernels()
 
     def prefill(self, q, k, v, g, beta, state, lens):
         """The packed tokens are fla's one batch row [1, T, H, *] cut by `cu_seqlens` [B + 1];

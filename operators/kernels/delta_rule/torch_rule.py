@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from vlbatch.operators.kernels.delta_rule import cpu_decode
+from vlbatch.operators.kernels.delta_rule import cpu_decode, cpu_scan
 from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 from vlbatch.operators.kernels.delta_rule.chunked import recurrent_gated_delta_rule_
 from vlbatch.operators.kernels.delta_rule.packed import chunk_gated_delta_rule_packed
@@ -41,6 +41,13 @@ class TorchDeltaRule(DeltaRuleKernels):
     chunk_size: int | None = None
     tuner: PrefillTuner = field(default_factory=PrefillTuner, compare=False)
     name: ClassVar[str] = "torch"
+
+    @classmethod
+    def create(cls, device) -> TorchDeltaRule:
+        if torch.device(device).type == "cpu":
+            cpu_decode.warm_up()  # at load, not in the first decode step
+            cpu_scan.warm_up()
+        return cls()
 
     def prefill(self, q, k, v, g, beta, state, lens):
         if self.chunk_size is not None:

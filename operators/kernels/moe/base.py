@@ -23,10 +23,17 @@ class ExpertsKernel:
     - act: the elementwise activation of the gate half;
     - out [T, D] in x's dtype, a new tensor; no input is modified.
 
-    `name` is for logs.
+    `name` is for logs. A new implementation: a subclass in its own module, and one `Entry`
+    in `MOE` (`moe/__init__.py`), whose target is its `create`.
     """
 
     name: ClassVar[str] = "base"
+
+    @classmethod
+    def create(cls, device, dtype: torch.dtype, dim: int, inner: int) -> ExpertsKernel:
+        """The kernel for [E, 2 * inner, dim] / [E, dim, inner] expert weights of `dtype` on
+        `device` (called once by `load_model`); override to refuse them (raise `ConfigError`)."""
+        return cls()
 
     def __call__(self, x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor,
                  down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

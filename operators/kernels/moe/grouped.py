@@ -2,7 +2,7 @@
 are one [T * k, D] matrix cut into per-expert row groups by `offs`; no Python loop over
 experts and no host sync. `torch._grouped_mm` needs 16-byte aligned strides (D and I
 times the element size) and, on CUDA, bfloat16 on compute capability 9.0 or newer;
-`select_experts` checks that once at load."""
+`GroupedMMExperts.create` checks that once at load."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,12 +10,20 @@ from typing import ClassVar
 
 import torch
 
+from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.kernels.moe.base import ExpertsKernel, sort_by_expert
 
 
 @dataclass(frozen=True)
 class GroupedMMExperts(ExpertsKernel):
     name: ClassVar[str] = "grouped_mm"
+
+    @classmethod
+    def create(cls, device, dtype: torch.dtype, dim: int, inner: int) -> GroupedMMExperts:
+        if not grouped_mm_supported(torch.device(device), dtype, dim, inner):
+            raise ConfigError(f"model.engine.moe='grouped_mm': torch._grouped_mm does not take {dtype} experts of "
+                              f"dims {dim} / {inner} on {device}")
+        return cls()
 
     def __call__(self, x, index, weight, gate_up, down, act):
         order, tokens, counts = sort_by_expert(index, gate_up.shape[0])
