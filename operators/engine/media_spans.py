@@ -17,44 +17,16 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import blake3
 import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.model.pixels import normalize_frames, normalize_patches
+from vlbatch.operators.preprocess.shipped import media_hash
+
+__all__ = ["MEDIA_KINDS", "MediaItem", "as_tensor", "media_hash", "placeholder_runs", "split_media"]
 
 MEDIA_KINDS = ("image", "video")
-
-
-def media_hash(kind: str, pixel_values, grid_thw: tuple[int, int, int], table=None,
-               layout: tuple[int, int, int] | None = None) -> str:
-    """BLAKE3 over kind, grid, layout, dtype, shape, the raw pixel bytes (torch or numpy) and,
-    for uint8 levels, the normalisation table `[C, 256]`: equal iff the vision input is equal.
-
-    BLAKE3 (a cryptographic hash, ~3.5x sha256's speed here: 0.14 ms for a 640x480 frame)
-    because the key stands for the pixels in the vision and prefix caches: a collision would
-    give one media another's features, so a crafted pair must not collide either (xxh3 is
-    9x faster still, but not collision-resistant). The same pixels shipped as frames and
-    as patches hash differently (shape and layout differ): a cache miss if the two ever
-    met, never a false hit."""
-    dtype, shape, data = _pixel_bytes(pixel_values)
-    h = blake3.blake3(f"{kind}|{tuple(int(v) for v in grid_thw)}|{layout}|{dtype}|{shape}|".encode())
-    h.update(data)
-    if table is not None:
-        t = table.detach().cpu().numpy() if isinstance(table, torch.Tensor) else np.asarray(table)
-        h.update(b"|table|" + np.ascontiguousarray(t, dtype=np.float32).tobytes())
-    return h.hexdigest()
-
-
-def _pixel_bytes(x) -> tuple[str, tuple[int, ...], memoryview | bytes]:
-    """(dtype name, shape, raw bytes) of a numpy array or a tensor: the buffer itself when contiguous."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().contiguous().cpu()
-        data = x.reshape(-1).view(torch.uint8).numpy().data if x.numel() else b""
-        return str(x.dtype).removeprefix("torch."), tuple(x.shape), data
-    a = np.ascontiguousarray(x)
-    return a.dtype.name, a.shape, a.reshape(-1).view(np.uint8).data if a.size else b""
 
 
 @dataclass(frozen=True, eq=False)
