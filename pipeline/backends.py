@@ -118,8 +118,8 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
             check_prompt_length(row, i, max_prompt_tokens)
             spans = row.prompt_spans(i)
             if spans not in items:
-                items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans,
-                                         content_hash=row.content_hash, table=spec.table, layout=spec.layout)
+                items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans, spec,
+                                         content_hash=row.content_hash)
             pos = torch.from_numpy(np.array(row.prompt_positions(i), np.int64))  # [3, L_i], its own (small) copy
             out[rid] = Request(id=rid, prompt_token_ids=row.input_ids[i], position_ids=pos,
                                rope_delta=row.rope_deltas[i], media=(items[spans],), sampling=sampling(rid),

@@ -139,7 +139,7 @@ def test_pipeline_answers_equal_with_the_decode_in_the_model_stage(two_cpu_ray, 
             f"output.uri={tmp_path / device}", "sampling.max_tokens=6", "max_error_fraction=1.0",
             "video.max_frames=8", "video.max_pixels=16384", f"video.decode_device={device}"])
         result: dict = {}
-        t = threading.Thread(target=lambda c=cfg: result.update(summary=run_job(c)), daemon=True)
+        t = threading.Thread(target=lambda c=cfg, r=result: r.update(summary=run_job(c)), daemon=True)
         t.start()
         t.join(timeout=600)
         assert not t.is_alive(), f"the {device} job hung"

@@ -123,3 +123,37 @@ def plan_hash(kind: str, data: bytes, plan: DecodePlan, grid_thw, spec_table, la
     h.update(memoryview(data))
     h.update(b"|table|" + np.ascontiguousarray(np.asarray(spec_table), dtype=np.float32).tobytes())
     return h.hexdigest()
+
+
+def patches_to_frames(values, grid_thw, merge: int, temporal: int = 2, *,
+                      still: bool = False) -> tuple[torch.Tensor, PixelSpec]:
+    """The reference processor's packed patches of one media, float `[N, C * temporal * p * p]`
+    (`pixel_values`), as the shipped form: uint8 frames `[F, h * p, w * p, C]` and a `PixelSpec`
+    whose table holds each channel's distinct values, so `normalize_frames(frames, spec.table)`
+    gives `values` back bit for bit (the processor's values are one of 256 levels per channel:
+    `Normalization.lut`). The inverse of `frames_to_patches`: F = t * temporal (a video's padded
+    last group keeps its repeated frame; equal patches either way); `still`: an image, whose
+    temporal slots repeat one frame, gives F = 1. `InputError` for values that are no processor's
+    (more than 256 distinct values in a channel) or a size the grid does not divide."""
+    x = torch.as_tensor(np.asarray(values)) if not isinstance(values, torch.Tensor) else values
+    t, h, w = (int(v) for v in grid_thw)
+    n, d = x.shape
+    patch = round((d / (3 * temporal)) ** 0.5)
+    if n != t * h * w or 3 * temporal * patch * patch != d or h % merge or w % merge:
+        raise InputError(f"pixel values [{n}, {d}] do not fill grid {(t, h, w)} with merge {merge}, temporal {temporal}")
+    x = x.reshape(t, h // merge, w // merge, merge, merge, 3, temporal, patch, patch)
+    x = x.permute(0, 6, 5, 1, 3, 7, 2, 4, 8)  # [t, tp, C, bh, mh, p, bw, mw, p]: frames_to_patches undone
+    frames = x.reshape(t * temporal, 3, h * patch, w * patch).permute(0, 2, 3, 1)  # [F, H, W, C]
+    if still and bool((frames == frames[:1]).all()):
+        frames = frames[:1]
+    table = torch.empty(3, 256, dtype=torch.float32)
+    codes = torch.empty(frames.shape, dtype=torch.uint8)
+    for c in range(3):
+        levels, index = torch.unique(frames[..., c].float(), sorted=True, return_inverse=True)
+        if levels.numel() > 256:
+            raise InputError(f"channel {c} holds {levels.numel()} distinct values: not a processor's pixel values "
+                             "(at most 256 levels per channel)")
+        table[c, :levels.numel()] = levels
+        table[c, levels.numel():] = levels[-1]
+        codes[..., c] = index.to(torch.uint8)
+    return codes, PixelSpec(table, (patch, merge, temporal))
