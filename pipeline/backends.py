@@ -131,10 +131,16 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
 
 def decode_device(cfg: JobConfig) -> str:
     """Where the model stage decodes deferred videos (`video.decode_device`: cuda -> the model's
-    CUDA device, model-cpu -> its CPU); "cpu" when the CPU stage decodes them (nothing deferred)."""
-    from vlbatch.operators.media.gpu_decode import DEFERRED
+    CUDA device, model-cpu -> its CPU); "cpu" when the CPU stage decodes them (nothing deferred).
+    `SetupError` (the run fails, in one line) when this actor cannot decode there: `validate` checked
+    the driver's machine, this is the model actor's."""
+    from vlbatch.operators.errors import SetupError
+    from vlbatch.operators.media.gpu_decode import DEFERRED, decode_device_problem
 
-    return DEFERRED.get(cfg.video.decode_device, "cpu")
+    wanted = cfg.video.decode_device
+    if wanted in DEFERRED and (why := decode_device_problem(wanted, resolve_device(cfg.model.device))):
+        raise SetupError(f"video.decode_device: {why}")
+    return DEFERRED.get(wanted, "cpu")
 
 
 def resolve_device(device: str) -> str:

@@ -91,10 +91,12 @@ def test_deferred_video_that_does_not_decode_is_an_error_for_each_prompt(tmp_pat
 
 
 def test_cuda_decode_device_is_refused_in_one_line_without_cuda(tmp_path):
-    """Where CUDA is absent (this machine) `cuda` is refused before any work, in one line;
-    `model-cpu` (the same path on the CPU) is accepted wherever TorchCodec is."""
-    from vlbatch.operators.errors import ConfigError
+    """Where CUDA is absent (this machine) `cuda` is refused before any work, in one line, by the
+    driver's checks and by the model actor (`SetupError`: the run fails, no error rows); `model-cpu`
+    (the same path on the CPU) is accepted wherever TorchCodec is."""
+    from vlbatch.operators.errors import ConfigError, SetupError
     from vlbatch.operators.media.gpu_decode import DEFERRED, check_decode_device, decode_device_problem
+    from vlbatch.pipeline.backends import decode_device
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the refusal cannot be shown here (gpu_run.sh runs the decode)")
@@ -103,6 +105,10 @@ def test_cuda_decode_device_is_refused_in_one_line_without_cuda(tmp_path):
     assert why is not None and "\n" not in why and "video.decode_device: cpu" in why
     with pytest.raises(ConfigError, match="no CUDA device here"):
         check_decode_device("cuda", "auto")
+    assert decode_device(_cfg(tmp_path, "model-cpu")) == "cpu" and decode_device(_cfg(tmp_path, "cpu")) == "cpu"
+    with pytest.raises(SetupError, match="video.decode_device: .*model.device") as e:  # auto resolved: the CPU
+        decode_device(_cfg(tmp_path, "cuda"))
+    assert "\n" not in str(e.value)
 
 
 @pytest.fixture(scope="module")
