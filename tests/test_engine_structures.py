@@ -295,6 +295,14 @@ def test_media_item_checks_its_grid_and_patchifies_on_the_device():
     assert torch.equal(item.model_input("cpu", torch.float32), normalize_patches(patches, spec.table))
     assert item.model_input("cpu", torch.bfloat16).dtype == torch.bfloat16
     assert MediaItem("video", frames, (3, 4, 8), ((0, 24),), _spec((2, 2, 1))).grid_thw == (3, 4, 8)
+    from vlbatch.operators.preprocess.shipped import patches_to_frames
+
+    back, back_spec = patches_to_frames(normalize_patches(patches, spec.table), (2, 2, 4), 2, 2)  # the boundary form
+    assert back_spec.layout == (4, 2, 2) and back.shape == (4, 8, 16, 3)  # 3 frames, the padded 4th repeats the 3rd
+    assert torch.equal(MediaItem("video", back, (2, 2, 4), ((0, 4),), back_spec).model_input("cpu", torch.float32),
+                       item.model_input("cpu", torch.float32))
+    with pytest.raises(InputError, match="distinct values"):  # not a processor's values: no exact uint8 form
+        patches_to_frames(torch.randn(128, 24), (1, 8, 16), 2, 2)
     # wrong t, wrong w, h not a multiple of merge, temporal 3 (t = 1), temporal 1 (t = 3, not 4)
     for grid, lay in (((1, 2, 4), (4, 2, 2)), ((2, 2, 2), (4, 2, 2)), ((2, 1, 4), (4, 2, 2)), ((2, 2, 4), (4, 2, 3)),
                       ((4, 4, 8), (2, 2, 1))):
