@@ -79,7 +79,7 @@ def decode_planned(data: bytes, indices: tuple[int, ...], total_frames: int, dev
     that is not a video, or that decodes to another plan than the shipped one."""
     from vlbatch.operators.errors import MediaError
 
-    # the plan's own sampling reproduces its indices: num_frames = F over the same frame count
+    # a sampling that replays the shipped indices: the decode route (and its cut-file recount) stays one
     sampling = _Replay(planned=tuple(int(i) for i in indices))
     clip = decode_on_device(data, sampling, device, threads)
     if clip.indices != sampling.planned or clip.total_frames != total_frames:
