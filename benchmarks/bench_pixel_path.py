@@ -185,7 +185,7 @@ def child(path: str, mode: str, model_dir: str) -> dict:
     arrow = (row.pixels.ctypes.data, row.pixels.nbytes)
     held = {arrow[0]: arrow[1]}
     for r in reqs:
-        pv = r.media[0].pixel_values
+        pv = r.media[0].frames
         if not arrow[0] <= pv.data_ptr() < arrow[0] + arrow[1]:
             held[pv.untyped_storage().data_ptr()] = pv.untyped_storage().nbytes()
     one = row.pixels.nbytes

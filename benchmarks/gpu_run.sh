@@ -20,6 +20,9 @@
 #   01_parity    greedy tokens of our engine vs transformers on tiny dense / tied / MoE checkpoints,
 #                teacher-forced logits of both against transformers in float32
 #   02_kernels   fla / Triton attention / MoE kernels vs their references
+#   02b_decode   video.decode_device: cuda (TorchCodec / NVDEC in the model stage) vs the CPU stage's decode on
+#                bench_video_decode's clips: wall, CPU s, frames/s, bit-exactness (benchmarks/gpu_decode.py);
+#                one "skipped: why" line where TorchCodec or FFmpeg's libraries cannot load there
 #   03_nine_b    9B shape: engine vs transformers generate (images/s, tokens/s, CUDA graphs off/on,
 #                decode vs the HBM roofline), video QA caches on/off, peak memory vs the plan
 # --rehearse: every step on the CPU at tiny shapes (float32), no CUDA needed.
@@ -58,14 +61,16 @@ if [[ $REHEARSE == 1 ]]; then
   NINE_B=(--shape tiny --device cpu --dtype float32 --dir "$WORK/ckpt" --kv-gb 0.0625 --variants auto,auto+static
           --requests 3 --new-tokens 4 --size 64 --videos 1 --questions 3 --frames 4 --video-new-tokens 3
           --hf-batches 1,3 --hf-images 3)
-  LIMITS=(0 0 0)  # no step limit: the test's own timeout bounds the rehearsal
+  DECODE=(--device cpu --clips tiny --cache "$WORK/clips")
+  LIMITS=(0 0 0 0)  # no step limit: the test's own timeout bounds the rehearsal
 else
   command -v nvidia-smi > /dev/null && nvidia-smi > "$OUT/00_nvidia_smi.txt" 2>&1
   CHECK=()
   PARITY=(--device cuda --dtype bfloat16 --new-tokens 32)
   KERNELS=(--device cuda)
   NINE_B=(--device cuda --dtype bfloat16 --dir "${CKPT_DIR:-/tmp/ckpt9b}" --memory-fraction 0.85 --peak-gbs 4800)
-  LIMITS=(150 120 420)
+  DECODE=(--device cuda --cache "$WORK/clips")
+  LIMITS=(150 120 420 180)
 fi
 
 FAILED=()
@@ -95,6 +100,7 @@ if [[ $REHEARSE == 1 ]]; then
 else
   step 02_kernels "${LIMITS[1]}" "$PY" -m benchmarks.gpu_kernels "${KERNELS[@]}" --json "$OUT/02_kernels.json"
 fi
+step 02b_decode "${LIMITS[3]}" "$PY" -m benchmarks.gpu_decode "${DECODE[@]}" --json "$OUT/02b_decode.json"
 step 03_nine_b "${LIMITS[2]}" "$PY" -m benchmarks.gpu_nine_b --out "$OUT" "${NINE_B[@]}"
 
 if (( ${#FAILED[@]} )); then

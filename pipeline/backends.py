@@ -12,7 +12,9 @@ engine's thread; a tensor-parallel replica's followers and placement group).
 
 A row's resized uint8 frames are read once (a tensor over the Arrow buffer, never copied per
 question) and turned into normalised patches on the model's device with the checkpoint's
-table and patch layout (`pixel_specs`).
+table and patch layout (`pixel_specs`, `operators/preprocess/shipped.py`). A deferred video
+(`video.decode_device`: cuda / model-cpu) is decoded here first, by its shipped plan, on the
+model's GPU (or CPU), into the same frames (`shared_pixels`).
 
 - `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product. All requests
@@ -31,42 +33,43 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vlbatch.operators.errors import InputError, VlbatchError
+from vlbatch.operators.errors import InputError, MediaError, VlbatchError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.rows import Prepared
 
 if TYPE_CHECKING:
     import torch
 
+    from vlbatch.operators.preprocess.shipped import PixelSpec
+
 
 def request_seed(base: int, rid: str) -> int:
     return (int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) ^ base) & 0x7FFFFFFF
 
 
-@dataclass(frozen=True)
-class PixelSpec:
-    """How one media kind's shipped frames become the tower's input: the checkpoint's
-    normalisation table float32 `[3, 256]` and layout (patch, merge, temporal)."""
-
-    table: torch.Tensor
-    layout: tuple[int, int, int]
-
-
 def pixel_specs(model_dir: str) -> dict[str, PixelSpec]:
-    """The checkpoint's `PixelSpec` per media kind (the tables the CPU stage's processor hashes
-    with: the job overrides only its pixel budgets)."""
+    from vlbatch.operators.preprocess.shipped import pixel_specs as specs
+
+    return specs(model_dir)
+
+
+def shared_pixels(row: Prepared, spec: PixelSpec, decode_device: str = "cpu") -> torch.Tensor:
+    """uint8 [F, H, W, 3] tensor over the row's Arrow buffer (no copy; it is only ever read), or for
+    a deferred video its frames decoded on `decode_device` and resized as the CPU stage would have
+    (`DecodePlan.frames`; `MediaError` for a file that does not decode to its plan)."""
     import torch
 
-    from vlbatch.operators.preprocess.config import load_image_config, load_video_config
+    if row.deferred:
+        from vlbatch.operators.errors import MediaError
+        from vlbatch.operators.preprocess.shipped import DecodePlan
 
-    cfgs = {"image": load_image_config(model_dir), "video": load_video_config(model_dir)}
-    return {k: PixelSpec(torch.from_numpy(c.norm.lut(3)), c.layout) for k, c in cfgs.items()}
-
-
-def shared_pixels(row: Prepared) -> torch.Tensor:
-    """uint8 [F, H, W, 3] tensor over the row's Arrow buffer (no copy; it is only ever read)."""
-    import torch
-
+        plan = DecodePlan.of(row.plan_indices, row.plan_total_frames, row.grid_thw, spec.layout)
+        try:
+            return plan.frames(row.media_bytes, decode_device)
+        except VlbatchError:
+            raise
+        except Exception as e:  # FFmpeg / NVDEC text from TorchCodec: still a typed, per-file error
+            raise MediaError(f"{row.media_uri}: decoder failed: {type(e).__name__}: {str(e)[:300]}") from e
     with warnings.catch_warnings():  # the buffer is read-only; torch warns about writes never made
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(row.pixels)
@@ -93,17 +96,21 @@ def check_prompt_length(row: Prepared, i: int, limit: int | None) -> None:
 
 
 def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
-                   max_prompt_tokens: int | None = None) -> dict[str, object]:
+                   max_prompt_tokens: int | None = None, decode_device: str = "cpu") -> dict[str, object]:
     """{request id: engine `Request` (or the `InputError` that refused it)} for every prompt of
     `row`, all around one pixel tensor and the row's content hash (prompts with equal spans
     share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams; a prompt over
-    `max_prompt_tokens` is refused (`check_prompt_length`), never given to the engine."""
+    `max_prompt_tokens` is refused (`check_prompt_length`), never given to the engine; a deferred
+    video that fails to decode (`shared_pixels`) is its error for every prompt."""
     import numpy as np
     import torch
 
     from vlbatch.operators.engine import MediaItem, Request
 
-    pixels = shared_pixels(row)
+    try:
+        pixels = shared_pixels(row, spec, decode_device)
+    except (InputError, MediaError) as e:  # the media's own fault: permanent error rows
+        return {rid: e for rid in row.ids}
     items: dict[tuple, MediaItem] = {}
     out: dict[str, object] = {}
     for i, rid in enumerate(row.ids):
@@ -111,8 +118,8 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
             check_prompt_length(row, i, max_prompt_tokens)
             spans = row.prompt_spans(i)
             if spans not in items:
-                items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans,
-                                         content_hash=row.content_hash, table=spec.table, layout=spec.layout)
+                items[spans] = MediaItem(row.media_type, pixels, tuple(row.grid_thw), spans, spec,
+                                         content_hash=row.content_hash)
             pos = torch.from_numpy(np.array(row.prompt_positions(i), np.int64))  # [3, L_i], its own (small) copy
             out[rid] = Request(id=rid, prompt_token_ids=row.input_ids[i], position_ids=pos,
                                rope_delta=row.rope_deltas[i], media=(items[spans],), sampling=sampling(rid),
@@ -120,6 +127,20 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
         except InputError as e:  # bad shapes / spans: permanent
             out[rid] = e
     return out
+
+
+def decode_device(cfg: JobConfig) -> str:
+    """Where the model stage decodes deferred videos (`video.decode_device`: cuda -> the model's
+    CUDA device, model-cpu -> its CPU); "cpu" when the CPU stage decodes them (nothing deferred).
+    `SetupError` (the run fails, in one line) when this actor cannot decode there: `validate` checked
+    the driver's machine, this is the model actor's."""
+    from vlbatch.operators.errors import SetupError
+    from vlbatch.operators.media.gpu_decode import DEFERRED, decode_device_problem
+
+    wanted = cfg.video.decode_device
+    if wanted in DEFERRED and (why := decode_device_problem(wanted, resolve_device(cfg.model.device))):
+        raise SetupError(f"video.decode_device: {why}")
+    return DEFERRED.get(wanted, "cpu")
 
 
 def resolve_device(device: str) -> str:
@@ -183,6 +204,7 @@ class EngineBackend:
                                on_finished=on_finished)
         self.specs = pixel_specs(model_dir)
         self.max_prompt_tokens = prompt_limit(cfg, model_dir)
+        self.decode_device = decode_device(cfg)
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -198,7 +220,7 @@ class EngineBackend:
         out: dict[str, object] = {}
         for r in rows:
             out.update(media_requests(r, self.specs[r.media_type], self._sampling, self.cfg.task.thinking,
-                                      self.max_prompt_tokens))
+                                      self.max_prompt_tokens, self.decode_device))
         reqs = [q for q in out.values() if not isinstance(q, VlbatchError)]
         out.update(self.loop.run(reqs))  # visual tokens: each media once (`pinned_visual_tokens`)
         return out
@@ -233,6 +255,7 @@ class TransformersBackend:
         self.tok = AutoTokenizer.from_pretrained(path)
         self.specs = pixel_specs(path)
         self.max_prompt_tokens = prompt_limit(cfg, path)
+        self.decode_device = decode_device(cfg)
         self.torch = torch
         self._lock = threading.Lock()  # one generate() at a time
         self._busy_s = 0.0
@@ -263,7 +286,11 @@ class TransformersBackend:
         torch = self.torch
         spec = self.specs[row.media_type]
         patch, merge, temporal = spec.layout
-        pixels = normalize_frames(shared_pixels(row), spec.table, patch=patch, merge=merge,
+        try:
+            frames = shared_pixels(row, spec, self.decode_device)
+        except (InputError, MediaError) as e:  # a deferred video that does not decode: its error rows
+            return {rid: e for rid in row.ids}
+        pixels = normalize_frames(frames, spec.table, patch=patch, merge=merge,
                                   temporal=temporal).to(self.device, self.model.dtype)
         grid = torch.tensor([row.grid_thw], dtype=torch.long, device=self.device)
         pv_key, grid_key = (("pixel_values", "image_grid_thw") if row.media_type == "image"

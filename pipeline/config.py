@@ -221,9 +221,11 @@ class VideoConfig(_Section):
         "auto", validation_alias=AliasChoices("decoder", "backend"),
         description="video decoder (`backend` is its old name); auto: the fastest installed, in the order "
                     "bench_video_decode measured (vlbatch.operators.media.decoders.AUTO_ORDER)")
-    decode_device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="cuda: decode with TorchCodec on the model actor's GPU (NVDEC); needs model.device "
-                           "cuda (or auto on a GPU node) and torchcodec; the CPU stage then only probes")
+    decode_device: Literal["cpu", "cuda", "model-cpu"] = Field(
+        "cpu", description="cuda: decode with TorchCodec on the model actor's GPU (NVDEC), inside the model stage; "
+                           "needs model.device cuda (or auto on a GPU node) and torchcodec; the CPU stage then only "
+                           "probes and samples, and ships the video's bytes; model-cpu: the same deferred path "
+                           "decoding on the model actor's CPU (it tests that path without a GPU)")
     decode_timeout_s: float = Field(60.0, gt=0.0, description="decoder subprocess is killed after this")
     max_bytes: int = Field(2 << 30, ge=1)
 

@@ -56,6 +56,13 @@ class Decoded(MediaTask):
     total_frames: int | None = None
     frame_indices: tuple[int, ...] = ()
     decode_s: float = 0.0
+    plan_size: tuple[int, ...] = ()  # (H, W) upright: a video planned, not decoded (`deferred`)
+
+    @property
+    def deferred(self) -> bool:
+        """The video's decode is deferred to the model stage (`video.decode_device`): `frames` is
+        empty, `media_bytes` holds the video and `frame_indices` / `total_frames` its plan."""
+        return bool(self.plan_size)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,9 @@ class Prepared(MediaTask):
     `normalize_frames`: 4x fewer bytes than float32 patches, 8x for a still image, which the
     patch layout repeats in every temporal slot); grid_thw: (t, h, w) in patches;
     content_hash: `media_hash` of kind, frames, grid, layout and table (computed once here).
+    A deferred video (`video.decode_device`: cuda / model-cpu) ships `media_bytes` and its
+    plan (`plan_indices`, `plan_total_frames`) instead of `pixels` (empty `[0, h, w, 3]`); its
+    content_hash is `plan_hash`; the model stage makes the frames (`DecodePlan.frames`).
     Per prompt i: input_ids[i] [L_i], spans[i] the placeholder runs flattened (s0, e0, s1, e1,
     ...), rope_deltas[i]; positions: int64 [3, sum_i L_i], every prompt's MRoPE positions
     side by side in prompt order (`prompt_positions(i)` is prompt i's [3, L_i], a view: a
@@ -82,6 +92,13 @@ class Prepared(MediaTask):
     visual_tokens: int = 0
     decode_s: float = 0.0
     preprocess_s: float = 0.0
+    plan_indices: tuple[int, ...] = ()  # a deferred video: the sampled indices of `media_bytes`
+    plan_total_frames: int | None = None  # and the frames it holds (`operators/preprocess/shipped.DecodePlan`)
+
+    @property
+    def deferred(self) -> bool:
+        """`pixels` is empty: the model stage decodes `media_bytes` by the plan (`DecodePlan.of`)."""
+        return bool(self.plan_indices)
 
     def prompt_positions(self, i: int) -> np.ndarray:
         """Prompt i's MRoPE positions int64 [3, L_i] (a view of `positions`)."""
@@ -127,10 +144,11 @@ _BASE = {
 ARROW_TYPES: dict[type, dict[str, Any]] = {
     MediaTask: _BASE,
     Decoded: {**_BASE, "frames": TENSOR, "source_fps": pa.float64(), "total_frames": pa.int64(),
-              "frame_indices": _LI, "decode_s": pa.float64()},
+              "frame_indices": _LI, "decode_s": pa.float64(), "plan_size": _LI},
     Prepared: {**_BASE, "pixels": TENSOR, "grid_thw": _LI, "content_hash": pa.string(), "input_ids": pa.list_(_LI),
                "spans": pa.list_(_LI), "positions": TENSOR, "rope_deltas": _LI,
-               "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64()},
+               "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64(),
+               "plan_indices": _LI, "plan_total_frames": pa.int64()},
     Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
                 "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,
                 "generated_tokens": _LI, "cached_tokens": _LI, "visual_tokens": pa.int64(),

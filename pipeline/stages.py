@@ -54,6 +54,8 @@ class DecodeStage:
 
     Videos decode in a long-lived killable subprocess per actor (`DecodeWorker`), killed
     and restarted when a file exceeds `video.decode_timeout_s` (-> MediaTimeoutError).
+    With `video.decode_device` cuda / model-cpu a video is only planned there (`DecodeWorker.plan`:
+    metadata and sampled indices, no frame decoded) and its bytes ride on (`Decoded.deferred`).
     """
 
     def __init__(self, cfg: JobConfig, meter=None):
@@ -67,6 +69,8 @@ class DecodeStage:
         self.sampling = FrameSampling(fps=v.fps, num_frames=v.num_frames, min_frames=v.min_frames,
                                       max_frames=v.max_frames)
         self.worker = DecodeWorker(timeout_s=v.decode_timeout_s, preload=v.decoder)
+        # the model stage decodes videos (`video.decode_device`): here only their plan; never in scan mode (no model)
+        self.defer = v.decode_device != "cpu" and cfg.task.mode != "scan"
         self.lock = threading.Lock()
         from vlbatch.operators.storage.http import HostLimiter
 
@@ -105,6 +109,11 @@ class DecodeStage:
 
             img = load_image(data)
             return Decoded(**_base(row), frames=img[None], decode_s=time.perf_counter() - t0)
+        if self.defer:  # probe + sample in the child; the bytes travel on to the model stage
+            plan = self.worker.plan(data, self.sampling)
+            return Decoded(**_base(row), media_bytes=data, source_fps=plan.source_fps,
+                           total_frames=plan.total_frames, frame_indices=plan.indices, plan_size=plan.shape[1:3],
+                           decode_s=time.perf_counter() - t0)
         clip = self.worker.decode(data, self.sampling, self.cfg.video.decoder)
         return Decoded(**_base(row), frames=clip.frames, source_fps=clip.source_fps,
                        total_frames=clip.total_frames, frame_indices=tuple(int(i) for i in clip.indices),
@@ -197,18 +206,39 @@ class PreprocessStage:
                          indices=tuple(row.frame_indices))
         return {"videos": [clip]}
 
+    def _encode(self, row: Decoded, texts: list[str]) -> tuple[dict, list[dict], dict]:
+        """(visual arrays, per-prompt outputs, the Prepared fields of the shipped media) of one row:
+        its resized frames and their hash, or for a deferred video its plan, bytes and `plan_hash`."""
+        kind = row.media_type
+        if not row.deferred:
+            visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row), frames=True)
+            pixels = visual["pixel_values" if kind == "image" else "pixel_values_videos"]
+            grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
+            return visual, outs, {"pixels": pixels, "content_hash": media_key(self.processor, kind, pixels, grid)}
+        from vlbatch.operators.preprocess.shipped import DecodePlan, plan_hash
+        from vlbatch.operators.types import VideoPlan
+
+        h, w = row.plan_size
+        _, media = self.processor.plan_media(VideoPlan(float(row.source_fps), int(row.total_frames),
+                                                       tuple(row.frame_indices), int(h), int(w)))
+        outs = [self.processor.encode_text(t, media) for t in texts]
+        grid, cfg = media.arrays["video_grid_thw"][0], self.processor.video_config
+        plan = DecodePlan.of(row.frame_indices, int(row.total_frames), grid, cfg.layout)
+        return media.arrays, outs, {
+            "pixels": media.arrays["pixel_values_videos"], "media_bytes": row.media_bytes,
+            "plan_indices": plan.indices, "plan_total_frames": plan.total_frames,
+            "content_hash": plan_hash(kind, row.media_bytes, plan, grid, self.processor.norm_table(kind), cfg.layout)}
+
     def _prepare(self, row: Decoded) -> Prepared:
         from vlbatch.operators.engine.media_spans import placeholder_runs
 
         t0 = time.perf_counter()
         kind = row.media_type
         texts = [self._render(prompt, kind) for prompt in row.prompts]
-        visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row), frames=True)
-        pixels = visual["pixel_values" if kind == "image" else "pixel_values_videos"]
+        visual, outs, shipped = self._encode(row, texts)
         grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
         spans = [placeholder_runs(o["mm_token_type_ids"][0]) for o in outs]
-        return replace(Prepared(**_base(row)), pixels=pixels, grid_thw=grid,
-                       content_hash=media_key(self.processor, kind, pixels, grid),
+        return replace(Prepared(**_base(row)), **shipped, grid_thw=grid,
                        input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs),
                        spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
                        positions=np.concatenate([o["position_ids"][:, 0] for o in outs], axis=1),
@@ -272,7 +302,7 @@ def process_prompts_naive(proc, texts: list[str], **media) -> list[dict[str, np.
 def media_key(processor, kind: str, frames: np.ndarray, grid: tuple[int, int, int]) -> str:
     """The content hash of a media's resized uint8 frames `[F, h, w, 3]`, computed once on the
     CPU stage (`media_hash` with the kind's table and layout, as `MediaItem` would)."""
-    from vlbatch.operators.engine.media_spans import media_hash
+    from vlbatch.operators.preprocess.shipped import media_hash
 
     cfg = processor.image_config if kind == "image" else processor.video_config
     return media_hash(kind, frames, grid, processor.norm_table(kind), cfg.layout)

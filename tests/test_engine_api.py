@@ -103,8 +103,8 @@ def test_bad_requests_become_error_results_and_others_finish(ckpt, engine_kw):
     ok = request(ckpt, "ok", [("image", image(5)), "Describe it."], max_new_tokens=3)
     too_long = request(ckpt, "long", ["word " * 300], max_new_tokens=3)
     m = ok.media[0]
-    bad_grid = dataclasses.replace(ok, id="grid", media=(MediaItem(m.kind, m.pixel_values, m.grid_thw,
-                                                                   ((m.spans[0][0], m.spans[0][1] - 1),)),))
+    bad_grid = dataclasses.replace(ok, id="grid", media=(MediaItem(m.kind, m.frames, m.grid_thw,
+                                                                   ((m.spans[0][0], m.spans[0][1] - 1),), m.spec),))
     res = {r.id: r for r in engine.generate([too_long, bad_grid, ok])}
     assert res["ok"].finish_reason == "length" and res["ok"].visual_tokens == m.num_tokens
     assert res["long"].finish_reason == "error" and "KV pool" in res["long"].error
@@ -136,7 +136,8 @@ def test_requests_from_our_processor_batch_match_the_reference_route(ckpt, engin
         assert torch.equal(a.position_ids, b.position_ids)
         assert [(m.kind, m.grid_thw, m.spans) for m in a.media] == [(m.kind, m.grid_thw, m.spans) for m in b.media]
         for ma, mb in zip(a.media, b.media, strict=True):
-            torch.testing.assert_close(ma.pixel_values.float(), mb.pixel_values.float(), atol=1e-5, rtol=0)
+            torch.testing.assert_close(ma.model_input("cpu", torch.float32), mb.model_input("cpu", torch.float32),
+                                       atol=1e-5, rtol=0)
     got = {r.id: r.token_ids for r in engine.generate(ours)}
     want = {r.id: r.token_ids for r in engine.generate(refs)}
     assert got == want

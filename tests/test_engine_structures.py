@@ -86,10 +86,17 @@ def test_state_pool_slots_zeroed_and_bounded():
 
 
 # -- keys ------------------------------------------------------------------------------------
+def _spec(layout=(2, 2, 2), **norm):
+    from vlbatch.operators.preprocess.patchify import Normalization
+    from vlbatch.operators.preprocess.shipped import PixelSpec
+
+    return PixelSpec(torch.from_numpy(Normalization(**norm).lut(3)), layout)
+
+
 def _item(seed, spans, grid=(1, 2, 4)):
-    t, h, w = grid
-    pv = torch.from_numpy(np.random.default_rng(seed).standard_normal((t * h * w, 12)).astype(np.float32))
-    return MediaItem("image", pv, grid, spans)
+    t, h, w = grid  # an image: one frame of h x w patches of 2 x 2 pixels
+    frames = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (1, 2 * h, 2 * w, 3), dtype=np.uint8))
+    return MediaItem("image", frames, grid, spans, _spec())
 
 
 def test_keys_separate_media_with_equal_text():
@@ -140,10 +147,12 @@ def test_vision_cache_lru_within_budget():
 
 
 def test_media_item_validates_grid():
+    with pytest.raises(InputError):  # 7 pixels high: not 2 patches of 2
+        MediaItem("image", torch.zeros(1, 7, 8, 3, dtype=torch.uint8), (1, 2, 4), ((0, 2),), _spec())
     with pytest.raises(InputError):
-        MediaItem("image", torch.zeros(7, 12), (1, 2, 4), ((0, 2),))
-    with pytest.raises(InputError):
-        MediaItem("audio", torch.zeros(8, 12), (1, 2, 4), ((0, 2),))
+        MediaItem("audio", torch.zeros(1, 4, 8, 3, dtype=torch.uint8), (1, 2, 4), ((0, 2),), _spec())
+    with pytest.raises(InputError):  # float values are not the shipped form (`patches_to_frames` converts them)
+        MediaItem("image", torch.zeros(1, 4, 8, 3), (1, 2, 4), ((0, 2),), _spec())
 
 
 def test_state_pool_views_for_consecutive_slots_equal_copies():
@@ -163,54 +172,49 @@ def test_state_pool_views_for_consecutive_slots_equal_copies():
         assert torch.equal(pool.gather(0, t)[0], c_copy + 1) and torch.equal(pool.gather(0, t)[1], r_copy * 2)
 
 
-def test_frames_media_item_checks_its_grid_and_patchifies_on_the_device():
-    """The pipeline's form: uint8 frames [F, H, W, C] with (patch, merge, temporal); the grid
-    must match exactly, and `model_input` equals the uint8 patch form's (`frames_to_patches`)."""
-    from vlbatch.operators.model.pixels import frames_to_patches
-    from vlbatch.operators.preprocess.patchify import Normalization
+def test_media_item_checks_its_grid_and_patchifies_on_the_device():
+    """The one form: uint8 frames [F, H, W, C] with a `PixelSpec` (table, (patch, merge, temporal));
+    the grid must match exactly, and `model_input` equals the uint8 patch form normalised
+    (`frames_to_patches` + `normalize_patches`)."""
+    from vlbatch.operators.model.pixels import frames_to_patches, normalize_patches
 
     frames = torch.from_numpy(np.random.default_rng(6).integers(0, 256, (3, 8, 16, 3), dtype=np.uint8))
-    table = torch.from_numpy(Normalization().lut(3))
-    layout = (4, 2, 2)  # patch 4, merge 2, temporal 2: 3 frames -> t = 2, grid (2, 2, 4)
-    item = MediaItem("video", frames, (2, 2, 4), ((0, 4), (6, 10)), table=table, layout=layout)
-    as_patches = MediaItem("video", frames_to_patches(frames, patch=4, merge=2, temporal=2).contiguous(), (2, 2, 4),
-                           ((0, 4), (6, 10)), table=table)
-    assert torch.equal(item.model_input("cpu", torch.float32), as_patches.model_input("cpu", torch.float32))
-    assert item.content_hash != as_patches.content_hash  # other form: a miss, never a false hit
-    assert MediaItem("video", frames, (3, 4, 8), ((0, 24),), table=table, layout=(2, 2, 1)).grid_thw == (3, 4, 8)
+    spec = _spec((4, 2, 2))  # patch 4, merge 2, temporal 2: 3 frames -> t = 2, grid (2, 2, 4)
+    item = MediaItem("video", frames, (2, 2, 4), ((0, 4), (6, 10)), spec)
+    patches = frames_to_patches(frames, patch=4, merge=2, temporal=2).contiguous()
+    assert torch.equal(item.model_input("cpu", torch.float32), normalize_patches(patches, spec.table))
+    assert item.model_input("cpu", torch.bfloat16).dtype == torch.bfloat16
+    assert MediaItem("video", frames, (3, 4, 8), ((0, 24),), _spec((2, 2, 1))).grid_thw == (3, 4, 8)
+    from vlbatch.operators.preprocess.shipped import patches_to_frames
+
+    back, back_spec = patches_to_frames(normalize_patches(patches, spec.table), (2, 2, 4), 2, 2)  # the boundary form
+    assert back_spec.layout == (4, 2, 2) and back.shape == (4, 8, 16, 3)  # 3 frames, the padded 4th repeats the 3rd
+    assert torch.equal(MediaItem("video", back, (2, 2, 4), ((0, 4),), back_spec).model_input("cpu", torch.float32),
+                       item.model_input("cpu", torch.float32))
+    with pytest.raises(InputError, match="distinct values"):  # not a processor's values: no exact uint8 form
+        patches_to_frames(torch.randn(128, 24), (1, 8, 16), 2, 2)
     # wrong t, wrong w, h not a multiple of merge, temporal 3 (t = 1), temporal 1 (t = 3, not 4)
-    for grid, lay in (((1, 2, 4), layout), ((2, 2, 2), layout), ((2, 1, 4), layout), ((2, 2, 4), (4, 2, 3)),
+    for grid, lay in (((1, 2, 4), (4, 2, 2)), ((2, 2, 2), (4, 2, 2)), ((2, 1, 4), (4, 2, 2)), ((2, 2, 4), (4, 2, 3)),
                       ((4, 4, 8), (2, 2, 1))):
         with pytest.raises(InputError, match="do not fill grid"):
-            MediaItem("video", frames, grid, ((0, 4),), table=table, layout=lay)
-    with pytest.raises(InputError):  # frames need their table
-        MediaItem("video", frames, (2, 2, 4), ((0, 4),), layout=layout)
+            MediaItem("video", frames, grid, ((0, 4),), _spec(lay))
 
 
-def test_uint8_media_item_needs_its_table_and_hashes_it():
+def test_media_item_hashes_its_frames_and_table():
     from vlbatch.operators.engine.loop import pinned_visual_tokens
     from vlbatch.operators.engine.media_spans import media_hash
     from vlbatch.operators.engine.request import Request
-    from vlbatch.operators.model.pixels import normalize_patches
-    from vlbatch.operators.preprocess.patchify import Normalization
 
-    u8 = torch.from_numpy(np.random.default_rng(5).integers(0, 256, (8, 12), dtype=np.uint8))
-    table = torch.from_numpy(Normalization().lut(3))
-    with pytest.raises(InputError):  # levels without a table
-        MediaItem("image", u8, (1, 2, 4), ((0, 2),))
-    with pytest.raises(InputError):  # float values with a table
-        MediaItem("image", u8.float(), (1, 2, 4), ((0, 2),), table=table)
-    item = MediaItem("image", u8, (1, 2, 4), ((0, 2),), table=table)
-    assert item.content_hash == media_hash("image", u8.numpy(), (1, 2, 4), table.numpy())  # numpy == torch input
-    other = torch.from_numpy(Normalization(do_normalize=False).lut(3))
-    assert MediaItem("image", u8, (1, 2, 4), ((0, 2),), table=other).content_hash != item.content_hash
+    u8 = torch.from_numpy(np.random.default_rng(5).integers(0, 256, (1, 4, 8, 3), dtype=np.uint8))
+    spec = _spec()
+    item = MediaItem("image", u8, (1, 2, 4), ((0, 2),), spec)
+    assert item.content_hash == media_hash("image", u8.numpy(), (1, 2, 4), spec.table.numpy(), spec.layout)
+    assert MediaItem("image", u8, (1, 2, 4), ((0, 2),), _spec(do_normalize=False)).content_hash != item.content_hash
     assert media_hash("image", u8, (1, 2, 4)) != item.content_hash
-    assert torch.equal(item.model_input("cpu", torch.float32), normalize_patches(u8, table))
-    assert item.model_input("cpu", torch.bfloat16).dtype == torch.bfloat16
     # requests sharing one media (one hash) pin its visual tokens once; another media adds its own
     pos = torch.zeros(3, 4, dtype=torch.long)
     reqs = [Request(f"q{k}", (1, 2, 3, 4), pos, media=(MediaItem("image", u8, (1, 2, 4), ((k % 2, k % 2 + 2),),
-                                                                 content_hash=item.content_hash, table=table),))
+                                                                 spec, content_hash=item.content_hash),))
             for k in range(8)]
     assert pinned_visual_tokens(reqs) == 2
     assert pinned_visual_tokens(reqs + [Request("x", (1, 2, 3, 4), pos, media=(_item(0, ((0, 2),)),))]) == 4

@@ -2,8 +2,8 @@
 python3 that holds only what the device machine's holds (benchmarks/device_env.py: a venv
 without system site-packages linking torch, transformers, triton, numba, numpy, pillow,
 safetensors, tokenizers, jinja2, pyarrow, fsspec, pyyaml and their dependencies from this
-interpreter; no ray, pydantic, decord, av, s3fs, blake3, nor this project). blake3 is carried
-as a wheel, as on the device (packed from this interpreter's install). A step importing
+interpreter; no ray, pydantic, decord, av, s3fs, blake3, nor this project). blake3, av and
+torchcodec are carried as wheels, as on the device (packed from this interpreter's installs). A step importing
 anything else, or the tree not importing as `vlbatch.*`, fails the rehearsal. Figures are not
 asserted, only what the steps count and compare."""
 from __future__ import annotations
@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def device_python(tmp_path_factory):
-    """(python of the device-like venv, folder holding the blake3 wheel)."""
+    """(python of the device-like venv, folder holding the blake3, av and torchcodec wheels)."""
     tmp = tmp_path_factory.mktemp("device_env")
     python = device_env.build(tmp / "venv")
+    for name in ("av", "torchcodec"):  # 02b_decode's, as gpu_wheels.sh downloads them for the device
+        device_env.wheel_from_installed(name, tmp / "wheels")
     return python, device_env.wheel_from_installed("blake3", tmp / "wheels").parent
 
 
@@ -80,7 +82,7 @@ def test_rehearsal_runs_every_step_in_the_device_env(device_python, tmp_path):
                           env={**os.environ, **env}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert (out / "summary.txt").read_text().split("\n")[:-1] == [
-        f"{s}: exit 0" for s in ("00_check", "01_parity", "01b_parity_bf16", "02_kernels", "03_nine_b")]
+        f"{s}: exit 0" for s in ("00_check", "01_parity", "01b_parity_bf16", "02_kernels", "02b_decode", "03_nine_b")]
     check = _json(out, "00_check.json")
     assert check["missing"] == [] and check["carried"]["blake3"]
     parity = _json(out, "01_parity.json")
@@ -101,6 +103,9 @@ def test_rehearsal_runs_every_step_in_the_device_env(device_python, tmp_path):
     assert {"torch/bfloat16", "naive/float32"} <= set(kernels["delta_rule"])
     assert set(kernels["attention"]) == {"triton/float32", "triton/bfloat16"}  # really ran, in the interpreter
     assert {"padded/float32", "padded/bfloat16"} <= set(kernels["moe"])
+    decode = _json(out, "02b_decode.json")  # the deferred route on the CPU: the CPU stage's frames exactly
+    assert decode["skipped"] is None and decode["device"] == "cpu"
+    assert decode["clips"]["tiny"]["identical"] and decode["clips"]["tiny"]["frames"] == 4
     cap = _json(out, "03a_captions.json")["variants"]
     assert set(cap) == {"auto", "auto+static"}
     assert all(v["tokens_same_as_first"] == "12/12" and v["decode_steps"] >= 1 for v in cap.values())

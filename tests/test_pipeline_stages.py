@@ -250,8 +250,11 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
         (m,), (r,) = req.media, ref.media
         assert req.prompt_token_ids == ref.prompt_token_ids and req.rope_delta == ref.rope_delta
         assert torch.equal(req.position_ids, ref.position_ids) and m.spans == r.spans and m.grid_thw == r.grid_thw
-        assert torch.equal(m.model_input("cpu", torch.float32).view(torch.int32), r.pixel_values.view(torch.int32))
-        assert m.pixel_values.data_ptr() == prep.pixels.ctypes.data  # the Arrow buffer itself
+        assert torch.equal(m.model_input("cpu", torch.float32).view(torch.int32),
+                           r.model_input("cpu", torch.float32).view(torch.int32))
+        assert torch.equal(r.model_input("cpu", torch.float32), torch.from_numpy(
+            proc(_chat(proc, kind, prompt, "Be brief."), **media)[pv_key]))  # the conversion at the boundary: exact
+        assert m.frames.data_ptr() == prep.pixels.ctypes.data  # the Arrow buffer itself
         assert m.content_hash == prep.content_hash == reqs[0].media[0].content_hash
     assert len({id(r.media[0]) for r in reqs}) == 1  # equal spans: one shared MediaItem
     patch, merge, temporal = spec.layout
@@ -281,8 +284,9 @@ def test_media_key_hashes_the_frames_and_tells_media_apart(proc):
     frames, grid = m.arrays["pixel_values"], tuple(m.arrays["image_grid_thw"][0].tolist())
     key = media_key(proc, "image", frames, grid)
     assert key == media_key(proc, "image", frames.copy(), grid)
-    item = MediaItem("image", torch.from_numpy(frames.copy()), grid, ((0, 1),), table=torch.from_numpy(
-        proc.norm_table("image")), layout=proc.image_config.layout)
+    from vlbatch.operators.preprocess.shipped import PixelSpec
+
+    item = MediaItem("image", torch.from_numpy(frames.copy()), grid, ((0, 1),), PixelSpec.of(proc.image_config))
     assert item.content_hash == key
     patches = proc.encode_media([img], None, uint8=True).arrays["pixel_values"]
     assert key != media_hash("image", patches, grid, proc.norm_table("image"))

@@ -1,8 +1,10 @@
 """`MediaItem` (one image or video of a prompt), its content hash, placeholder runs, and the
 split of a processor output's packed pixel values into per-prompt `MediaItem`s.
 
-A media asked several questions is one pixel tensor shared by the items of all its
-requests (the pipeline builds them so: no copy, no re-hash per question); the engine keys
+`MediaItem` is the engine's one form of a media (`operators/preprocess/shipped.py` owns it):
+uint8 frames, grid, `PixelSpec`, hash; `split_media` converts the reference processor's
+float patches into it (exactly). A media asked several questions is one pixel tensor shared
+by the items of all its requests (the pipeline builds them so: no copy, no re-hash per question); the engine keys
 vision features and prefix-cache media ids by `content_hash`, so sharing changes nothing
 there.
 
@@ -14,96 +16,59 @@ video). An image fills one run of t*h*w/merge**2 placeholders; a video fills t r
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
-import blake3
 import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
-from vlbatch.operators.model.pixels import normalize_frames, normalize_patches
+from vlbatch.operators.model.pixels import normalize_frames
+from vlbatch.operators.preprocess.shipped import PixelSpec, media_hash, patches_to_frames
+
+__all__ = ["MEDIA_KINDS", "MediaItem", "as_tensor", "media_hash", "placeholder_runs", "split_media"]
 
 MEDIA_KINDS = ("image", "video")
 
 
-def media_hash(kind: str, pixel_values, grid_thw: tuple[int, int, int], table=None,
-               layout: tuple[int, int, int] | None = None) -> str:
-    """BLAKE3 over kind, grid, layout, dtype, shape, the raw pixel bytes (torch or numpy) and,
-    for uint8 levels, the normalisation table `[C, 256]`: equal iff the vision input is equal.
-
-    BLAKE3 (a cryptographic hash, ~3.5x sha256's speed here: 0.14 ms for a 640x480 frame)
-    because the key stands for the pixels in the vision and prefix caches: a collision would
-    give one media another's features, so a crafted pair must not collide either (xxh3 is
-    9x faster still, but not collision-resistant). The same pixels shipped as frames and
-    as patches hash differently (shape and layout differ): a cache miss if the two ever
-    met, never a false hit."""
-    dtype, shape, data = _pixel_bytes(pixel_values)
-    h = blake3.blake3(f"{kind}|{tuple(int(v) for v in grid_thw)}|{layout}|{dtype}|{shape}|".encode())
-    h.update(data)
-    if table is not None:
-        t = table.detach().cpu().numpy() if isinstance(table, torch.Tensor) else np.asarray(table)
-        h.update(b"|table|" + np.ascontiguousarray(t, dtype=np.float32).tobytes())
-    return h.hexdigest()
-
-
-def _pixel_bytes(x) -> tuple[str, tuple[int, ...], memoryview | bytes]:
-    """(dtype name, shape, raw bytes) of a numpy array or a tensor: the buffer itself when contiguous."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().contiguous().cpu()
-        data = x.reshape(-1).view(torch.uint8).numpy().data if x.numel() else b""
-        return str(x.dtype).removeprefix("torch."), tuple(x.shape), data
-    a = np.ascontiguousarray(x)
-    return a.dtype.name, a.shape, a.reshape(-1).view(np.uint8).data if a.size else b""
-
-
 @dataclass(frozen=True, eq=False)
 class MediaItem:
-    """One image or video of a prompt.
+    """One image or video of a prompt, in the one shipped form (`operators/preprocess/shipped.py`).
 
-    pixel_values: [N_patch, C * T_p * P * P] as the processor packs them: float32 values, or
-                  uint8 levels with `table`; or, with `layout`, the resized uint8 frames
-                  [F, H, W, C] that `model_input` patchifies on the device (the pipeline's form).
+    frames:       uint8 `[F, H, W, C]` torch tensor, the resized frames (F = 1 for an image);
+                  `model_input` makes the tower's normalised patches of them on the device.
     grid_thw:     (t, h, w) in patches; the item fills t * h * w / merge**2 placeholders.
     spans:        placeholder runs [start, end) in the prompt, in order (a video has one
                   run per temporal group, separated by timestamp text).
-    content_hash: `media_hash(...)`; equal hashes mean interchangeable features.
-    table:        float32 [C, 256] (`Processor.norm_table`) when pixel_values are uint8
-                  levels; they are normalised on the model's device (`model_input`).
-    layout:       (patch, merge, temporal) when pixel_values are frames (`frames_to_patches`).
+    spec:         `PixelSpec`: the normalisation table float32 `[C, 256]` and the layout
+                  (patch, merge, temporal) of `frames_to_patches`.
+    content_hash: `media_hash(...)` (the CPU stage's, or computed here); equal hashes mean
+                  interchangeable features.
     """
 
     kind: str
-    pixel_values: torch.Tensor
+    frames: torch.Tensor
     grid_thw: tuple[int, int, int]
     spans: tuple[tuple[int, int], ...]
+    spec: PixelSpec
     content_hash: str = ""
-    table: torch.Tensor | None = None
-    layout: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         if self.kind not in MEDIA_KINDS:
             raise InputError(f"media kind must be one of {MEDIA_KINDS}, got {self.kind!r}")
-        if self.layout is not None:
-            self._check_frames()
-        elif self.pixel_values.shape[0] != math.prod(self.grid_thw):
-            raise InputError(f"{self.kind} pixel_values has {self.pixel_values.shape[0]} patches, grid "
-                             f"{self.grid_thw} needs {math.prod(self.grid_thw)}")
-        if (self.pixel_values.dtype == torch.uint8) != (self.table is not None):
-            raise InputError(f"{self.kind} pixel_values are {self.pixel_values.dtype}: uint8 levels need a "
-                             "normalisation table, float values none")
+        self._check_frames()
         if not self.content_hash:
-            object.__setattr__(self, "content_hash",
-                               media_hash(self.kind, self.pixel_values, self.grid_thw, self.table, self.layout))
+            object.__setattr__(self, "content_hash", media_hash(self.kind, self.frames, self.grid_thw,
+                                                                self.spec.table, self.spec.layout))
 
     def _check_frames(self) -> None:
         """Frames `[F, H, W, C]` must fill the grid exactly: t = ceil(F / temporal), H = h * patch, W = w * patch."""
-        (t, h, w), (patch, merge, temporal) = self.grid_thw, self.layout
-        shape = tuple(self.pixel_values.shape)
-        if (self.pixel_values.dim() != 4 or self.pixel_values.dtype != torch.uint8 or h % merge or w % merge
-                or shape[1:3] != (h * patch, w * patch) or -(-shape[0] // temporal) != t):
-            raise InputError(f"{self.kind} frames {shape} {self.pixel_values.dtype} do not fill grid "
-                             f"{self.grid_thw} with (patch, merge, temporal) {self.layout}")
+        (t, h, w), (patch, merge, temporal) = self.grid_thw, self.spec.layout
+        shape = tuple(self.frames.shape)
+        if (self.frames.dim() != 4 or self.frames.dtype != torch.uint8 or h % merge or w % merge
+                or shape[1:3] != (h * patch, w * patch) or -(-shape[0] // temporal) != t
+                or shape[3] != self.spec.table.shape[0]):
+            raise InputError(f"{self.kind} frames {shape} {self.frames.dtype} do not fill grid "
+                             f"{self.grid_thw} with (patch, merge, temporal) {self.spec.layout}")
 
     @property
     def num_tokens(self) -> int:
@@ -114,15 +79,11 @@ class MediaItem:
         return np.concatenate([np.arange(s, e) for s, e in self.spans]) if self.spans else np.zeros(0, np.int64)
 
     def model_input(self, device, dtype: torch.dtype) -> torch.Tensor:
-        """[N_patch, D] on `device`: float pixel values as they are (the tower casts), uint8
-        levels moved as uint8 (4x fewer bytes) then normalised there in `dtype`."""
-        if self.table is None:
-            return self.pixel_values.to(device)
-        table = self.table.to(device=device, dtype=dtype)
-        if self.layout is not None:
-            patch, merge, temporal = self.layout
-            return normalize_frames(self.pixel_values.to(device), table, patch=patch, merge=merge, temporal=temporal)
-        return normalize_patches(self.pixel_values.to(device), table)
+        """[N_patch, C * temporal * p * p] in `dtype` on `device`: the frames moved as uint8 (4x fewer
+        bytes than float32 patches), then normalised and laid out there (`normalize_frames`)."""
+        patch, merge, temporal = self.spec.layout
+        return normalize_frames(self.frames.to(device), self.spec.table.to(device=device, dtype=dtype),
+                                patch=patch, merge=merge, temporal=temporal)
 
 
 def placeholder_runs(types) -> tuple[tuple[int, int], ...]:
@@ -146,8 +107,9 @@ def _runs(types: torch.Tensor) -> list[tuple[int, int, int]]:
     return out
 
 
-def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: int):
-    """MediaItems of prompt `index` (positions after removing padding)."""
+def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: int, temporal: int = 2):
+    """MediaItems of prompt `index` (positions after removing padding) from the processor's packed
+    float patches, converted to the shipped form at this boundary (`patches_to_frames`: exact)."""
     grids = {1: as_tensor(out["image_grid_thw"]) if out.get("image_grid_thw") is not None else None,
              2: as_tensor(out["video_grid_thw"]) if out.get("video_grid_thw") is not None else None}
     pixels = {1: out.get("pixel_values"), 2: out.get("pixel_values_videos")}
@@ -178,7 +140,9 @@ def split_media(ids, types, out: dict, index: int, keep: torch.Tensor, merge: in
         if pending[2] == 0:
             kind_, (t, h, w), _, spans = pending
             pv = as_tensor(pixels[kind_])[offsets[kind_]: offsets[kind_] + t * h * w]
-            items.append(MediaItem("image" if kind_ == 1 else "video", pv, (t, h, w), tuple(spans)))
+            name = "image" if kind_ == 1 else "video"
+            frames, spec = patches_to_frames(pv, (t, h, w), merge, temporal, still=name == "image")
+            items.append(MediaItem(name, frames, (t, h, w), tuple(spans), spec))
             offsets[kind_] += t * h * w
             counters[kind_] += 1
             pending = None

@@ -94,17 +94,20 @@ class Request:
 
     @classmethod
     def from_processor(cls, id: str, out: dict, index: int = 0, *, sampling: SamplingParams | None = None,
-                       group: str | None = None, thinking: bool = False, merge_size: int = 2) -> Request:
+                       group: str | None = None, thinking: bool = False, merge_size: int = 2,
+                       temporal_patch_size: int = 2) -> Request:
         """Build the `index`-th prompt of a processor output (numpy or torch values).
 
         Needs input_ids, mm_token_type_ids (when media are present), pixel_values /
         image_grid_thw, pixel_values_videos / video_grid_thw, position_ids [3, B, L] and
-        rope_deltas [B] or [B, 1]. Padding (attention_mask == 0) is removed.
+        rope_deltas [B] or [B, 1]. Padding (attention_mask == 0) is removed. The float patches
+        become the engine's one media form here (`split_media`, exact; `temporal_patch_size` is
+        the processor's, 2 for every Qwen3.5 checkpoint).
         """
         ids = as_tensor(out["input_ids"])
         keep = as_tensor(out["attention_mask"])[index].bool() if "attention_mask" in out else torch.ones_like(ids[index]).bool()
         types = as_tensor(out["mm_token_type_ids"]) if "mm_token_type_ids" in out else torch.zeros_like(ids)
-        media = split_media(ids, types, out, index, keep, merge_size)
+        media = split_media(ids, types, out, index, keep, merge_size, temporal_patch_size)
         pos = as_tensor(out["position_ids"])[:, index][:, keep].to(torch.int64).contiguous()
         delta = int(as_tensor(out["rope_deltas"]).reshape(-1)[index])
         return cls(id=id, prompt_token_ids=tuple(int(x) for x in ids[index][keep]), position_ids=pos,

@@ -5,6 +5,10 @@ Owns where a video may be decoded on a device and the device-side decode itself.
 - `decode_device_problem(device, model_device)`: None if `device` can decode here, else one line
   (the model runs on the CPU, TorchCodec or its FFmpeg libraries are missing, no CUDA device);
   `vlbatch validate` / `run` print it before any work starts (`pipeline/checks.py`).
+- `decode_planned(data, indices, total_frames, device)`: the model stage's half of the deferred
+  decode: the frames at `indices`, which the CPU stage planned (`DecodeWorker.plan`) over
+  `total_frames`, by the same route as `decode_on_device`; `MediaError` when the file decodes to
+  another plan (a cut file whose recount moves the samples), since the prompt was built for this one.
 - `decode_on_device(data, sampling, device)`: the same plan as the CPU path
   (`operators/media/video.py`: the shared PyAV probe, `FrameSampling.indices`, the same output limit),
   frames decoded by TorchCodec on `device`: a `DeviceClip` whose `frames` is a `[F, H, W, 3]` uint8
@@ -33,13 +37,21 @@ class DeviceClip:
     indices: tuple[int, ...]
 
 
+DEFERRED = {"cuda": "cuda", "model-cpu": "cpu"}  # `video.decode_device` -> the device the model stage decodes on
+
+
 def decode_device_problem(device: str, model_device: str) -> str | None:
-    """None if `device` ("cpu", "cuda", "cuda:N") can decode videos here for a model on `model_device`
-    ("auto", "cpu", "cuda"), else one line saying why and what to do."""
+    """None if `device` ("cpu", "model-cpu", "cuda", "cuda:N") can decode videos here for a model on
+    `model_device` ("auto", "cpu", "cuda"), else one line saying why and what to do.
+    "model-cpu": the deferred path with TorchCodec on the model actor's CPU (its test without a GPU)."""
     if device == "cpu":
         return None
+    if device == "model-cpu":
+        from vlbatch.operators.media.decoders.torchcodec_backend import torchcodec_problem
+
+        return torchcodec_problem()
     if not device.startswith("cuda"):
-        return f"unknown decode device {device!r}; use cpu or cuda"
+        return f"unknown decode device {device!r}; use cpu, model-cpu or cuda"
     if model_device == "cpu":
         return ("cuda decodes inside the model stage on the model's GPU, but model.device is cpu; "
                 "set model.device: cuda (or auto), or video.decode_device: cpu")
@@ -60,6 +72,35 @@ def check_decode_device(device: str, model_device: str) -> None:
         raise ConfigError(f"video.decode_device: {why}")
 
 
+def decode_planned(data: bytes, indices: tuple[int, ...], total_frames: int, device: str,
+                   threads: int = 1) -> object:
+    """uint8 `[F, H, W, 3]` torch tensor on `device`: the frames at `indices` (planned over
+    `total_frames` frames by the CPU stage, `DecodeWorker.plan`), upright. `MediaError` for a file
+    that is not a video, or that decodes to another plan than the shipped one."""
+    from vlbatch.operators.errors import MediaError
+
+    # a sampling that replays the shipped indices: the decode route (and its cut-file recount) stays one
+    sampling = _Replay(planned=tuple(int(i) for i in indices))
+    clip = decode_on_device(data, sampling, device, threads)
+    if clip.indices != sampling.planned or clip.total_frames != total_frames:
+        raise MediaError(f"the video decodes to {clip.total_frames} frames, not the {total_frames} its index "
+                         "holds (a cut file): its sampled frames moved since the CPU stage planned them; "
+                         "decode it with video.decode_device: cpu")
+    return clip.frames
+
+
+@dataclass(frozen=True)
+class _Replay(FrameSampling):
+    """A `FrameSampling` that returns the planned indices (clipped to the frames present)."""
+
+    planned: tuple[int, ...] = ()
+
+    def indices(self, info):
+        import numpy as np
+
+        return np.clip(np.asarray(self.planned, np.int64), 0, max(info.frames - 1, 0))
+
+
 def decode_on_device(data: bytes, sampling: FrameSampling, device: str, threads: int = 1) -> DeviceClip:
     """The sampled frames of `data`, decoded by TorchCodec on `device` (see the module docstring).
 
@@ -70,7 +111,8 @@ def decode_on_device(data: bytes, sampling: FrameSampling, device: str, threads:
     from vlbatch.operators.media.decoders import ShortVideo
     from vlbatch.operators.media.decoders.torchcodec_backend import TorchcodecDecoder
 
-    check_decode_device(device, "cuda" if device.startswith("cuda") else "cpu")
+    if device != "cpu":
+        check_decode_device(device, "cuda")
     try:
         video = TorchcodecDecoder(threads=threads, device=device).open(data)
     except ShortVideo:

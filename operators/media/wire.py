@@ -131,15 +131,17 @@ def error_header(error: VlbatchError) -> dict:
     return {"kind": "error", "type": error.error_type, "message": str(error)}
 
 
-def encode_request(backend: str, threads: int, sampling: FrameSampling) -> bytes:
-    """Parent side: the request header as one message; `InputError` for a sampling JSON cannot carry."""
+def encode_request(backend: str, threads: int, sampling: FrameSampling, plan_only: bool = False) -> bytes:
+    """Parent side: the request header as one message; `InputError` for a sampling JSON cannot carry.
+    plan_only: the child sends the plan and "done", no frames (`DecodeWorker.plan`)."""
     try:
-        return encode({"backend": backend, "threads": threads, "sampling": dataclasses.asdict(sampling)})
+        return encode({"backend": backend, "threads": threads, "sampling": dataclasses.asdict(sampling),
+                       "plan_only": plan_only})
     except (TypeError, ValueError) as e:
         raise InputError(f"the frame sampling cannot be sent to the decoder: {e}") from None
 
 
-def decode_request(raw: bytes) -> tuple[str, int, FrameSampling]:
-    """Child side: (backend, threads, sampling) from the request header (from the trusted parent)."""
+def decode_request(raw: bytes) -> tuple[str, int, FrameSampling, bool]:
+    """Child side: (backend, threads, sampling, plan_only) from the request header (from the trusted parent)."""
     request = json.loads(raw)
-    return request["backend"], request["threads"], FrameSampling(**request["sampling"])
+    return request["backend"], request["threads"], FrameSampling(**request["sampling"]), bool(request["plan_only"])

@@ -134,7 +134,16 @@ class DecodeWorker:
         Raises `MediaError` (not a video, crash, a child breaking the protocol), `MediaTimeoutError`
         (over the limit; the child was killed), `InputError` (bad sampling), `ConfigError` (unknown backend).
         """
-        request = wire.encode_request(backend, self.threads, sampling)
+        return self._call(data, sampling, backend, plan_only=False)
+
+    def plan(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING) -> wire.ClipHeader:
+        """The decode plan of `data` (the shared PyAV probe's metadata, the sampled indices, the
+        output shape `(F, H, W, 3)` upright) without decoding a frame, in the child within
+        `timeout_s`; raises as `decode` does. The deferred decode (`video.decode_device`) ships it."""
+        return self._call(data, sampling, "pyav", plan_only=True)
+
+    def _call(self, data: bytes, sampling: FrameSampling, backend: str, plan_only: bool):
+        request = wire.encode_request(backend, self.threads, sampling, plan_only)
         if self._proc is None or self._calls >= self.max_calls:
             self.close()
             self._start()
@@ -144,7 +153,7 @@ class DecodeWorker:
             self._write(memoryview(request), deadline)
             self._write(memoryview(wire.LENGTH.pack(len(data))), deadline)
             self._write(memoryview(data).cast("B"), deadline)
-            clip, error = self._receive(sampling, deadline)
+            clip, error = self._receive(sampling, deadline, plan_only)
         except (EOFError, OSError) as e:
             code = self._proc.poll() if self._proc is not None else None
             self._kill()
@@ -188,9 +197,10 @@ class DecodeWorker:
         self._read_into(memoryview(raw), deadline)
         return wire.parse_header(raw)
 
-    def _receive(self, sampling: FrameSampling,
-                 deadline: float) -> tuple[VideoClip | None, errors.VlbatchError | None]:
-        """Read one reply: (clip, None), or (None, the typed error the child reported)."""
+    def _receive(self, sampling: FrameSampling, deadline: float,
+                 plan_only: bool = False) -> tuple[VideoClip | wire.ClipHeader | None, errors.VlbatchError | None]:
+        """Read one reply: (clip, None) (the plan's header with `plan_only`), or (None, the typed
+        error the child reported)."""
         plan: wire.ClipHeader | None = None
         frames, filled = None, 0
         while True:
@@ -199,7 +209,9 @@ class DecodeWorker:
             if kind == "plan":  # a second plan restarts the slots (the PyAV recount)
                 plan = wire.parse_plan(header, sampling.max_output_bytes)
                 frames, filled = np.empty(plan.shape, np.uint8), 0
-            elif kind == "frame" and plan is not None and filled < plan.shape[0]:
+            elif kind == "done" and plan is not None and plan_only:
+                return plan, None
+            elif kind == "frame" and plan is not None and filled < plan.shape[0] and not plan_only:
                 wire.check_frame(header, filled, plan.shape[1:])
                 self._read_into(memoryview(frames[filled].reshape(-1)), deadline)
                 filled += 1
@@ -247,11 +259,13 @@ def _serve(req: int, res: int) -> None:
         data = _read_message(req) if raw is not None else None
         if data is None:
             return
-        backend, threads, sampling = wire.decode_request(raw)
+        backend, threads, sampling, plan_only = wire.decode_request(raw)
         try:
             for item in decode_stream(data, sampling, backend, threads):
                 if isinstance(item, Plan):
                     _write_all(res, wire.encode(wire.plan_header(item)))
+                    if plan_only:  # the first plan: the probe's (no frame decoded)
+                        break
                 else:
                     slot, frame = item
                     frame = np.ascontiguousarray(frame)

@@ -41,8 +41,8 @@ from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.operators.preprocess.config import ImageConfig, VideoConfig, load_image_config, load_video_config
 from vlbatch.operators.preprocess.prompt import PromptEncoder, pad_batch
 from vlbatch.operators.preprocess.rope import mrope_position_ids
-from vlbatch.operators.preprocess.visual import process_images, process_videos
-from vlbatch.operators.types import VideoClip
+from vlbatch.operators.preprocess.visual import plan_video, process_images, process_videos
+from vlbatch.operators.types import VideoClip, VideoPlan
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,16 @@ class Processor:
             vid_parts = [(int(g[1] * g[2]) // merge2, ts)
                          for g, ts in zip(batch.grid_thw, batch.timestamps, strict=True)]
         return MediaInputs(arrays, tuple(img_tokens), tuple(vid_parts))
+
+    def plan_media(self, plan: VideoPlan) -> tuple[tuple[int, int], MediaInputs]:
+        """`encode_media(videos=[clip], frames=True)` of the clip `plan` will decode to, before it is
+        decoded: its resized (h, w) and the `MediaInputs` (`video_grid_thw`, placeholder sizes;
+        `pixel_values_videos` empty) that `encode_text` places the same tokens and positions with."""
+        size, batch = plan_video(plan, self.video_config)
+        merge2 = self.video_config.merge_size ** 2
+        parts = tuple((int(g[1] * g[2]) // merge2, ts) for g, ts in zip(batch.grid_thw, batch.timestamps, strict=True))
+        return size, MediaInputs({"pixel_values_videos": batch.pixel_values, "video_grid_thw": batch.grid_thw},
+                                 (), parts)
 
     def encode_text(self, text: str | list[str], media: MediaInputs) -> dict[str, np.ndarray]:
         """The prompt half of `__call__`: `input_ids`, `attention_mask`, `mm_token_type_ids` [B, L],

@@ -28,7 +28,7 @@ from vlbatch.operators.preprocess.resize import (
     smart_resize_video,
     video_max_pixels,
 )
-from vlbatch.operators.types import VideoClip
+from vlbatch.operators.types import VideoClip, VideoPlan
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,10 @@ def _check_clip(i: int, clip: VideoClip) -> None:
         raise InputError(f"video {i}: frame rate must be positive, got source_fps={clip.source_fps!r}")
 
 
-def video_size(i: int, clip: VideoClip, cfg: VideoConfig) -> tuple[int, int]:
-    """Resized (h, w) of a validated clip."""
-    f, h, w = clip.frames.shape[:3]
+def video_size(i: int, clip: VideoClip | VideoPlan, cfg: VideoConfig) -> tuple[int, int]:
+    """Resized (h, w) of a validated clip (or of a plan's frames, `plan_video`)."""
+    f, h, w = ((len(clip.indices), clip.height, clip.width) if isinstance(clip, VideoPlan)
+               else clip.frames.shape[:3])
     if not cfg.do_resize:
         return h, w
     budget = video_max_pixels(f, factor=cfg.factor, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels,
@@ -170,3 +171,20 @@ def process_videos(clips: list[VideoClip], cfg: VideoConfig, lut: np.ndarray | N
         stamps.append(tuple(group_timestamps(clip.indices, clip.source_fps, tp)))
         off += n
     return VisualBatch(out, np.asarray(grids, dtype=np.int64).reshape(-1, 3), tuple(stamps))
+
+
+def plan_video(plan: VideoPlan, cfg: VideoConfig) -> tuple[tuple[int, int], VisualBatch]:
+    """A video's resized (h, w) and its grid `[1, 3]` and group timestamps, from its plan alone:
+    what `process_videos(..., frames=True)` gives for the decoded clip, without its frames
+    (`VisualBatch.pixel_values` is empty `[0, h, w, 3]`; the model stage decodes and resizes them,
+    `operators/preprocess/shipped.py`)."""
+    if not plan.indices or plan.height <= 0 or plan.width <= 0:
+        raise InputError(f"video plan has no frames to sample ({len(plan.indices)} indices, "
+                         f"{plan.width}x{plan.height})")
+    if not (plan.total_frames and plan.total_frames > 0 and plan.source_fps and np.isfinite(plan.source_fps)
+            and plan.source_fps > 0):
+        raise InputError(f"video: bad metadata (total_frames={plan.total_frames}, source_fps={plan.source_fps!r})")
+    size = video_size(0, plan, cfg)
+    grid = grid_of(len(plan.indices), *size, cfg.patch_size, cfg.temporal_patch_size)
+    stamps = (tuple(group_timestamps(plan.indices, plan.source_fps, cfg.temporal_patch_size)),)
+    return size, VisualBatch(np.zeros((0, *size, 3), np.uint8), np.asarray([grid], dtype=np.int64), stamps)
