@@ -129,7 +129,7 @@ def test_pipeline_answers_equal_with_the_decode_in_the_model_stage(two_cpu_ray, 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vlbatch.operators.sink import ParquetSink
+    from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.pipeline.config import load_config
     from vlbatch.pipeline.demo import BUNDLED_MODEL
     from vlbatch.pipeline.runner import run_job
