@@ -139,19 +139,3 @@ def test_model_runs_without_importing_transformers(tiny_ckpt):
         "assert 'transformers' not in sys.modules, 'transformers was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
-
-
-@pytest.mark.parametrize("variant", ["dense", "moe"])
-def test_fused_projections_are_chosen_once_at_load(tiny_ckpt, variant):
-    """`fuse_projections` (at load) swaps each projection for its fused form, so no forward asks
-    whether weights are fused; a model built without it keeps the split form, with equal logits."""
-    fused = load_model(tiny_ckpt(variant))
-    picked = {(type(m).__name__, (m.__dict__.get("forward") or m.__dict__.get("_project")).__name__)
-              for m in fused.modules() if "fused_weight" in m._buffers}
-    # (the MoE variant's SwiGLU is its shared expert)
-    assert picked == {("FullAttention", "_project_fused"), ("GatedDeltaNet", "_project_fused"), ("SwiGLU", "_forward_fused")}
-    split = load_model(tiny_ckpt(variant))
-    for m in split.modules():
-        m.__dict__.pop("forward", None), m.__dict__.pop("_project", None)
-    ids = torch.tensor([[1, 5, 9, 2, 7]])
-    torch.testing.assert_close(split(ids), fused(ids), rtol=1e-5, atol=1e-5)

@@ -36,20 +36,18 @@ class FullAttention(nn.Module):
         fused_buffers(self)
 
     def fuse_(self) -> None:
-        """q / k / v projections as one matmul (a load-time transform: `_project` becomes the fused form)."""
+        """q / k / v projections as one matmul (a load-time transform)."""
         fuse_linears(self, [self.q_proj, self.k_proj, self.v_proj])
-        self._project = self._project_fused
 
     def _project(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """x [T, D] -> q [T or n, 2 * H_q * D], k / v [T, H_kv * D] (q for rows `keep` only)."""
-        return self.q_proj(x if keep is None else x[keep]), self.k_proj(x), self.v_proj(x)
-
-    def _project_fused(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """`_project` through `fused_weight` [Q + 2 K, D]: one matmul, or q of rows `keep` apart."""
-        if keep is None:
+        if keep is None and self.fused_weight is not None:
             return F.linear(x, self.fused_weight, self.fused_bias).split(self._sizes, dim=-1)
+        xq = x if keep is None else x[keep]
+        if self.fused_weight is None:
+            return self.q_proj(xq), self.k_proj(x), self.v_proj(x)
         nq, w, b = self._sizes[0], self.fused_weight, self.fused_bias
-        q = F.linear(x[keep], w[:nq], None if b is None else b[:nq])
+        q = F.linear(xq, w[:nq], None if b is None else b[:nq])
         k, v = F.linear(x, w[nq:], None if b is None else b[nq:]).split(self._sizes[1:], dim=-1)
         return q, k, v
 

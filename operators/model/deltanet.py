@@ -58,20 +58,18 @@ class GatedDeltaNet(nn.Module):
         fused_buffers(self)
 
     def fuse_(self) -> None:
-        """qkv and z projections as one matmul (a load-time transform: `_project` becomes the
-        fused form). b and a stay separate: an H_v-wide matmul rounds differently inside a wider
-        one, and the decay path amplifies that (their cost is negligible)."""
+        """qkv and z projections as one matmul (a load-time transform). b and a stay
+        separate: an H_v-wide matmul rounds differently inside a wider one, and the decay
+        path amplifies that (their cost is negligible)."""
         fuse_linears(self, [self.in_proj_qkv, self.in_proj_z])
-        self._project = self._project_fused
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [T, D] -> qkv [T, C], z [T, V], b, a [T, H_v]."""
-        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
-
-    def _project_fused(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`_project` with qkv and z as views of one matmul through `fused_weight` [C + V, D]."""
+        """x [T, D] -> qkv [T, C], z [T, V] (views of one matmul when fused), b, a [T, H_v]."""
+        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        if self.fused_weight is None:
+            return self.in_proj_qkv(x), self.in_proj_z(x), b, a
         qkv, z = F.linear(x, self.fused_weight).split([self.conv_dim, self.value_dim], dim=-1)
-        return qkv, z, self.in_proj_b(x), self.in_proj_a(x)
+        return qkv, z, b, a
 
     def forward(self, x: torch.Tensor, cache: StepCache, linear_idx: int,
                 keep: torch.Tensor | None = None) -> torch.Tensor:

@@ -128,13 +128,10 @@ class SwiGLU(nn.Module):
         fused_buffers(self)
 
     def fuse_(self) -> None:
-        """gate and up as one matmul (a load-time transform): `forward` becomes the fused form."""
         fuse_linears(self, [self.gate_proj, self.up_proj])
-        self.forward = self._forward_fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_weight is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         h = F.linear(x, self.fused_weight)  # [T, 2 * inner]: gate | up
         return self.down_proj(self.act(h[:, : self.inner]).mul_(h[:, self.inner:]))

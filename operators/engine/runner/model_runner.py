@@ -26,7 +26,7 @@ import torch
 
 from vlbatch.operators.engine.caches.state_pool import StatePool
 from vlbatch.operators.engine.caches.vision_cache import VisionCache
-from vlbatch.operators.engine.runner.static_decode import NoStaticDecode, StaticDecode, default_buckets
+from vlbatch.operators.engine.runner.static_decode import StaticDecode, default_buckets
 from vlbatch.operators.engine.runner.step_cache import PagedStepCache
 from vlbatch.operators.engine.scheduling.scheduler import StepPlan
 from vlbatch.operators.errors import InputError
@@ -66,7 +66,7 @@ class ModelRunner:
         self.vision_cache = vision_cache
         # chosen once; its decode gathers' buffers are reused across layers and steps
         self.attention = attention if attention is not None else select_attention("auto", model.device)
-        self.static = StaticDecode(self, buckets or default_buckets(num_slots)) if static_decode else NoStaticDecode()
+        self.static = StaticDecode(self, buckets or default_buckets(num_slots)) if static_decode else None
         self.stats = RunnerStats()
 
     @property
@@ -82,7 +82,7 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Logits [n, V] (float32) of the chunks with `sample`, in plan order."""
         self.copy_blocks(plan.copies)
-        static = self.static.accepts(plan)
+        static = self.static is not None and self.static.accepts(plan)
         logits = self.static.run(plan) if static else self._run_eager(plan.chunks)
         self.stats.steps += 1
         self.stats.static_decode_steps += int(static)

@@ -76,14 +76,6 @@ class _Entry:
     logits: torch.Tensor | None = None  # [Bp, V]: the graph's output
 
 
-class NoStaticDecode:
-    """The runner's static path when `static_decode` is off: accepts no plan (chosen at load, so a
-    step asks `accepts` and never whether there is a static path)."""
-
-    def accepts(self, plan: StepPlan) -> bool:
-        return False
-
-
 class StaticDecode:
     """Runs decode-only steps of a `ModelRunner` on static buffers (see the module docstring)."""
 
