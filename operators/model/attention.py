@@ -40,12 +40,15 @@ class FullAttention(nn.Module):
         fuse_linears(self, [self.q_proj, self.k_proj, self.v_proj])
 
     def _project(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """x [T, D] -> q [T or n, 2 * H_q * D], k / v [T, H_kv * D] (q for rows `keep` only)."""
-        if keep is None and self.fused_weight is not None:
+        """x [T, D] -> q [T or n, 2 * H_q * D], k / v [T, H_kv * D] (q for rows `keep` only;
+        separate projections: `fuse_` swaps in `_project_fused` once, at load)."""
+        return self.q_proj(x if keep is None else x[keep]), self.k_proj(x), self.v_proj(x)
+
+    def _project_fused(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """As `_project`, through the fused [q | k | v] weight."""
+        if keep is None:
             return F.linear(x, self.fused_weight, self.fused_bias).split(self._sizes, dim=-1)
-        xq = x if keep is None else x[keep]
-        if self.fused_weight is None:
-            return self.q_proj(xq), self.k_proj(x), self.v_proj(x)
+        xq = x[keep]
         nq, w, b = self._sizes[0], self.fused_weight, self.fused_bias
         q = F.linear(xq, w[:nq], None if b is None else b[:nq])
         k, v = F.linear(x, w[nq:], None if b is None else b[nq:]).split(self._sizes[1:], dim=-1)

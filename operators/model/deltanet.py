@@ -64,10 +64,13 @@ class GatedDeltaNet(nn.Module):
         fuse_linears(self, [self.in_proj_qkv, self.in_proj_z])
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [T, D] -> qkv [T, C], z [T, V] (views of one matmul when fused), b, a [T, H_v]."""
+        """x [T, D] -> qkv [T, C], z [T, V], b, a [T, H_v] (separate projections; `fuse_`
+        swaps in `_project_fused` once, at load)."""
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+
+    def _project_fused(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """As `_project`, qkv and z views of one matmul."""
         b, a = self.in_proj_b(x), self.in_proj_a(x)
-        if self.fused_weight is None:
-            return self.in_proj_qkv(x), self.in_proj_z(x), b, a
         qkv, z = F.linear(x, self.fused_weight).split([self.conv_dim, self.value_dim], dim=-1)
         return qkv, z, b, a
 
