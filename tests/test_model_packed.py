@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vlbatch.operators.model import ContiguousCache, load_model, mrope_positions
+from vlbatch.operators.model.layers import unfuse_linears
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
@@ -93,7 +94,7 @@ def _unfused(model):
     ref = copy.deepcopy(model)
     for m in ref.modules():
         if getattr(m, "fused_weight", None) is not None:
-            m.fused_weight = m.fused_bias = None
+            unfuse_linears(m)
     return ref
 
 
@@ -117,3 +118,17 @@ def test_fused_projections_and_kept_rows_equal_the_reference_path(setup):
         outs.append(m.forward_packed(embeds, pos, cache, idx))
     assert (outs[0] - outs[1]).abs().max().item() < 1e-4
     assert (outs[1] - outs[2][last]).abs().max().item() < 1e-4
+
+
+def test_the_projection_form_is_chosen_once_at_load(setup):
+    """Every fusable module runs its fused projection without checking `fused_weight` per call:
+    the form is bound at load (issue 32), and `unfuse_linears` restores the separate one."""
+    model, _ = setup
+    fusable = [m for m in model.language_model.modules() if hasattr(m, "fuse_")]
+    assert len(fusable) >= len(model.language_model.layers)  # every mixer, and the dense FFNs
+    for m in fusable:
+        assert m._project.__func__ is type(m)._project_fused
+    ref = _unfused(model)
+    for m in ref.language_model.modules():
+        if hasattr(m, "fuse_"):
+            assert m._project.__func__ is type(m)._project and m.fused_weight is None

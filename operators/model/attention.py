@@ -16,7 +16,7 @@ from torch import nn
 from vlbatch.operators.model.cache import StepCache
 from vlbatch.operators.model.config import TextConfig
 from vlbatch.operators.model.layers import RMSNorm, fuse_linears, fused_buffers
-from vlbatch.operators.model.rope import apply_partial_rope
+from vlbatch.operators.model.ops import rope_cpu
 
 
 class FullAttention(nn.Module):
@@ -40,12 +40,15 @@ class FullAttention(nn.Module):
         fuse_linears(self, [self.q_proj, self.k_proj, self.v_proj])
 
     def _project(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """x [T, D] -> q [T or n, 2 * H_q * D], k / v [T, H_kv * D] (q for rows `keep` only)."""
-        if keep is None and self.fused_weight is not None:
+        """x [T, D] -> q [T or n, 2 * H_q * D], k / v [T, H_kv * D] (q for rows `keep` only;
+        separate projections: `fuse_` swaps in `_project_fused` once, at load)."""
+        return self.q_proj(x if keep is None else x[keep]), self.k_proj(x), self.v_proj(x)
+
+    def _project_fused(self, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """As `_project`, through the fused [q | k | v] weight."""
+        if keep is None:
             return F.linear(x, self.fused_weight, self.fused_bias).split(self._sizes, dim=-1)
-        xq = x if keep is None else x[keep]
-        if self.fused_weight is None:
-            return self.q_proj(xq), self.k_proj(x), self.v_proj(x)
+        xq = x[keep]
         nq, w, b = self._sizes[0], self.fused_weight, self.fused_bias
         q = F.linear(xq, w[:nq], None if b is None else b[:nq])
         k, v = F.linear(x, w[nq:], None if b is None else b[nq:]).split(self._sizes[1:], dim=-1)
@@ -62,10 +65,18 @@ class FullAttention(nn.Module):
         n = q.shape[0]
         q, gate = q.view(n, self.n_q, 2 * self.head_dim).chunk(2, dim=-1)
         qcos, qsin = (cos, sin) if keep is None else (cos[keep], sin[keep])
-        q = apply_partial_rope(self.q_norm(q), qcos, qsin)  # [n, H_q, D]
-        k = apply_partial_rope(self.k_norm(k.view(t, self.n_kv, self.head_dim)), cos, sin)
+        q = _norm_rope(q, self.q_norm, qcos, qsin)  # [n, H_q, D]
+        k = _norm_rope(k.view(t, self.n_kv, self.head_dim), self.k_norm, cos, sin)
         v = v.view(t, self.n_kv, self.head_dim)
         out = (cache.attention(attn_idx, q, k, v) if keep is None
                else cache.attention(attn_idx, q, k, v, keep)).to(x.dtype)  # [n, H_q, D]
         out = out.reshape(n, self.n_q * self.head_dim) * torch.sigmoid(gate.reshape(n, self.n_q * self.head_dim))
         return self.o_proj(out)
+
+
+def _norm_rope(x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] -> RMSNorm then partial MRoPE [T, H, D]: one compiled pass on CPU float32
+    (`ops/rope_cpu.py`), else the torch twin."""
+    if rope_cpu.usable(x, norm.weight, cos, sin):
+        return rope_cpu.norm_rope_cpu(x, norm.weight, norm.eps, cos, sin)
+    return rope_cpu.norm_rope_torch(x, norm.weight, norm.eps, cos, sin)

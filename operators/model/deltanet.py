@@ -28,12 +28,8 @@ from vlbatch.operators.kernels.delta_rule.torch_rule import TorchDeltaRule
 from vlbatch.operators.model.cache import StepCache
 from vlbatch.operators.model.config import TextConfig
 from vlbatch.operators.model.layers import GatedRMSNorm, fuse_linears, fused_buffers
+from vlbatch.operators.model.ops import heads_cpu
 from vlbatch.operators.model.ops.conv import causal_conv1d_packed, causal_conv1d_step
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last dim."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 class GatedDeltaNet(nn.Module):
@@ -64,10 +60,13 @@ class GatedDeltaNet(nn.Module):
         fuse_linears(self, [self.in_proj_qkv, self.in_proj_z])
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [T, D] -> qkv [T, C], z [T, V] (views of one matmul when fused), b, a [T, H_v]."""
+        """x [T, D] -> qkv [T, C], z [T, V], b, a [T, H_v] (separate projections; `fuse_`
+        swaps in `_project_fused` once, at load)."""
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+
+    def _project_fused(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """As `_project`, qkv and z views of one matmul."""
         b, a = self.in_proj_b(x), self.in_proj_a(x)
-        if self.fused_weight is None:
-            return self.in_proj_qkv(x), self.in_proj_z(x), b, a
         qkv, z = F.linear(x, self.fused_weight).split([self.conv_dim, self.value_dim], dim=-1)
         return qkv, z, b, a
 
@@ -129,12 +128,9 @@ class GatedDeltaNet(nn.Module):
         return out, conv_new, rec_new
 
     def _heads(self, mixed: torch.Tensor):
-        """mixed [T, C] (after conv) -> q, k [T, H_v, D_k] float32, v [T, H_v, D_v]."""
-        t = mixed.shape[0]
+        """mixed [T, C] (after conv) -> q, k [T, H_v, D_k] float32 (L2-normalised, expanded, q
+        scaled: one compiled pass on CPU float32, `ops/heads_cpu.py`), v [T, H_v, D_v]."""
         qk, v = mixed.split([2 * self.key_dim, self.value_dim], dim=-1)
-        qk = l2norm(qk.reshape(t, 2, self.n_k, self.d_k).float())  # q and k in one pass
-        if self.n_v != self.n_k:  # = repeat_interleave on dim 2, as one strided copy (~3x faster on CPU)
-            r = self.n_v // self.n_k
-            qk = qk.unsqueeze(3).expand(t, 2, self.n_k, r, self.d_k).reshape(t, 2, self.n_v, self.d_k)
-        q, k = qk.unbind(1)
-        return q * self.d_k**-0.5, k, v.reshape(t, self.n_v, self.d_v)
+        heads = heads_cpu.qk_heads_cpu if heads_cpu.usable(qk) else heads_cpu.qk_heads_torch
+        q, k = heads(qk, self.n_k, self.n_v, self.d_k, self.d_k**-0.5)
+        return q, k, v.reshape(mixed.shape[0], self.n_v, self.d_v)

@@ -9,7 +9,9 @@
 - `SwiGLU`: `down(act(gate(x)) * up(x))`, the dense FFN and the MoE shared expert.
 - `embedding`: an `nn.Embedding` built without its random initialisation.
 - `fuse_linears`: the load-time transform that lets several projections of one input run
-  as one matmul (the weights concatenated; the original parameters become views of it).
+  as one matmul (the weights concatenated; the original parameters become views of it);
+  it also points the module's `_project` at its fused form, so no forward checks
+  `fused_weight` per call (`unfuse_linears` undoes both).
 """
 from __future__ import annotations
 
@@ -106,6 +108,13 @@ def fuse_linears(module: nn.Module, linears: list[nn.Linear]) -> None:
             lin.bias = nn.Parameter(bias[row: row + n], requires_grad=False)
         row += n
     module.fused_weight, module.fused_bias = weight, bias
+    module._project = module._project_fused  # decided here, once: no `fused_weight is None` per call
+
+
+def unfuse_linears(module: nn.Module) -> None:
+    """Undo `fuse_linears` on `module`: separate projections again (the reference path, for tests)."""
+    module.fused_weight = module.fused_bias = None
+    module.__dict__.pop("_project", None)
 
 
 def fused_buffers(module: nn.Module) -> None:
@@ -130,8 +139,14 @@ class SwiGLU(nn.Module):
     def fuse_(self) -> None:
         fuse_linears(self, [self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_weight is None:
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> gate, up [T, inner] (separate projections; `fuse_` swaps in `_project_fused`)."""
+        return self.gate_proj(x), self.up_proj(x)
+
+    def _project_fused(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.linear(x, self.fused_weight)  # [T, 2 * inner]: gate | up
-        return self.down_proj(self.act(h[:, : self.inner]).mul_(h[:, self.inner:]))
+        return h[:, : self.inner], h[:, self.inner:]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self._project(x)
+        return self.down_proj(self.act(gate).mul_(up))  # act(gate) is a new tensor: multiply in place

@@ -67,6 +67,7 @@ class ModelRunner:
         # chosen once; its decode gathers' buffers are reused across layers and steps
         self.attention = attention if attention is not None else select_attention("auto", model.device)
         self.static = StaticDecode(self, buckets or default_buckets(num_slots)) if static_decode else None
+        self._static_accepts = self.static.accepts if self.static is not None else _never  # decided once
         self.stats = RunnerStats()
 
     @property
@@ -82,7 +83,7 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Logits [n, V] (float32) of the chunks with `sample`, in plan order."""
         self.copy_blocks(plan.copies)
-        static = self.static is not None and self.static.accepts(plan)
+        static = self._static_accepts(plan)
         logits = self.static.run(plan) if static else self._run_eager(plan.chunks)
         self.stats.steps += 1
         self.stats.static_decode_steps += int(static)
@@ -151,6 +152,11 @@ class ModelRunner:
             self.vision_cache.put(item.content_hash, feats)
         seq.features[j] = feats
         return feats
+
+
+def _never(plan) -> bool:
+    """`_static_accepts` of a runner without static decode."""
+    return False
 
 
 def _step_positions(chunks) -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 - `conv`: the DeltaNet causal depthwise conv1d (prefill from a state, packed sequences,
   one-step update, naive); `conv_cpu`: its step and packed forms as numba loops (CPU float32).
+- `norm_cpu` (RMSNorm, gated RMSNorm), `heads_cpu` (DeltaNet q / k L2 norm + head expansion),
+  `rope_cpu` (attention q / k RMSNorm + partial MRoPE): one numba pass each on CPU float32, the
+  torch twin beside each.
 
 The swappable kernels (attention, the gated delta rule, MoE experts) are in
 `operators/kernels/`.

@@ -1,0 +1,67 @@
+"""DeltaNet q / k heads on the CPU as one compiled pass (numba): L2 norm, head expansion, q scale.
+
+Same contract as `qk_heads_torch` (the twin; every other device and dtype takes it):
+qk [T, 2 * H_k * D_k] (q heads then k heads, rows of any stride) ->
+q, k [T, H_v, D_k] float32, each key head i serving value heads i*r .. i*r + r - 1 (r = H_v / H_k):
+
+    n = x / sqrt(sum_j x[j]^2 + eps);   q = n_q * scale,  k = n_k   (copied r times)
+
+The torch form makes ~6 passes over [T, 2, H_k, D_k] (square, sum, rsqrt, scale, the expanding
+copy, q's scale), each a fresh tensor; here each head row is read twice and each output row
+written once. The sum of squares is vectorised (reassociated), so results differ from torch's
+in the last bits (tested within 1e-6, tests/test_model_heads_cpu.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+
+def qk_heads_torch(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,
+                   eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin: qk [T, 2 * H_k * D_k] -> q, k [T, H_v, D_k] float32 (q L2-normalised and scaled)."""
+    t = qk.shape[0]
+    x = qk.reshape(t, 2, n_k, d_k).float()  # q and k in one pass
+    x = x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    if n_v != n_k:  # = repeat_interleave on dim 2, as one strided copy (~3x faster on CPU)
+        r = n_v // n_k
+        x = x.unsqueeze(3).expand(t, 2, n_k, r, d_k).reshape(t, 2, n_v, d_k)
+    q, k = x.unbind(1)
+    return q * scale, k
+
+
+def usable(qk: torch.Tensor) -> bool:
+    """CPU float32 (rows of any stride, unit stride inside a row: the kernel reads a numpy view)."""
+    return qk.device.type == "cpu" and qk.dtype == torch.float32 and qk.stride(-1) == 1
+
+
+def qk_heads_cpu(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `qk_heads_torch`, one compiled pass; q, k contiguous."""
+    t = qk.shape[0]
+    q = torch.empty(t, n_v, d_k, dtype=torch.float32)
+    k = torch.empty(t, n_v, d_k, dtype=torch.float32)
+    _heads_kernel(qk.detach().numpy(), n_k, n_v // n_k, d_k, np.float32(scale), np.float32(eps),
+                  q.numpy(), k.numpy())
+    return q, k
+
+
+@njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
+def _heads_kernel(qk, n_k, r, d, scale, eps, q, k):  # qk [T, 2 * n_k * d]; q, k [T, n_k * r, d]
+    t = qk.shape[0]
+    for i in range(t):
+        row = qk[i]
+        for part in range(2):
+            out = q if part == 0 else k
+            mult = scale if part == 0 else np.float32(1.0)
+            for h in range(n_k):
+                base = (part * n_k + h) * d
+                ss = np.float32(0.0)
+                for j in range(d):
+                    ss += row[base + j] * row[base + j]
+                f = (np.float32(1.0) / np.sqrt(ss + eps))
+                for c in range(r):
+                    dst = out[i, h * r + c]
+                    for j in range(d):
+                        dst[j] = (row[base + j] * f) * mult

@@ -1,0 +1,70 @@
+"""Full attention's q / k RMSNorm + partial MRoPE on the CPU as one compiled pass (numba).
+
+Same contract as `norm_rope_torch` (the twin: `apply_partial_rope(rms_norm_torch(x))`; every
+other device and dtype takes it): x [T, H, D] (any strides inside a row of heads' first two
+dims, unit stride over D), zero-centred weight [D], cos / sin [T, R] (R <= D, rotate_half
+layout) -> [T, H, D] float32:
+
+    n = x / sqrt(mean(x^2) + eps) * (1 + w)
+    out[:R/2] = n[:R/2] cos - n[R/2:R] sin;  out[R/2:R] = n[R/2:R] cos + n[:R/2] sin;  out[R:] = n[R:]
+
+The torch forms make ~10 passes (the norm's, then slices, rotate_half's neg and cat, two
+multiplies, an add, the last cat); here a head row is read twice and written once. The sum
+of squares is vectorised (reassociated): the norm differs from torch's in the last bits
+(tested within 1e-6, tests/test_model_heads_cpu.py); the rotation is the same arithmetic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from vlbatch.operators.model.layers import rms_norm_torch
+from vlbatch.operators.model.rope import apply_partial_rope
+
+
+def norm_rope_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+    """The twin: x [T, H, D], weight [D], cos / sin [T, R] -> [T, H, D]."""
+    return apply_partial_rope(rms_norm_torch(x, weight, eps), cos, sin)
+
+
+def usable(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """CPU float32, unit stride over D (the kernel reads numpy views)."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (x, weight, cos, sin))
+            and x.stride(-1) == 1)
+
+
+def norm_rope_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
+    """As `norm_rope_torch`, one compiled pass; the result contiguous."""
+    out = torch.empty(x.shape, dtype=torch.float32)
+    _norm_rope_kernel(x.detach().numpy(), weight.detach().numpy(), np.float32(eps),
+                      cos.detach().numpy(), sin.detach().numpy(), out.numpy())
+    return out
+
+
+@njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
+def _norm_rope_kernel(x, w, eps, cos, sin, out):  # x, out [T, H, D]; w [D]; cos, sin [T, R]
+    t, nh, d = x.shape
+    half = cos.shape[1] // 2
+    scale = np.empty(d, dtype=np.float32)
+    for j in range(d):
+        scale[j] = np.float32(1.0) + w[j]
+    n = np.empty(d, dtype=np.float32)
+    for i in range(t):
+        c, s = cos[i], sin[i]
+        for h in range(nh):
+            row = x[i, h]
+            ss = np.float32(0.0)
+            for j in range(d):
+                ss += row[j] * row[j]
+            r = np.float32(1.0) / np.sqrt(ss / np.float32(d) + eps)
+            for j in range(d):
+                n[j] = (row[j] * r) * scale[j]
+            dst = out[i, h]
+            for j in range(half):
+                dst[j] = n[j] * c[j] + (-n[j + half]) * s[j]
+                dst[j + half] = n[j + half] * c[j + half] + n[j] * s[j + half]
+            for j in range(2 * half, d):
+                dst[j] = n[j]
