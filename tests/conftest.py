@@ -49,6 +49,19 @@ def tiny_ckpt(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def two_cpu_ray():
+    """The module's own local Ray (never one that happens to be running): 2 CPUs, as CI's machine,
+    one torch thread per worker, no dashboard."""
+    import ray
+
+    ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def ray_jobs_head():
     """A real local Ray head with the dashboard and Jobs API (jobs/infra tests); stopped at teardown."""

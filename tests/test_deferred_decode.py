@@ -111,17 +111,6 @@ def test_cuda_decode_device_is_refused_in_one_line_without_cuda(tmp_path):
     assert "\n" not in str(e.value)
 
 
-@pytest.fixture(scope="module")
-def two_cpu_ray():
-    import ray
-
-    ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_pipeline_answers_equal_with_the_decode_in_the_model_stage(two_cpu_ray, tmp_path, videos):
     """The whole job on a real local Ray, once with the CPU stage decoding and once with the model

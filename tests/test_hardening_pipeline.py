@@ -12,20 +12,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def two_cpu_ray():
-    import ray
-
-    ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 def test_parquet_manifest_on_two_cpus_with_the_demo_resources(two_cpu_ray, tmp_path):

@@ -43,16 +43,6 @@ GATED = 2  # the last media, answered by the HTTP server only after the kill
 INTERVAL_S = 3.0  # output.commit_interval_s: the bound under test
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
-
-
 def _job(tmp_path: Path, ckpt: str, gate: _Gate) -> dict:
     uris = [f"{gate.url}/{'gated/' if i >= MEDIA - GATED else ''}m{i}.png" for i in range(MEDIA)]
     manifest = tmp_path / "m.parquet"
@@ -134,7 +124,7 @@ def _kill_when_holding(cfg: dict, gen: _Generated, gate: _Gate, record: dict) ->
         gate.open.set()
 
 
-def test_model_actor_killed_mid_run_loses_at_most_one_commit_interval(cluster, tiny_ckpt, tmp_path):
+def test_model_actor_killed_mid_run_loses_at_most_one_commit_interval(two_cpu_ray, tiny_ckpt, tmp_path):
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.runner import run_job
 

@@ -154,16 +154,6 @@ class _Lines(io.TextIOBase):
         return False
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
-
-
 def _pngs(n: int) -> dict[str, bytes]:
     import numpy as np
     from PIL import Image
@@ -201,7 +191,7 @@ def _committed(cfg: dict) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_progress_lines_come_before_the_first_commit(cluster, tiny_ckpt, tmp_path):
+def test_progress_lines_come_before_the_first_commit(two_cpu_ray, tiny_ckpt, tmp_path):
     """The only media waits behind the gate: nothing can be committed until the test opens it,
     which it does once it has seen the plan, the phases and two progress lines with the model
     loaded. Then the row is committed and the last line counts it."""
@@ -257,7 +247,7 @@ def _ray_workers(match: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(cluster, tiny_ckpt, tmp_path):
+def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, tiny_ckpt, tmp_path):
     """Six media go through; six more wait behind the gate. Once three rows are committed (parts
     on disk: rows leave the model stage as its calls finish, not when the whole input is done)
     the model actor is SIGKILLed and the gate opened. Every row is committed exactly once, and
