@@ -126,6 +126,10 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
         with safe_open(str(files[name]), framework="pt") as f:
             model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     model = model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
+    if torch.device(device).type == "cpu" and torch_dtype(dtype) == torch.float32:  # where the CPU ops apply
+        from vlbatch.operators.model.ops import warm_up_cpu
+
+        warm_up_cpu()
     text = model.config.text
     if text.is_moe:
         model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size, moe_kernels))

@@ -26,6 +26,16 @@ def usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
 
+def warm_up() -> None:
+    """Load (or, the first time on a machine, compile and cache) both kernels at model load, for
+    each array layout the decoder passes: the step's x is a strided view of the fused
+    projection when B > 1 (numba layout 'A') and contiguous at B = 1 ('C')."""
+    state, weight = torch.zeros(2, 3, 2), torch.zeros(3, 2)
+    for x in (torch.zeros(2, 3), torch.zeros(2, 6)[:, :3]):
+        conv1d_step_cpu(x, weight, state)
+    conv1d_packed_cpu(torch.zeros(2, 3), weight, state[:1], (2,))
+
+
 def conv1d_step_cpu(x: torch.Tensor, weight: torch.Tensor,
                     conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [B, C], weight [C, K], conv_state [B, C, K] -> (silu(conv) [B, C], new conv_state [B, C, K])."""

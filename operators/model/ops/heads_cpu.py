@@ -36,6 +36,13 @@ def usable(qk: torch.Tensor) -> bool:
     return qk.device.type == "cpu" and qk.dtype == torch.float32 and qk.stride(-1) == 1
 
 
+def warm_up() -> None:
+    """Load (or compile and cache) the kernel at model load for both layouts it is called with:
+    q | k rows of the conv output, strided when T > 1 ('A') and contiguous at T = 1 ('C')."""
+    for qk in (torch.zeros(1, 4), torch.zeros(2, 8)[:, :4]):
+        qk_heads_cpu(qk, 1, 1, 2, 1.0)
+
+
 def qk_heads_cpu(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,
                  eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """As `qk_heads_torch`, one compiled pass; q, k contiguous."""

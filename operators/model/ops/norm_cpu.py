@@ -25,6 +25,11 @@ def usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
 
+def warm_up() -> None:
+    """Load (or compile and cache) the kernel at model load (its rows are always contiguous)."""
+    rms_norm_cpu(torch.zeros(2, 4), torch.zeros(4), 1e-6)
+
+
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool = True) -> torch.Tensor:
     """x [..., D], weight [D] -> [..., D] float32: x / rms(x) * (1 + w) (`zero_centred`) or * w."""
     d = x.shape[-1]

@@ -35,6 +35,14 @@ def usable(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.
             and x.stride(-1) == 1)
 
 
+def warm_up() -> None:
+    """Load (or compile and cache) the kernel at model load for both layouts: q is a chunk of
+    the fused q | gate projection, strided when T > 1 ('A') and contiguous at T = 1 ('C')."""
+    cos = sin = torch.zeros(2, 2)
+    for x in (torch.zeros(1, 1, 4), torch.zeros(2, 1, 8).chunk(2, dim=-1)[0]):
+        norm_rope_cpu(x, torch.zeros(4), 1e-6, cos[: x.shape[0]], sin[: x.shape[0]])
+
+
 def norm_rope_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor) -> torch.Tensor:
     """As `norm_rope_torch`, one compiled pass; the result contiguous."""
