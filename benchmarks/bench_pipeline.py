@@ -18,7 +18,9 @@ For each: rows/s end to end, and steady-state rows/s (rows after the first outpu
 time from the first to the last output batch; the engine alone has no start-up inside its
 timing, so its one figure is both). Ratios pipeline / engine alone (target >= 0.90, issue 33) end to
 end and steady, pipeline / baseline, the pipeline's start-up (expansion, then actors and
-model load up to the first committed row) and each stage's busy seconds.
+model load up to the first committed row), each stage's busy seconds, and the CPU seconds each
+process used until the model actor was ready (`startup_cpu.py`: on 2 cores the start-up is
+CPU-bound).
 
 Model: `bench` (default) is the ~25M-parameter Qwen3.5-shaped random checkpoint of
 benchmarks/bench_engine.py (hidden 512, 8 layers), big enough that the model stage is the
@@ -291,13 +293,17 @@ def main(argv=None) -> None:
     ray.init(include_dashboard=False, log_to_driver=False)  # a running cluster, as in production
     reqs = engine_requests(cfg, media, questions)
     eng = [engine_alone(cfg, reqs)]
-    t0 = time.perf_counter()
-    summary = run_job(cfg)
-    pipe_wall = time.perf_counter() - t0
+    from benchmarks.startup_cpu import StartupCpu
+
+    with StartupCpu() as probe:  # CPU seconds per process until the model actor is ready
+        t0 = time.perf_counter()
+        summary = run_job(cfg)
+        pipe_wall = time.perf_counter() - t0
     base = None if args.skip_baseline else baseline(model, media[: args.baseline_media], questions, args)
     ray.shutdown()
     eng.append(engine_alone(cfg, reqs))
     report(args, model, len(reqs), eng, summary, pipe_wall, base)
+    print(probe.report(summary.model_ready_after_s))
 
 
 if __name__ == "__main__":
