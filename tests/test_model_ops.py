@@ -130,3 +130,7 @@ def test_conv_compiled_forms_equal_torch_twins_and_naive(lens, kernel):
     ref, ref_state = causal_conv1d_naive(step_x[:, :, None], w, state)
     assert (o - o_twin).abs().max() < 1e-5 and (o - ref[:, :, 0]).abs().max() < 1e-5
     assert torch.equal(st, st_twin) and torch.equal(st, ref_state)
+    # in place (the decode step gives up its pool view): the same results, written over the state
+    given = state.clone()
+    o_in, st_in = conv_cpu.conv1d_step_cpu(step_x, w, given, inplace=True)
+    assert st_in.data_ptr() == given.data_ptr() and torch.equal(st_in, ref_state) and torch.equal(o_in, o)

@@ -93,9 +93,10 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(out.reshape(out.shape[0], self.value_dim))
 
     def _decode(self, qkv, g, beta, conv_state, rec_state):
-        """One token per sequence: qkv [B, C] -> o [B, H_v, D_v]; `rec_state` is updated in place."""
+        """One token per sequence: qkv [B, C] -> o [B, H_v, D_v]; `rec_state` is updated in place,
+        and so may `conv_state` be (returned as `conv_new` then)."""
         weight = self.conv1d.weight.view(self.conv_dim, self.kernel)
-        mixed, conv_new = causal_conv1d_step(qkv, weight, conv_state)  # [B, C]
+        mixed, conv_new = causal_conv1d_step(qkv, weight, conv_state, inplace=True)  # [B, C]
         q, k, v = self._heads(mixed)
         out = self.kernels.decode_(q, k, v, g, beta, rec_state)
         return out, conv_new, rec_state

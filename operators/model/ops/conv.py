@@ -46,15 +46,17 @@ def causal_conv1d_prefill(
 
 
 def causal_conv1d_step(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, inplace: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [B, C] (one new input each), weight: [C, K], conv_state: [B, C, K].
 
     Returns (silu(conv) [B, C], new conv_state [B, C, K]). CPU float32: the compiled
-    loop (`conv_cpu`); otherwise `causal_conv1d_step_torch`.
+    loop (`conv_cpu`); otherwise `causal_conv1d_step_torch`. `inplace`: the caller gives
+    `conv_state` up (a decode step's pool view, like the recurrent state): the new state may be
+    written over it and returned, so storing it back copies nothing.
     """
     if conv_cpu.usable(x, weight, conv_state):
-        return conv_cpu.conv1d_step_cpu(x, weight, conv_state)
+        return conv_cpu.conv1d_step_cpu(x, weight, conv_state, inplace)
     return causal_conv1d_step_torch(x, weight, conv_state)
 
 

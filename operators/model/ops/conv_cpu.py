@@ -36,13 +36,16 @@ def warm_up() -> None:
     conv1d_packed_cpu(torch.zeros(2, 3), weight, state[:1], (2,))
 
 
-def conv1d_step_cpu(x: torch.Tensor, weight: torch.Tensor,
-                    conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [B, C], weight [C, K], conv_state [B, C, K] -> (silu(conv) [B, C], new conv_state [B, C, K])."""
+def conv1d_step_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                    inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, C], weight [C, K], conv_state [B, C, K] -> (silu(conv) [B, C], new conv_state [B, C, K]).
+    `inplace` (a C-contiguous state): the new state is written over `conv_state`, which is returned
+    (the kernel shifts each row left before writing the new input, reading every value first)."""
     b, c = x.shape
     k = weight.shape[-1]
     out = torch.empty(b, c, dtype=torch.float32)
-    new_state = torch.empty(b, c, k, dtype=torch.float32)
+    inplace = inplace and conv_state.is_contiguous()
+    new_state = conv_state if inplace else torch.empty(b, c, k, dtype=torch.float32)
     _step_kernel(x.detach().numpy(), weight.detach().numpy(), conv_state.detach().numpy(), out.numpy(),
                  new_state.numpy())
     return F.silu(out, inplace=True), new_state
@@ -66,7 +69,8 @@ def conv1d_packed_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.T
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _step_kernel(x, w, state, out, new_state):  # pragma: no cover - compiled
-    """x [B, C], w [C, K], state [B, C, K] -> out [B, C] (before the SiLU), new_state [B, C, K]."""
+    """x [B, C], w [C, K], state [B, C, K] -> out [B, C] (before the SiLU), new_state [B, C, K]
+    (may be `state` itself: position j is written after position j + 1 was read)."""
     n_b, n_c = x.shape
     k = w.shape[1]
     for b in range(n_b):
