@@ -36,25 +36,31 @@ def usable(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.
 
 
 def warm_up() -> None:
-    """Load (or compile and cache) the kernel at model load for both layouts: q is a chunk of
-    the fused q | gate projection, strided when T > 1 ('A') and contiguous at T = 1 ('C')."""
+    """Load (or compile and cache) the kernel at model load (its input is always one flat
+    contiguous array, so one compiled form serves every stride of q's chunk)."""
     cos = sin = torch.zeros(2, 2)
-    for x in (torch.zeros(1, 1, 4), torch.zeros(2, 1, 8).chunk(2, dim=-1)[0]):
-        norm_rope_cpu(x, torch.zeros(4), 1e-6, cos[: x.shape[0]], sin[: x.shape[0]])
+    norm_rope_cpu(torch.zeros(2, 1, 8).chunk(2, dim=-1)[0], torch.zeros(4), 1e-6, cos, sin)
 
 
 def norm_rope_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor) -> torch.Tensor:
-    """As `norm_rope_torch`, one compiled pass; the result contiguous."""
+    """As `norm_rope_torch`, one compiled pass; the result contiguous. x (unit stride over D;
+    q is a chunk of the fused q | gate projection) reaches the kernel as one flat array and
+    its two outer strides, so the loops along D have unit stride and vectorise."""
+    t, nh, d = x.shape
     out = torch.empty(x.shape, dtype=torch.float32)
-    _norm_rope_kernel(x.detach().numpy(), weight.detach().numpy(), np.float32(eps),
-                      cos.detach().numpy(), sin.detach().numpy(), out.numpy())
+    if x.numel():
+        s0, s1 = x.stride(0), x.stride(1)
+        flat = x.detach().as_strided(((t - 1) * s0 + (nh - 1) * s1 + d,), (1,)).numpy()
+        _norm_rope_kernel(flat, s0, s1, weight.detach().numpy(), np.float32(eps), cos.detach().numpy(),
+                          sin.detach().numpy(), out.numpy())
     return out
 
 
 @njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
-def _norm_rope_kernel(x, w, eps, cos, sin, out):  # x, out [T, H, D]; w [D]; cos, sin [T, R]
-    t, nh, d = x.shape
+def _norm_rope_kernel(x, s0, s1, w, eps, cos, sin, out):  # pragma: no cover - compiled
+    """x: row (i, h) of [T, H, D] at i * s0 + h * s1 (flat); out [T, H, D]; w [D]; cos, sin [T, R]."""
+    t, nh, d = out.shape
     half = cos.shape[1] // 2
     scale = np.empty(d, dtype=np.float32)
     for j in range(d):
@@ -63,7 +69,7 @@ def _norm_rope_kernel(x, w, eps, cos, sin, out):  # x, out [T, H, D]; w [D]; cos
     for i in range(t):
         c, s = cos[i], sin[i]
         for h in range(nh):
-            row = x[i, h]
+            row = x[i * s0 + h * s1: i * s0 + h * s1 + d]
             ss = np.float32(0.0)
             for j in range(d):
                 ss += row[j] * row[j]
