@@ -129,7 +129,7 @@ def _cpu_op_functions():
 
 @dataclass(frozen=True, eq=False)
 class TimedDeltaRule(DeltaRuleKernels):
-    """`inner`'s prefill and decode_, timed into `timer`."""
+    """`inner`'s prefill, decode_ and decode_slots_, timed into `timer`."""
 
     inner: DeltaRuleKernels
     timer: PhaseTimer
@@ -145,6 +145,12 @@ class TimedDeltaRule(DeltaRuleKernels):
     def decode_(self, q, k, v, g, beta, state):
         start = time.process_time()
         out = self.inner.decode_(q, k, v, g, beta, state)
+        self.timer.add("decode state", start)
+        return out
+
+    def decode_slots_(self, q, k, v, g, beta, pool, slots):
+        start = time.process_time()
+        out = self.inner.decode_slots_(q, k, v, g, beta, pool, slots)
         self.timer.add("decode state", start)
         return out
 

@@ -110,3 +110,27 @@ def test_moe_batch_equals_alone_and_transformers(tiny_ckpt, engine_kw):
         assert list(alone[f"m{i}"]) == reference_greedy(moe, contents[i], 6, system=SYSTEM)
     got, stats = _run(moe, reqs, engine_kw, kv_budget_bytes=300 << 10, chunk_size=16)
     assert got == alone and stats["prefix_hit_tokens"] > 0
+
+
+def test_decode_over_scattered_slots_updates_the_pools_in_place(dense, dense_requests, alone, engine_kw,
+                                                                monkeypatch):
+    """Requests finish at different steps, so the running sequences' slots scatter; those decode
+    steps update the conv and recurrent states where the pool keeps them (the compiled kernels
+    indexing the pool, `StepCache.linear_pools`), and the outputs stay those of each alone."""
+    from vlbatch.operators.kernels.delta_rule.torch_rule import TorchDeltaRule
+    from vlbatch.operators.model.ops import conv_cpu
+
+    calls = {"conv": 0, "delta": 0}
+
+    def counted(key, fn):
+        def call(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(conv_cpu, "conv1d_step_slots_cpu", counted("conv", conv_cpu.conv1d_step_slots_cpu))
+    monkeypatch.setattr(TorchDeltaRule, "decode_slots_", counted("delta", TorchDeltaRule.decode_slots_))
+    got, _ = _run(dense, dense_requests, engine_kw, prefix_cache_bytes=0, vision_cache_bytes=0)
+    assert got == alone
+    if engine_kw.get("device", "cpu") == "cpu" and not engine_kw.get("static_decode"):
+        assert calls["conv"] > 0 and calls["delta"] > 0, calls  # (conv: its load warm-up calls count too)

@@ -44,6 +44,27 @@ def test_compiled_decode_equals_naive_and_writes_the_state_in_place(shape):
     assert (o - o_ref).abs().max() < TOL and (state - ref_state).abs().max() < TOL
 
 
+@pytest.mark.parametrize("shape,slots", [((5, 3, 7, 5), [4, 0, 7, 2, 5]), ((1, 1, 64, 64), [3]),
+                                         ((6, 8, 16, 4), [9, 1, 2, 8, 0, 5])])
+@pytest.mark.parametrize("kernels", [TorchDeltaRule(), NaiveDeltaRule()], ids=["compiled", "default"])
+def test_decode_by_slot_updates_the_pool_in_place_and_leaves_other_slots(shape, slots, kernels):
+    """`decode_slots_`: the compiled step indexing the pool (TorchDeltaRule on CPU) and the
+    contract's default (gather, decode_, store back: NaiveDeltaRule) equal the naive step on
+    the gathered states; slots not in the step are untouched."""
+    b, h, dk, dv = shape
+    q, k, v, g, beta, gen = _tokens(b, h, dk, dv, seed=b + dk)
+    pool = torch.randn(max(slots) + 2, h, dk, dv, generator=gen)
+    idx = torch.tensor(slots)
+    ref_state = pool[idx].clone()
+    o_ref = NaiveDeltaRule().decode_(q, k, v, g, beta, ref_state)
+    before = pool.clone()
+    o = kernels.decode_slots_(q, k, v, g, beta, pool, idx)
+    torch.testing.assert_close(o, o_ref, atol=TOL, rtol=0)
+    torch.testing.assert_close(pool[idx], ref_state, atol=TOL, rtol=0)
+    others = [s for s in range(pool.shape[0]) if s not in slots]
+    assert torch.equal(pool[others], before[others])
+
+
 def test_compiled_decode_equals_the_torch_step_on_strided_inputs_and_bf16_values():
     """Inputs as the layer hands them (k a strided view of a wider tensor, v in bf16)."""
     q, k, v, g, beta, gen = _tokens(6, 4, 16, 8, seed=3)

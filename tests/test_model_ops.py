@@ -134,3 +134,22 @@ def test_conv_compiled_forms_equal_torch_twins_and_naive(lens, kernel):
     given = state.clone()
     o_in, st_in = conv_cpu.conv1d_step_cpu(step_x, w, given, inplace=True)
     assert st_in.data_ptr() == given.data_ptr() and torch.equal(st_in, ref_state) and torch.equal(o_in, o)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["compiled", "torch"])
+def test_conv_step_by_slot_updates_the_pool_in_place(dtype):
+    """`causal_conv1d_step_slots` (CPU float32: the compiled loop indexing the pool; else
+    gather, step, store back) equals the step on the gathered states; other slots untouched."""
+    from vlbatch.operators.model.ops.conv import causal_conv1d_step_slots
+
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(4, 17, generator=g)
+    x = wide[:, 2:13].to(dtype)  # [B, 11] strided, as the fused projection hands over
+    w = torch.randn(11, 4, generator=g).to(dtype)
+    pool = torch.randn(7, 11, 4, generator=g).to(dtype)
+    slots = torch.tensor([5, 0, 3, 1])
+    ref, ref_state = causal_conv1d_step(x, w, pool[slots].clone())
+    before = pool.clone()
+    out = causal_conv1d_step_slots(x, w, pool, slots)
+    assert (out.float() - ref.float()).abs().max() < 1e-2 and torch.equal(pool[slots], ref_state.to(dtype))
+    assert torch.equal(pool[[2, 4, 6]], before[[2, 4, 6]])

@@ -9,7 +9,8 @@ over the sequences in this step, in batch order, that
   with paged KV blocks and the model's own `ContiguousCache` with plain tensors;
 - hands out and takes back the DeltaNet states of the step's sequences
   (`linear_states` / `set_linear_states`), so the engine can back them with a slot
-  pool and snapshot / fork them at exact token positions.
+  pool and snapshot / fork them at exact token positions; or, for a decode step over
+  scattered slots, hands out the pools and the slots (`linear_pools`) to update in place.
 
 Layer indices: `attn_idx` counts full-attention layers only (0..n_full-1) and
 `linear_idx` counts DeltaNet layers only (0..n_linear-1), both in layer order.
@@ -59,4 +60,11 @@ class StepCache(Protocol):
 
     def set_linear_states(self, linear_idx: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
         """Store the states after this step (same shapes as `linear_states`)."""
+        ...
+
+    def linear_pools(self, linear_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(conv pool [S, C, K], recurrent pool [S, H_v, D_k, D_v], slots [B]) when this step's
+        states live in pools at scattered slots, so a decode step may update them there by index
+        (`causal_conv1d_step_slots`, `DeltaRuleKernels.decode_slots_`) instead of through
+        `linear_states` copies; None when `linear_states` hands out the storage itself."""
         ...

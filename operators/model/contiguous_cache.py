@@ -104,6 +104,9 @@ class ContiguousCache:
         self.conv[linear_idx] = conv.to(self.dtype)
         self.recurrent[linear_idx] = recurrent.float()
 
+    def linear_pools(self, linear_idx: int) -> None:
+        return None  # `linear_states` hands out the storage itself
+
     # -- internals -----------------------------------------------------------------
     def _grow(self, need: int) -> None:
         cap = self.keys[0].shape[2]

@@ -29,7 +29,11 @@ from vlbatch.operators.model.cache import StepCache
 from vlbatch.operators.model.config import TextConfig
 from vlbatch.operators.model.layers import GatedRMSNorm, fuse_linears, fused_buffers
 from vlbatch.operators.model.ops import heads_cpu
-from vlbatch.operators.model.ops.conv import causal_conv1d_packed, causal_conv1d_step
+from vlbatch.operators.model.ops.conv import (
+    causal_conv1d_packed,
+    causal_conv1d_step,
+    causal_conv1d_step_slots,
+)
 
 
 class GatedDeltaNet(nn.Module):
@@ -78,15 +82,19 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(t, self.n_v, self.d_v)
         beta = torch.sigmoid(b).float()  # [T, H_v]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        conv_state, rec_state = cache.linear_states(linear_idx)
         lens = tuple(cache.query_lens)
-        if max(lens) == 1:
-            out, conv_new, rec_new = self._decode(qkv, g, beta, conv_state, rec_state)
-        elif min(lens) > 1:
-            out, conv_new, rec_new = self._prefill(qkv, g, beta, conv_state, rec_state, lens)
+        pools = cache.linear_pools(linear_idx) if max(lens) == 1 else None
+        if pools is not None:  # decode over scattered slots: states updated where the pools keep them
+            out = self._decode_pooled(qkv, g, beta, *pools)
         else:
-            out, conv_new, rec_new = self._mixed(qkv, g, beta, conv_state, rec_state, lens)
-        cache.set_linear_states(linear_idx, conv_new, rec_new)
+            conv_state, rec_state = cache.linear_states(linear_idx)
+            if max(lens) == 1:
+                out, conv_new, rec_new = self._decode(qkv, g, beta, conv_state, rec_state)
+            elif min(lens) > 1:
+                out, conv_new, rec_new = self._prefill(qkv, g, beta, conv_state, rec_state, lens)
+            else:
+                out, conv_new, rec_new = self._mixed(qkv, g, beta, conv_state, rec_state, lens)
+            cache.set_linear_states(linear_idx, conv_new, rec_new)
         if keep is not None:
             out, z = out[keep], z[keep]
         out = self.norm(out, z)
@@ -100,6 +108,13 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._heads(mixed)
         out = self.kernels.decode_(q, k, v, g, beta, rec_state)
         return out, conv_new, rec_state
+
+    def _decode_pooled(self, qkv, g, beta, conv_pool, rec_pool, slots):
+        """As `_decode` on the states conv_pool[slots] / rec_pool[slots], updated in the pools."""
+        weight = self.conv1d.weight.view(self.conv_dim, self.kernel)
+        mixed = causal_conv1d_step_slots(qkv, weight, conv_pool, slots)  # [B, C]
+        q, k, v = self._heads(mixed)
+        return self.kernels.decode_slots_(q, k, v, g, beta, rec_pool, slots)
 
     def _prefill(self, qkv, g, beta, conv_state, rec_state, lens: tuple[int, ...]):
         """Chunks of any lengths (packed [T, C]) -> o [T, H_v, D_v] + new states."""

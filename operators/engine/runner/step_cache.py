@@ -31,3 +31,10 @@ class PagedStepCache:
 
     def set_linear_states(self, linear_idx: int, conv, recurrent) -> None:
         self.pool.scatter(linear_idx, self.slots, conv, recurrent, self.run)
+
+    def linear_pools(self, linear_idx: int):
+        """The pools and slots when the slots are scattered (a contiguous run: `linear_states`
+        hands out views of the pool, already in place)."""
+        if self.run is not None:
+            return None
+        return self.pool.conv[linear_idx], self.pool.recurrent[linear_idx], self.slots

@@ -25,6 +25,11 @@ class DeltaRuleKernels:
     - `decode_(q, k, v, g, beta, state) -> o`: one token per sequence, q, k [B, H, K],
       v [B, H, V], g, beta [B, H]; `state` [B, H, K, V] float32 is overwritten in place
       with the state after the token; o [B, H, V] in v's dtype.
+    - `decode_slots_(q, k, v, g, beta, pool, slots) -> o`: as `decode_` for the states
+      `pool[slots]` (pool [S, H, K, V] float32, slots [B] int64, distinct), updated in place in
+      the pool: the engine's decode step when its sequences' slots are not one contiguous run.
+      The default gathers, runs `decode_` and stores back; a kernel that can index the pool
+      itself overrides it (the CPU step: no [B, H, K, V] copy either way).
 
     A new implementation: a subclass in its own module, and one `Entry` in `DELTA_RULE`
     (`delta_rule/__init__.py`), whose target is its `create`.
@@ -45,3 +50,10 @@ class DeltaRuleKernels:
     def decode_(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 state: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def decode_slots_(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        state = pool.index_select(0, slots)
+        out = self.decode_(q, k, v, g, beta, state)
+        pool.index_copy_(0, slots, state)
+        return out

@@ -9,8 +9,10 @@ the same algebra per (sequence, head):
     S = exp(g) S + k d^T                   written while S is still in L1
 
 so the state crosses memory once (read + write) instead of the three passes of the torch
-step, and no [B, H, K, V] temporary exists. `usable(state)` says when it applies (a
-float32 C-contiguous CPU state); the torch step serves every other case.
+step, and no [B, H, K, V] temporary exists. `decode_step_slots_cpu_` is the same kernel
+reading and writing the states where the engine's pool keeps them (`pool[slots]`), so a step
+whose sequences hold scattered slots copies no state in or out. `usable(state)` says when it
+applies (a float32 C-contiguous CPU state); the torch step serves every other case.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def warm_up() -> None:
     """Load (or, the first time on a machine, compile and cache) the compiled step: ~1 s
     that `select_delta_rule` spends at model load rather than on the first decode."""
     decode_step_cpu_(*(torch.zeros(1, 1, 1) for _ in range(3)), torch.zeros(1, 1), torch.zeros(1, 1),
-                     torch.zeros(1, 1, 1, 1))
+                     torch.zeros(1, 1, 1, 1))  # the slot-indexed form is the same compiled kernel
 
 
 def decode_step_cpu_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -37,26 +39,34 @@ def decode_step_cpu_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """One decode token per sequence: q, k [B, H, K], v [B, H, V], g, beta [B, H]; state
     [B, H, K, V] (`usable`) is overwritten with the state after the token. Returns o
     [B, H, V] in v's dtype."""
-    b, h, dk, dv = state.shape
+    return decode_step_slots_cpu_(q, k, v, g, beta, state, torch.arange(state.shape[0]))
+
+
+def decode_step_slots_cpu_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                           pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """As `decode_step_cpu_` for the states pool[slots] (pool [S, H, K, V] `usable`, slots [B]
+    distinct), updated in place in the pool: no gathered copy, no store back."""
+    b, (h, dk, dv) = slots.shape[0], pool.shape[1:]
 
     def flat(x, *shape):  # small inputs: float32, contiguous, [B * H, *]
         return x.detach().to(torch.float32).contiguous().view(b * h, *shape).numpy()
 
     out = torch.empty(b * h, dv, dtype=torch.float32)
-    _step_kernel(flat(q, dk), flat(k, dk), flat(v, dv), flat(g), flat(beta), state.detach().view(b * h, dk, dv).numpy(),
-                 out.numpy())
+    _step_kernel(flat(q, dk), flat(k, dk), flat(v, dv), flat(g), flat(beta), pool.detach().numpy(),
+                 slots.to(torch.int64).contiguous().numpy(), out.numpy())
     return out.view(b, h, dv).to(v.dtype)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _step_kernel(q, k, v, g, beta, state, out):  # pragma: no cover - compiled
-    """q, k [N, K], v [N, V], g, beta [N], state [N, K, V] (in place), out [N, V]; float32."""
-    n_rows, dk, dv = state.shape
+def _step_kernel(q, k, v, g, beta, pool, slots, out):  # pragma: no cover - compiled
+    """q, k [N, K], v [N, V], g, beta [N] with N = B * H (row n: sequence n // H, head n % H);
+    pool [S, H, K, V] (rows pool[slots[b], h] updated in place), slots [B]; out [N, V]; float32."""
+    n_heads, dk, dv = pool.shape[1], pool.shape[2], pool.shape[3]
     r_q = np.empty(dv, np.float32)
     r_k = np.empty(dv, np.float32)
     delta = np.empty(dv, np.float32)
-    for n in range(n_rows):
-        s = state[n]
+    for n in range(q.shape[0]):
+        s = pool[slots[n // n_heads], n % n_heads]
         r_q[:] = 0.0
         r_k[:] = 0.0
         qk = np.float32(0.0)

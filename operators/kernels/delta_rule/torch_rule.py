@@ -58,3 +58,8 @@ class TorchDeltaRule(DeltaRuleKernels):
         if cpu_decode.usable(state):
             return cpu_decode.decode_step_cpu_(q, k, v, g, beta, state)
         return recurrent_gated_delta_rule_(q, k, v, g, beta, state)
+
+    def decode_slots_(self, q, k, v, g, beta, pool, slots):
+        if cpu_decode.usable(pool):
+            return cpu_decode.decode_step_slots_cpu_(q, k, v, g, beta, pool, slots)
+        return super().decode_slots_(q, k, v, g, beta, pool, slots)

@@ -6,7 +6,8 @@ step t is `act(sum_j w[c, j] * x[t - K + 1 + j, c])`: only the last K - 1 stored
 plus the new one are read; the oldest stored entry exists to keep the transformers layout.
 
 - `causal_conv1d_prefill`: L new inputs from a given state (one conv call).
-- `causal_conv1d_step`: one new input per sequence, batched over B (decode).
+- `causal_conv1d_step`: one new input per sequence, batched over B (decode);
+  `causal_conv1d_step_slots`: the same on states kept in a pool, by slot, in place.
 - `causal_conv1d_packed`: sequences of different lengths packed in `[T, C]` (the engine's
   ragged prefill), each from its own state.
 - `causal_conv1d_naive`: per-step loop, the reference for both.
@@ -43,6 +44,18 @@ def causal_conv1d_prefill(
         idx = lengths.to(x.device)[:, None] + torch.arange(k, device=x.device)  # [B, K]
         new_state = full.gather(2, idx[:, None, :].expand(b, c, k))
     return F.silu(out[:, :, 1:]), new_state
+
+
+def causal_conv1d_step_slots(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor,
+                             slots: torch.Tensor) -> torch.Tensor:
+    """`causal_conv1d_step` for the states pool[slots] (pool [S, C, K], slots [B] distinct),
+    updated in place in the pool -> silu(conv) [B, C]. CPU float32: the compiled loop indexes
+    the pool; otherwise gather, step, store back."""
+    if conv_cpu.usable(x, weight, pool) and pool.is_contiguous():
+        return conv_cpu.conv1d_step_slots_cpu(x, weight, pool, slots)
+    out, new_state = causal_conv1d_step_torch(x, weight, pool.index_select(0, slots))
+    pool.index_copy_(0, slots, new_state.to(pool.dtype))
+    return out
 
 
 def causal_conv1d_step(

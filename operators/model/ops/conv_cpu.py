@@ -33,6 +33,7 @@ def warm_up() -> None:
     state, weight = torch.zeros(2, 3, 2), torch.zeros(3, 2)
     for x in (torch.zeros(2, 3), torch.zeros(2, 6)[:, :3]):
         conv1d_step_cpu(x, weight, state)
+        conv1d_step_slots_cpu(x, weight, state, torch.tensor([1, 0]))
     conv1d_packed_cpu(torch.zeros(2, 3), weight, state[:1], (2,))
 
 
@@ -49,6 +50,18 @@ def conv1d_step_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Ten
     _step_kernel(x.detach().numpy(), weight.detach().numpy(), conv_state.detach().numpy(), out.numpy(),
                  new_state.numpy())
     return F.silu(out, inplace=True), new_state
+
+
+def conv1d_step_slots_cpu(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor,
+                          slots: torch.Tensor) -> torch.Tensor:
+    """As `conv1d_step_cpu` in place for the states pool[slots] (pool [S, C, K] float32
+    C-contiguous, slots [B] distinct) -> silu(conv) [B, C]: the engine's decode step when its
+    sequences' slots are scattered (no gathered copy, no store back)."""
+    b, c = x.shape
+    out = torch.empty(b, c, dtype=torch.float32)
+    _slots_kernel(x.detach().numpy(), weight.detach().numpy(), pool.detach().numpy(),
+                  slots.to(torch.int64).contiguous().numpy(), out.numpy())
+    return F.silu(out, inplace=True)
 
 
 def conv1d_packed_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
@@ -82,6 +95,26 @@ def _step_kernel(x, w, state, out, new_state):  # pragma: no cover - compiled
                 acc += w[c, j] * v
             v = x[b, c]
             new_state[b, c, k - 1] = v
+            acc += w[c, k - 1] * v
+            out[b, c] = acc
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _slots_kernel(x, w, pool, slots, out):  # pragma: no cover - compiled
+    """x [B, C], w [C, K], pool [S, C, K] (rows pool[slots[b]] shifted in place) -> out [B, C]
+    (before the SiLU); the sum in `_step_kernel`'s order."""
+    n_b, n_c = x.shape
+    k = w.shape[1]
+    for b in range(n_b):
+        state = pool[slots[b]]
+        for c in range(n_c):
+            acc = np.float32(0.0)
+            for j in range(k - 1):
+                v = state[c, j + 1]
+                state[c, j] = v
+                acc += w[c, j] * v
+            v = x[b, c]
+            state[c, k - 1] = v
             acc += w[c, k - 1] * v
             out[b, c] = acc
 
