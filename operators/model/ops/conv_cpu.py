@@ -83,40 +83,46 @@ def conv1d_packed_cpu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.T
 @njit(cache=True, nogil=True, boundscheck=False)
 def _step_kernel(x, w, state, out, new_state):  # pragma: no cover - compiled
     """x [B, C], w [C, K], state [B, C, K] -> out [B, C] (before the SiLU), new_state [B, C, K]
-    (may be `state` itself: position j is written after position j + 1 was read)."""
-    n_b, n_c = x.shape
-    k = w.shape[1]
-    for b in range(n_b):
-        for c in range(n_c):
-            acc = np.float32(0.0)
-            for j in range(k - 1):
-                v = state[b, c, j + 1]
-                new_state[b, c, j] = v
-                acc += w[c, j] * v
-            v = x[b, c]
-            new_state[b, c, k - 1] = v
-            acc += w[c, k - 1] * v
-            out[b, c] = acc
+    (may be `state` itself)."""
+    for b in range(x.shape[0]):
+        _step_row(x[b], w, state[b], new_state[b], out[b])
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _slots_kernel(x, w, pool, slots, out):  # pragma: no cover - compiled
     """x [B, C], w [C, K], pool [S, C, K] (rows pool[slots[b]] shifted in place) -> out [B, C]
-    (before the SiLU); the sum in `_step_kernel`'s order."""
-    n_b, n_c = x.shape
-    k = w.shape[1]
-    for b in range(n_b):
+    (before the SiLU)."""
+    for b in range(x.shape[0]):
         state = pool[slots[b]]
+        _step_row(x[b], w, state, state, out[b])
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _step_row(x, w, src, dst, out):  # pragma: no cover - compiled
+    """One sequence: x [C], w [C, K], src -> dst [C, K] (may be the same array: every value is
+    read before it is overwritten), out [C] = sum_j w[c, j] * input j, summed j = 0 .. K - 1."""
+    n_c, k = w.shape
+    if k == 4:  # Qwen3.5's kernel size, unrolled: the four reads before the writes, ~2x the loop below
         for c in range(n_c):
+            s1, s2, s3, v = src[c, 1], src[c, 2], src[c, 3], x[c]
             acc = np.float32(0.0)
-            for j in range(k - 1):
-                v = state[c, j + 1]
-                state[c, j] = v
-                acc += w[c, j] * v
-            v = x[b, c]
-            state[c, k - 1] = v
-            acc += w[c, k - 1] * v
-            out[b, c] = acc
+            acc += w[c, 0] * s1
+            acc += w[c, 1] * s2
+            acc += w[c, 2] * s3
+            acc += w[c, 3] * v
+            dst[c, 0], dst[c, 1], dst[c, 2], dst[c, 3] = s1, s2, s3, v
+            out[c] = acc
+        return
+    for c in range(n_c):
+        acc = np.float32(0.0)
+        for j in range(k - 1):
+            v = src[c, j + 1]
+            dst[c, j] = v
+            acc += w[c, j] * v
+        v = x[c]
+        dst[c, k - 1] = v
+        acc += w[c, k - 1] * v
+        out[c] = acc
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
