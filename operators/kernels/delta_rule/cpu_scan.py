@@ -54,6 +54,7 @@ def _scan_kernel(q, k, v, g, beta, state, starts, out):  # pragma: no cover - co
     r_q = np.empty(dv, np.float32)
     r_k = np.empty(dv, np.float32)
     delta = np.empty(dv, np.float32)
+    d4 = dk - dk % 4
     for b in range(n_seq):
         for hh in range(n_heads):
             s = state[b, hh]
@@ -61,7 +62,15 @@ def _scan_kernel(q, k, v, g, beta, state, starts, out):  # pragma: no cover - co
                 r_q[:] = 0.0
                 r_k[:] = 0.0
                 qk = np.float32(0.0)
-                for i in range(dk):
+                for i in range(0, d4, 4):  # four rows of S per pass over r_q / r_k (same summation order)
+                    q0, q1, q2, q3 = q[t, hh, i], q[t, hh, i + 1], q[t, hh, i + 2], q[t, hh, i + 3]
+                    k0, k1, k2, k3 = k[t, hh, i], k[t, hh, i + 1], k[t, hh, i + 2], k[t, hh, i + 3]
+                    qk = (((qk + q0 * k0) + q1 * k1) + q2 * k2) + q3 * k3
+                    for j in range(dv):
+                        s0, s1, s2, s3 = s[i, j], s[i + 1, j], s[i + 2, j], s[i + 3, j]
+                        r_q[j] = (((r_q[j] + s0 * q0) + s1 * q1) + s2 * q2) + s3 * q3
+                        r_k[j] = (((r_k[j] + s0 * k0) + s1 * k1) + s2 * k2) + s3 * k3
+                for i in range(d4, dk):  # rows of S: the inner loop runs along V, contiguous (vectorised)
                     qi, ki = q[t, hh, i], k[t, hh, i]
                     qk += qi * ki
                     for j in range(dv):
