@@ -112,7 +112,7 @@ def test_deltanet_layer_with_fla_kernels_equals_torch_on_a_mixed_step(tiny_ckpt)
 
     def run():
         cache = ContiguousCache(cfg, len(lens), capacity=1)
-        cache.set_linear_states(0, conv0, rec0)
+        cache.set_linear_states(0, conv0.clone(), rec0.clone())  # the layer updates them in place
         cache.begin_step(lens)
         return layer(x, cache, 0), cache.recurrent[0].clone()
 

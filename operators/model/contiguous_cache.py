@@ -101,6 +101,8 @@ class ContiguousCache:
         return self.conv[linear_idx], self.recurrent[linear_idx]
 
     def set_linear_states(self, linear_idx: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Keeps the tensors given (no copy when dtypes match): the next steps update them in
+        place, so a caller seeding states from its own tensors passes copies."""
         self.conv[linear_idx] = conv.to(self.dtype)
         self.recurrent[linear_idx] = recurrent.float()
 

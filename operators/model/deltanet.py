@@ -12,7 +12,9 @@ Packing: the step's tokens are [T, D] in `cache.query_lens` order. Sequences wit
 new token (decode) run together through the single-step conv and the recurrent rule,
 which updates the recurrent states in place (the engine's pool rows, when the step's
 slots are consecutive); all longer chunks, whatever their lengths, run together through
-the packed conv and the packed chunked rule. The rule itself is `self.kernels`
+the packed conv and the packed chunked rule. When the step has decodes and the cache
+exposes its pools (`cache.linear_pools`), decodes update their pool rows by slot index and
+only the chunks' states are gathered and stored back. The rule itself is `self.kernels`
 (`operators/kernels/delta_rule`: the torch kernels, or fla's on CUDA; `load_model` picks
 them once through `Qwen35Model.use_delta_kernels`). States in and out go through
 `cache.linear_states` / `cache.set_linear_states`.
@@ -83,17 +85,19 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b).float()  # [T, H_v]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         lens = tuple(cache.query_lens)
-        pools = cache.linear_pools(linear_idx) if max(lens) == 1 else None
-        if pools is not None:  # decode over scattered slots: states updated where the pools keep them
-            out = self._decode_pooled(qkv, g, beta, *pools)
+        pools = cache.linear_pools(linear_idx) if min(lens) == 1 else None
+        if pools is not None:  # decodes over scattered slots: states updated where the pools keep them
+            out = (self._decode_pooled(qkv, g, beta, *pools) if max(lens) == 1
+                   else self._mixed(qkv, g, beta, *pools, lens))
         else:
             conv_state, rec_state = cache.linear_states(linear_idx)
             if max(lens) == 1:
                 out, conv_new, rec_new = self._decode(qkv, g, beta, conv_state, rec_state)
             elif min(lens) > 1:
                 out, conv_new, rec_new = self._prefill(qkv, g, beta, conv_state, rec_state, lens)
-            else:
-                out, conv_new, rec_new = self._mixed(qkv, g, beta, conv_state, rec_state, lens)
+            else:  # the step's own states as the pools (updated in place), then stored
+                conv_new, rec_new = conv_state, rec_state
+                out = self._mixed(qkv, g, beta, conv_state, rec_state, torch.arange(len(lens), device=qkv.device), lens)
             cache.set_linear_states(linear_idx, conv_new, rec_new)
         if keep is not None:
             out, z = out[keep], z[keep]
@@ -124,24 +128,27 @@ class GatedDeltaNet(nn.Module):
         out, rec_new = self.kernels.prefill(q, k, v, g, beta, rec_state, lens)
         return out, conv_new, rec_new
 
-    def _mixed(self, qkv, g, beta, conv_state, rec_state, lens: tuple[int, ...]):
-        """Decodes and longer chunks in one step: each kind through its own path."""
+    def _mixed(self, qkv, g, beta, conv_pool, rec_pool, slots, lens: tuple[int, ...]):
+        """Decodes and longer chunks in one step, each kind through its own path, on the states
+        conv_pool[slots] / rec_pool[slots] (slots [B] in packing order), updated in the pools: the
+        decodes in place by index, the chunks' states gathered, advanced and stored back (no
+        copy of the other sequences' states)."""
         dev = qkv.device
         starts = [sum(lens[:i]) for i in range(len(lens))]
         dec = [i for i, n in enumerate(lens) if n == 1]
         pre = [i for i, n in enumerate(lens) if n > 1]
         out = qkv.new_empty(qkv.shape[0], self.n_v, self.d_v)
-        conv_new, rec_new = torch.empty_like(conv_state), torch.empty_like(rec_state)  # both kinds fill every row
         rows = torch.tensor([starts[i] for i in dec], device=dev)
-        sel = torch.tensor(dec, device=dev)
-        o, c, r = self._decode(qkv[rows], g[rows], beta[rows], conv_state[sel], rec_state[sel])
-        out[rows], conv_new[sel], rec_new[sel] = o.to(out.dtype), c.to(conv_new.dtype), r
+        out[rows] = self._decode_pooled(qkv[rows], g[rows], beta[rows], conv_pool, rec_pool,
+                                        slots[torch.tensor(dec, device=dev)]).to(out.dtype)
         rows = torch.cat([torch.arange(starts[i], starts[i] + lens[i]) for i in pre]).to(dev)
-        sel = torch.tensor(pre, device=dev)
-        o, c, r = self._prefill(qkv[rows], g[rows], beta[rows], conv_state[sel], rec_state[sel],
-                                tuple(lens[i] for i in pre))
-        out[rows], conv_new[sel], rec_new[sel] = o.to(out.dtype), c.to(conv_new.dtype), r
-        return out, conv_new, rec_new
+        sel = slots[torch.tensor(pre, device=dev)]
+        o, c, r = self._prefill(qkv[rows], g[rows], beta[rows], conv_pool.index_select(0, sel),
+                                rec_pool.index_select(0, sel), tuple(lens[i] for i in pre))
+        out[rows] = o.to(out.dtype)
+        conv_pool.index_copy_(0, sel, c.to(conv_pool.dtype))
+        rec_pool.index_copy_(0, sel, r.to(rec_pool.dtype))
+        return out
 
     def _heads(self, mixed: torch.Tensor):
         """mixed [T, C] (after conv) -> q, k [T, H_v, D_k] float32 (L2-normalised, expanded, q
