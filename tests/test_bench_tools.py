@@ -16,7 +16,7 @@ def test_profile_decode_splits_a_decode_step(capsys):
     profile_decode.main(["--seqs", "3", "--prompt", "12", "--steps", "2", "--top", "200"])
     out = capsys.readouterr().out
     assert "decode step, 3 sequences (prompts 12 tokens)" in out
-    assert "matmuls" in out and "compiled: delta_rule/cpu_decode._step_kernel" in out
+    assert "matmuls" in out and "compiled: delta_rule/cpu_scan.scan_kernel" in out
     assert "compiled: attention/cpu_decode._kernel" in out
 
 

@@ -9,7 +9,8 @@ the same algebra per (sequence, head):
     S = exp(g) S + k d^T                   written while S is still in L1
 
 so the state crosses memory once (read + write) instead of the three passes of the torch
-step, and no [B, H, K, V] temporary exists. `decode_step_slots_cpu_` is the same kernel
+step, and no [B, H, K, V] temporary exists. The kernel is `cpu_scan.scan_kernel` (the packed
+prefill's token scan) with one token per sequence. `decode_step_slots_cpu_` is the same kernel
 reading and writing the states where the engine's pool keeps them (`pool[slots]`), so a step
 whose sequences hold scattered slots copies no state in or out. `usable(state)` says when it
 applies (a float32 C-contiguous CPU state); the torch step serves every other case.
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
+
+from vlbatch.operators.kernels.delta_rule.cpu_scan import scan_kernel
 
 
 def usable(state: torch.Tensor) -> bool:
@@ -48,50 +50,10 @@ def decode_step_slots_cpu_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     distinct), updated in place in the pool: no gathered copy, no store back."""
     b, (h, dk, dv) = slots.shape[0], pool.shape[1:]
 
-    def flat(x, *shape):  # small inputs: float32, contiguous, [B * H, *]
-        return x.detach().to(torch.float32).contiguous().view(b * h, *shape).numpy()
+    def f32(x, *shape):  # small inputs: float32, contiguous, [B, H, *] (B sequences of one token)
+        return x.detach().to(torch.float32).contiguous().view(b, h, *shape).numpy()
 
-    out = torch.empty(b * h, dv, dtype=torch.float32)
-    _step_kernel(flat(q, dk), flat(k, dk), flat(v, dv), flat(g), flat(beta), pool.detach().numpy(),
-                 slots.to(torch.int64).contiguous().numpy(), out.numpy())
-    return out.view(b, h, dv).to(v.dtype)
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _step_kernel(q, k, v, g, beta, pool, slots, out):  # pragma: no cover - compiled
-    """q, k [N, K], v [N, V], g, beta [N] with N = B * H (row n: sequence n // H, head n % H);
-    pool [S, H, K, V] (rows pool[slots[b], h] updated in place), slots [B]; out [N, V]; float32."""
-    n_heads, dk, dv = pool.shape[1], pool.shape[2], pool.shape[3]
-    r_q = np.empty(dv, np.float32)
-    r_k = np.empty(dv, np.float32)
-    delta = np.empty(dv, np.float32)
-    d4 = dk - dk % 4
-    for n in range(q.shape[0]):
-        s = pool[slots[n // n_heads], n % n_heads]
-        r_q[:] = 0.0
-        r_k[:] = 0.0
-        qk = np.float32(0.0)
-        for i in range(0, d4, 4):  # four rows of S per pass over r_q / r_k (same summation order)
-            q0, q1, q2, q3 = q[n, i], q[n, i + 1], q[n, i + 2], q[n, i + 3]
-            k0, k1, k2, k3 = k[n, i], k[n, i + 1], k[n, i + 2], k[n, i + 3]
-            qk = (((qk + q0 * k0) + q1 * k1) + q2 * k2) + q3 * k3
-            for j in range(dv):
-                s0, s1, s2, s3 = s[i, j], s[i + 1, j], s[i + 2, j], s[i + 3, j]
-                r_q[j] = (((r_q[j] + s0 * q0) + s1 * q1) + s2 * q2) + s3 * q3
-                r_k[j] = (((r_k[j] + s0 * k0) + s1 * k1) + s2 * k2) + s3 * k3
-        for i in range(d4, dk):  # rows of S: the inner loop runs along V, contiguous (vectorised)
-            qi, ki = q[n, i], k[n, i]
-            qk += qi * ki
-            for j in range(dv):
-                r_q[j] += s[i, j] * qi
-                r_k[j] += s[i, j] * ki
-        a = np.exp(g[n])
-        bt = beta[n]
-        for j in range(dv):
-            d = (v[n, j] - r_k[j] * a) * bt
-            delta[j] = d
-            out[n, j] = r_q[j] * a + qk * d
-        for i in range(dk):
-            ki = k[n, i]
-            for j in range(dv):
-                s[i, j] = s[i, j] * a + ki * delta[j]
+    out = torch.empty(b, h, dv, dtype=torch.float32)
+    scan_kernel(f32(q, dk), f32(k, dk), f32(v, dv), f32(g), f32(beta), pool.detach().numpy(),
+                 slots.to(torch.int64).contiguous().numpy(), np.arange(b + 1), out.numpy())
+    return out.to(v.dtype)

@@ -2,7 +2,8 @@
 
 `prefill_scan_cpu(q, k, v, g, beta, state, lens)` is the `DeltaRuleKernels.prefill` contract
 (packed `[T, H, *]` in `lens` order, per-sequence states `[B, H, K, V]`, `state` left intact)
-computed per (sequence, head) token by token with the decode step's algebra (`cpu_decode.py`):
+computed per (sequence, head) token by token with the decode step's algebra (`cpu_decode.py`
+runs this same kernel, one token per sequence, on the pool's rows):
 
     r_q = S^T q,  r_k = S^T k;  d = beta (v - exp(g) r_k);  o = exp(g) r_q + (q . k) d
     S = exp(g) S + k d^T
@@ -36,7 +37,8 @@ def prefill_scan_cpu(q, k, v, g, beta, state, lens) -> tuple[torch.Tensor, torch
     out = torch.empty(t, h, dv, dtype=torch.float32)
     starts = np.zeros(len(lens) + 1, np.int64)
     starts[1:] = np.cumsum(np.asarray(lens, np.int64))
-    _scan_kernel(f32(q), f32(k), f32(v), f32(g), f32(beta), new_state.numpy(), starts, out.numpy())
+    scan_kernel(f32(q), f32(k), f32(v), f32(g), f32(beta), new_state.numpy(), np.arange(len(lens)), starts,
+                 out.numpy())
     return out.to(v.dtype), new_state
 
 
@@ -47,17 +49,18 @@ def warm_up() -> None:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _scan_kernel(q, k, v, g, beta, state, starts, out):  # pragma: no cover - compiled
-    """q, k [T, H, K], v [T, H, V], g, beta [T, H], state [B, H, K, V] (in place), starts [B + 1],
-    out [T, H, V]; float32."""
-    n_seq, n_heads, dk, dv = state.shape
+def scan_kernel(q, k, v, g, beta, pool, slots, starts, out):  # pragma: no cover - compiled
+    """q, k [T, H, K], v [T, H, V], g, beta [T, H]; pool [S, H, K, V] (rows pool[slots[b]]
+    advanced in place), slots [B], starts [B + 1] (sequence b's tokens: starts[b] ..
+    starts[b + 1] - 1), out [T, H, V]; float32. The decode step is its one-token case."""
+    n_heads, dk, dv = pool.shape[1], pool.shape[2], pool.shape[3]
     r_q = np.empty(dv, np.float32)
     r_k = np.empty(dv, np.float32)
     delta = np.empty(dv, np.float32)
     d4 = dk - dk % 4
-    for b in range(n_seq):
+    for b in range(slots.shape[0]):
         for hh in range(n_heads):
-            s = state[b, hh]
+            s = pool[slots[b], hh]
             for t in range(starts[b], starts[b + 1]):
                 r_q[:] = 0.0
                 r_k[:] = 0.0
