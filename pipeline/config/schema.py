@@ -1,46 +1,29 @@
-"""The job config: the one user-facing boundary of the pipeline (pydantic v2).
+"""The job config's schema: one frozen pydantic section per YAML section, and `JobConfig`.
 
-A job is a YAML file (``configs/*.yaml``) plus ``--set a.b=value`` overrides. It is
-validated completely before Ray starts; every problem becomes one
-`vlbatch.operators.errors.ConfigError` whose message names each bad field (dotted path) and,
-for choices, the allowed values (a field naming an implementation: `model.engine.attention` /
-`delta_rule` / `moe`, `input.format`, `output.format`, takes them from that extension point's
-registry, `pipeline/choices.py`). Everything past this module uses the frozen
-`JobConfig` object (pydantic models with ``frozen=True``), never raw dicts.
-
-`load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
-local paths in the file (`model.path`, `input.uri`, `output.uri`) resolve against the config
-file's folder, so a config means the same from any working directory; the same paths given
-by ``--set`` overrides resolve against the current directory (both made absolute before the
-run id is derived from them); what `validate_config` gets directly is taken as given. `vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before Ray
-starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the
-model folder holds config.json, *.safetensors and tokenizer.json, and the input matches at
-least one file. s3:// and other remote URIs (a remote `model.path` is downloaded by each node
-at run time: `operators/storage/checkpoint_cache.py`) are left to run time (checking them needs the
-storage settings and the network). `export_schema(path)` writes ``configs/job.schema.json`` for editors
-(``python -m vlbatch.pipeline.config --schema configs/job.schema.json``).
+Each field states its type, default, bounds and description (these become
+``configs/job.schema.json``); cross-field rules live in model validators, so whatever
+reaches a `JobConfig` is consistent. A field naming an implementation
+(`model.engine.attention` / `delta_rule` / `moe`, `input.format`, `output.format`) takes its
+choices from that extension point's registry (`pipeline/choices.py`). Reading YAML,
+overrides and error messages are `load.py`'s.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from vlbatch.operators import sink as sink_pkg
-from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
@@ -54,7 +37,7 @@ MoeChoice = registry_choice(moe_pkg, "MOE")
 SourceChoice = registry_choice(sources_pkg, "SOURCES")
 SinkChoice = registry_choice(sink_pkg, "SINKS")
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "configs" / "job.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "configs" / "job.schema.json"
 
 
 class _Section(BaseModel):
@@ -383,143 +366,3 @@ class JobConfig(_Section):
             basis["video"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return f"run-{digest[:12]}"
-
-
-def _loc(err: dict) -> str:
-    return ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
-
-
-def _allowed_fields(loc: tuple) -> list[str]:
-    """Field names allowed at the parent of `loc` (for 'extra field' errors)."""
-    model: Any = JobConfig
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
-            return []
-        model = field.annotation
-    return sorted(model.model_fields)
-
-
-def _format(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        where = _loc(err)
-        msg = err["msg"].removeprefix("Value error, ")
-        if not where and msg.split(":", 1)[0].count(".") and " " not in msg.split(":", 1)[0]:
-            lines.append(msg)  # a whole-config check whose message starts with the dotted field it is about
-            continue
-        where = where or "<config>"
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        lines.append(f"{where}: {msg}")
-    return "invalid job config:\n  " + "\n  ".join(lines)
-
-
-def apply_override(data: dict, override: str) -> None:
-    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
-    if "=" not in override:
-        raise ConfigError(f"override {override!r}: expected KEY.PATH=VALUE")
-    key, raw = override.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"override {override!r}: empty field name in {key!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({e})") from None
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def validate_config(data: dict) -> JobConfig:
-    """dict -> JobConfig, or ConfigError naming every bad field."""
-    if not isinstance(data, dict):
-        raise ConfigError("invalid job config: the top level must be a mapping of sections")
-    try:
-        return JobConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format(e)) from None
-
-
-# (section, field) of the paths that resolve against the config file's folder when relative.
-FILE_RELATIVE_PATHS = (("model", "path"), ("input", "uri"), ("output", "uri"))
-
-
-def is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
-
-
-def _resolve_file_paths(data: dict, base: Path, only: set[tuple[str, str]] | None = None) -> None:
-    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` (those in `only`, when given) ->
-    absolute under `base`, `~` expanded (in place). Globs stay globs (`media/*` -> `/abs/media/*`)."""
-    for section, key in FILE_RELATIVE_PATHS:
-        node = data.get(section)
-        value = node.get(key) if isinstance(node, dict) else None
-        if (only is not None and (section, key) not in only) or not isinstance(value, str) or not value:
-            continue
-        if value.startswith("~"):
-            value = node[key] = os.path.expanduser(value)
-        if "://" not in value and not value.startswith("/"):
-            node[key] = os.path.normpath(base / value)
-
-
-def _override_key(override: str) -> tuple[str, ...]:
-    return tuple(override.split("=", 1)[0].strip().split("."))
-
-
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
-    """Read a YAML job config, resolve its relative paths against its folder, apply
-    ``a.b=value`` overrides (as given), validate everything."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"job config {p} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"job config {p}: the top level must be a mapping of sections")
-    _resolve_file_paths(data, p.absolute().parent)
-    for ov in overrides:
-        apply_override(data, ov)
-    # an overridden path is the current directory's: made absolute before the run id is derived from
-    # it, so the same command resumes the same run from any directory
-    keys = [_override_key(ov) for ov in overrides]
-    _resolve_file_paths(data, Path.cwd(), {path for path in FILE_RELATIVE_PATHS for k in keys if path[: len(k)] == k})
-    return validate_config(data)
-
-
-def job_schema() -> dict:
-    """The JSON schema of a job config (for editors: yaml-language-server)."""
-    schema = JobConfig.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "vlbatch job config"
-    return schema
-
-
-def export_schema(path: str | Path = SCHEMA_PATH) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(job_schema(), indent=2, sort_keys=True) + "\n")
-    return p
-
-
-if __name__ == "__main__":  # python -m vlbatch.pipeline.config --schema [PATH]
-    import argparse
-
-    ap = argparse.ArgumentParser(description="job config tools")
-    ap.add_argument("--schema", nargs="?", const=str(SCHEMA_PATH), help="write the JSON schema (default configs/)")
-    args = ap.parse_args()
-    if args.schema:
-        print(export_schema(args.schema))

@@ -1,0 +1,153 @@
+"""Reading a job config: YAML, ``--set`` overrides, relative paths, one error naming every bad field.
+
+`load_config(path, overrides)` is the entry point used by `jobs/` and tests. Relative
+local paths in the file (`model.path`, `input.uri`, `output.uri`) resolve against the config
+file's folder, so a config means the same from any working directory; the same paths given
+by ``--set`` overrides resolve against the current directory (both made absolute before the
+run id is derived from them); what `validate_config` gets directly is taken as given. Every
+problem becomes one `ConfigError` whose message names each bad field (dotted path) and, for
+unknown fields, the allowed ones. `export_schema(path)` writes ``configs/job.schema.json``
+for editors (``python -m vlbatch.pipeline.config --schema``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from vlbatch.operators.errors import ConfigError
+from vlbatch.pipeline.config.schema import SCHEMA_PATH, JobConfig
+
+
+def _loc(err: dict) -> str:
+    return ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+
+
+def _allowed_fields(loc: tuple) -> list[str]:
+    """Field names allowed at the parent of `loc` (for 'extra field' errors)."""
+    model: Any = JobConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+    return sorted(model.model_fields)
+
+
+def _format(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = _loc(err)
+        msg = err["msg"].removeprefix("Value error, ")
+        if not where and msg.split(":", 1)[0].count(".") and " " not in msg.split(":", 1)[0]:
+            lines.append(msg)  # a whole-config check whose message starts with the dotted field it is about
+            continue
+        where = where or "<config>"
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{where}: {msg}")
+    return "invalid job config:\n  " + "\n  ".join(lines)
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r}: expected KEY.PATH=VALUE")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {override!r}: empty field name in {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({e})") from None
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def validate_config(data: dict) -> JobConfig:
+    """dict -> JobConfig, or ConfigError naming every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError("invalid job config: the top level must be a mapping of sections")
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None
+
+
+# (section, field) of the paths that resolve against the config file's folder when relative.
+FILE_RELATIVE_PATHS = (("model", "path"), ("input", "uri"), ("output", "uri"))
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _resolve_file_paths(data: dict, base: Path, only: set[tuple[str, str]] | None = None) -> None:
+    """Relative local paths of `FILE_RELATIVE_PATHS` in `data` (those in `only`, when given) ->
+    absolute under `base`, `~` expanded (in place). Globs stay globs (`media/*` -> `/abs/media/*`)."""
+    for section, key in FILE_RELATIVE_PATHS:
+        node = data.get(section)
+        value = node.get(key) if isinstance(node, dict) else None
+        if (only is not None and (section, key) not in only) or not isinstance(value, str) or not value:
+            continue
+        if value.startswith("~"):
+            value = node[key] = os.path.expanduser(value)
+        if "://" not in value and not value.startswith("/"):
+            node[key] = os.path.normpath(base / value)
+
+
+def _override_key(override: str) -> tuple[str, ...]:
+    return tuple(override.split("=", 1)[0].strip().split("."))
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    """Read a YAML job config, resolve its relative paths against its folder, apply
+    ``a.b=value`` overrides (as given), validate everything."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"job config {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"job config {p}: the top level must be a mapping of sections")
+    _resolve_file_paths(data, p.absolute().parent)
+    for ov in overrides:
+        apply_override(data, ov)
+    # an overridden path is the current directory's: made absolute before the run id is derived from
+    # it, so the same command resumes the same run from any directory
+    keys = [_override_key(ov) for ov in overrides]
+    _resolve_file_paths(data, Path.cwd(), {path for path in FILE_RELATIVE_PATHS for k in keys if path[: len(k)] == k})
+    return validate_config(data)
+
+
+def job_schema() -> dict:
+    """The JSON schema of a job config (for editors: yaml-language-server)."""
+    schema = JobConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "vlbatch job config"
+    return schema
+
+
+def export_schema(path: str | Path = SCHEMA_PATH) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(job_schema(), indent=2, sort_keys=True) + "\n")
+    return p
