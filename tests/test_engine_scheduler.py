@@ -68,6 +68,20 @@ def test_token_budget_chunk_size_and_decode_batching():
     assert _step(sched) == [("long", 16, 24), ("short", 3, 4)]  # short decodes beside the prefill
 
 
+def test_decodes_take_a_block_exactly_when_they_start_one():
+    """A decode step plans one token per sequence, and a table grows by one block exactly when its
+    token is the first of a block (the common step skips `_grow`: the two must agree)."""
+    reqs = [_req("a", [1, 2, 3], new=12), _req("b", [4, 5, 6, 7, 8], new=12)]
+    sched, seqs = _setup(reqs, bs=4, cache=None)
+    _step(sched)  # the prompts
+    for _ in range(10):
+        free = sched.bm.num_free
+        planned = _step(sched)
+        assert [e - s for _, s, e in planned] == [1, 1]
+        assert free - sched.bm.num_free == sum(s % 4 == 0 for _, s, _ in planned)
+        assert [len(q.block_table) for q in seqs] == [-(-q.num_computed // 4) for q in seqs]
+
+
 def test_preemption_requeues_latest_and_recomputes():
     reqs = [_req(f"r{i}", [10 * i + j for j in range(1, 8)], new=6) for i in range(3)]
     sched, seqs = _setup(reqs, blocks=7, bs=4, cache=None)  # 28 tokens for 3 x (7 + 6)

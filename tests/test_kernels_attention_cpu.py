@@ -38,6 +38,7 @@ def test_cpu_paged_decode_matches_naive(bs, hq, hkv, d, lens):
     assert out.dtype == torch.float32 and out.shape == (t, hq, d)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert torch.equal(kc2.view(-1, hkv, d)[layout.slot_mapping], k)
+    assert "decode_context" not in layout.__dict__  # the tables were read: no flat context was made
     # the kernel alone over a table wider than needed (a static step's padding) and a padded row
     nd = len(layout.decode_rows)
     wide = torch.zeros(nd + 1, 16, dtype=torch.int32)
@@ -59,6 +60,7 @@ def test_bfloat16_caches_take_the_gather_path():
     ref = NaivePagedAttention()(layout, kc.clone(), vc.clone(), q, k, v)
     out = CpuPagedAttention()(layout, kc, vc, q, k, v)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert "decode_context" in layout.__dict__  # made on demand, from the tables, for the gather
 
 
 def test_auto_selects_the_cpu_kernel_on_the_cpu_only():

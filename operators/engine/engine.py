@@ -190,7 +190,7 @@ class Engine:
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
             if any(s in text for s in sp.stop_strings):
                 return "stop"
-        if len(seq.output_ids) >= sp.max_new_tokens:
+        if len(seq.token_ids) - seq.prompt_len >= sp.max_new_tokens:  # (not len(output_ids): a copy per step)
             return "length"
         return None
 

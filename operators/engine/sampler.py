@@ -57,8 +57,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], histories: list[t
     histories[i]: prompt + generated ids of row i (needed only with a repetition penalty).
     """
     logits = logits.float()
-    out: list[int | None] = [None] * len(params)
     plain = [i for i, p in enumerate(params) if not p.do_sample and not p.repetition_penalty]
+    if len(plain) == len(params):  # every row greedy (a captioning job): one argmax, no row gather
+        return logits.argmax(-1).tolist()
+    out: list[int | None] = [None] * len(params)
     if plain:
         ids = logits[plain].argmax(-1).tolist()
         for i, t in zip(plain, ids, strict=False):

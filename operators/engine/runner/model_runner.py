@@ -87,6 +87,9 @@ class ModelRunner:
         logits = self.static.run(plan) if static else self._run_eager(plan.chunks)
         self.stats.steps += 1
         self.stats.static_decode_steps += int(static)
+        if static:  # every chunk one generated token
+            self.stats.decode_tokens += len(plan.chunks)
+            return logits
         for c in plan.chunks:
             self.stats.prefill_tokens += max(0, min(c.end, c.seq.prompt_len) - c.start)
             self.stats.decode_tokens += max(0, c.end - max(c.start, c.seq.prompt_len))

@@ -3,8 +3,9 @@
 A step in which every sequence decodes one generated token (no prompt rows, no media)
 runs on fixed buffers of a (batch bucket, context-width bucket) key instead of fresh
 tensors: batch B is padded to the smallest bucket `Bp >= B` of `buckets` (1, 2, 4, ...),
-the context to `W` blocks, W a power of two (the gather + SDPA path reads `W * bs`
-slots per row, masked; a paged kernel reads only each row's own length). Padded rows
+the context to `W` blocks, W a power of two (the buffers hold block tables [Bp, W] and
+lengths; the gather + SDPA path derives `W * bs` masked context slots per row from them on
+the device, inside the graph; a paged kernel reads only each row's own length). Padded rows
 decode token 0 at position 0 over one context slot of the KV tensor's scratch block (its
 last, never handed out by the `BlockManager`), and read and write the `StatePool`'s
 scratch slot, so they corrupt nothing and need no host decisions.
@@ -26,7 +27,7 @@ import torch
 
 from vlbatch.operators.engine.runner.step_cache import PagedStepCache
 from vlbatch.operators.engine.scheduling.scheduler import StepPlan
-from vlbatch.operators.kernels.attention.layout import PagedLayout, decode_slots, padded_tables
+from vlbatch.operators.kernels.attention.layout import PagedLayout, padded_tables
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +48,15 @@ class StaticBuffers:
     positions: torch.Tensor  # [3, Bp] long
     slot_mapping: torch.Tensor  # [Bp] long: where each row's new K/V goes
     rows: torch.Tensor  # [Bp] long: 0..Bp-1 (decode rows and logits rows)
-    ctx_slots: torch.Tensor  # [Bp, W * bs] long
-    ctx_mask: torch.Tensor  # [Bp, 1, 1, W * bs] bool
     tables: torch.Tensor  # [Bp, W] int32
     lens: torch.Tensor  # [Bp] int32
     state_slots: torch.Tensor  # [Bp] long: DeltaNet pool slot of each row
 
     @classmethod
-    def empty(cls, bp: int, width: int, bs: int, device) -> StaticBuffers:
+    def empty(cls, bp: int, width: int, device) -> StaticBuffers:
         long = dict(dtype=torch.long, device=device)
         return cls(torch.zeros(bp, **long), torch.zeros(3, bp, **long), torch.zeros(bp, **long),
-                   torch.arange(bp, **long), torch.zeros(bp, width * bs, **long),
-                   torch.zeros(bp, 1, 1, width * bs, dtype=torch.bool, device=device),
-                   torch.zeros(bp, width, dtype=torch.int32, device=device),
+                   torch.arange(bp, **long), torch.zeros(bp, width, dtype=torch.int32, device=device),
                    torch.ones(bp, dtype=torch.int32, device=device), torch.zeros(bp, **long))
 
     def fill(self, host: dict[str, torch.Tensor]) -> None:
@@ -117,12 +114,11 @@ class StaticDecode:
         tables = [c.seq.block_table[: -(-c.end // bs)] for c in chunks] + [[scratch]] * pad
         lens = [c.end for c in chunks] + [1] * pad
         pos = [c.start + c.seq.request.rope_delta for c in chunks] + [0] * pad
-        slots, mask = decode_slots(tables, lens, bs, lmax=width * bs)
         host = {"input_ids": torch.tensor([c.seq.token_ids[c.start] for c in chunks] + [0] * pad),
                 "positions": torch.tensor(pos)[None].expand(3, -1).contiguous(),
                 "slot_mapping": torch.tensor([t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens,
                                                                                                     strict=True)]),
-                "ctx_slots": slots, "ctx_mask": mask, "tables": padded_tables(tables, width),
+                "tables": padded_tables(tables, width),
                 "lens": torch.tensor(lens, dtype=torch.int32),
                 "state_slots": torch.tensor([c.seq.slot for c in chunks] + [self.runner.pool.scratch_slot] * pad)}
         return host, tuple((i, n - 1, t) for i, (t, n) in enumerate(zip(tables, lens, strict=True)))
@@ -135,13 +131,13 @@ class StaticDecode:
     def _forward(self, bufs: StaticBuffers, layout_chunks: tuple) -> torch.Tensor:
         """[Bp, V] logits of the buffers' rows (model dtype); only ops that never sync."""
         r = self.runner
-        layout = PagedLayout(bufs.slot_mapping, bufs.rows, bufs.ctx_slots, bufs.ctx_mask, (), layout_chunks,
-                             r.block_size, bufs.tables, bufs.lens)
+        layout = PagedLayout(bufs.slot_mapping, bufs.rows, (), layout_chunks, r.block_size, bufs.tables, bufs.lens,
+                             bufs.tables.shape[1] * r.block_size)
         cache = PagedStepCache(r.kv, r.pool, layout, (1,) * bufs.rows.numel(), bufs.state_slots, r.attention)
         return r.model.forward_packed(r.model.embed(bufs.input_ids), bufs.positions, cache, bufs.rows)
 
     def _make(self, bp: int, width: int) -> _Entry:
-        entry = _Entry(StaticBuffers.empty(bp, width, self.runner.block_size, self.runner.device))
+        entry = _Entry(StaticBuffers.empty(bp, width, self.runner.device))
         self._entries[(bp, width)] = entry
         if self.use_graphs:
             try:

@@ -47,7 +47,7 @@ class Chunk:
 
     @property
     def sample(self) -> bool:
-        return self.end == self.seq.num_tokens
+        return self.end == len(self.seq.token_ids)  # (asked per chunk and step: no property chain)
 
     @property
     def length(self) -> int:
@@ -96,9 +96,16 @@ class Scheduler:
     # -- planning a step -------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        budget = self.max_tokens
+        budget, bs = self.max_tokens, self.bm.block_size
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget <= 0:
+                continue
+            done = seq.num_computed
+            if done + 1 == len(seq.token_ids) and not seq.branches and done < len(seq.block_table) * bs:
+                # the common step: one token into a block the sequence holds (what `_chunk_len`
+                # and `_grow` below decide for it, without asking them)
+                plan.chunks.append(Chunk(seq, done, done + 1))
+                budget -= 1
                 continue
             n = self._chunk_len(seq, budget)
             while not self._grow(seq, seq.num_computed + n):

@@ -162,7 +162,7 @@ class CpuPagedAttention(SdpaPagedAttention):
         warm_up()
 
     def decode(self, layout: PagedLayout, kc: torch.Tensor, vc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        if not usable(kc) or layout.decode_tables is None:
+        if not usable(kc):
             return super().decode(layout, kc, vc, q)
         shape = (-1, layout.block_size, kc.shape[1], kc.shape[2])
         return paged_decode_cpu(q, kc.view(shape), vc.view(shape), layout.decode_tables, layout.decode_lens)

@@ -4,12 +4,15 @@ K/V of one full-attention layer live in `k_cache` / `v_cache` `[num_blocks, bs, 
 token position p of a sequence is at flat slot `table[p // bs] * bs + p % bs`.
 `PagedLayout.build` turns a step's (block table, start, end) per sequence into index
 tensors once per step (all layers share them), on the host, and copies them to the device
-without waiting on it (`to_device`). Decode rows come in two forms: flat context slots with
-a mask (the gather + SDPA path) and block tables with context lengths (a paged kernel).
+without waiting on it (`to_device`). Decode rows are block tables with context lengths (what
+a paged kernel reads); the flat context slots and mask of the gather + SDPA path are derived
+from them on the device the first time a backend asks (`decode_context`), so a step whose
+backend reads tables builds no `[B, L_max]` tensors on the host and copies none.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -29,14 +32,20 @@ class PagedLayout:
 
     slot_mapping: torch.Tensor  # [T] slot of each new token
     decode_rows: torch.Tensor  # [B_d] packed row of each one-token sequence
-    decode_slots: torch.Tensor  # [B_d, L_max] slots of its context (padded with 0)
-    decode_mask: torch.Tensor  # [B_d, 1, 1, L_max] True where a real context slot
     prefills: tuple[tuple[int, int, int, torch.Tensor], ...]  # (row0, n, start, ctx slots [start + n])
     chunks: tuple[tuple[int, int, list[int]], ...]  # (row0, start, block table) of every sequence
     block_size: int
-    decode_tables: torch.Tensor | None = None  # [B_d, W] int32 block tables (padded with 0)
-    decode_lens: torch.Tensor | None = None  # [B_d] int32 context length (new token included)
+    decode_tables: torch.Tensor  # [B_d, W] int32 block tables (padded with 0)
+    decode_lens: torch.Tensor  # [B_d] int32 context length (new token included)
+    decode_width: int  # L_max <= W * block_size: context columns of `decode_context` (>= every length)
     row_context: tuple[torch.Tensor, torch.Tensor] | None = None  # `rows_context(rows)` of the sampled rows
+
+    @cached_property
+    def decode_context(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context slots [B_d, L_max] (0 past each length) and mask [B_d, 1, 1, L_max] of the decode
+        rows, made on first use from `decode_tables` / `decode_lens` on their device (device ops
+        only: inside a captured graph too)."""
+        return context_slots(self.decode_tables, self.decode_lens, self.block_size, self.decode_width)
 
     @classmethod
     def build(cls, tables: list[list[int]], starts: list[int], ends: list[int], block_size: int,
@@ -67,11 +76,10 @@ class PagedLayout:
             row += e - s
         if pending:
             mapping.append(torch.tensor(pending, dtype=torch.long))
-        slots, mask = decode_slots(d_tables, d_lens, bs)
-        d_tab, d_len = padded_tables(d_tables, max((len(t) for t in d_tables), default=0)), torch.tensor(d_lens)
+        d_tab = padded_tables(d_tables, max((len(t) for t in d_tables), default=0))
         layout = cls(to_device(torch.cat(mapping), device), to_device(torch.tensor(d_rows, dtype=torch.long), device),
-                     to_device(slots, device), to_device(mask, device), tuple(prefills), tuple(chunks), bs,
-                     to_device(d_tab, device), to_device(d_len.to(torch.int32), device))
+                     tuple(prefills), tuple(chunks), bs, to_device(d_tab, device),
+                     to_device(torch.tensor(d_lens, dtype=torch.int32), device), max(d_lens, default=0))
         if rows is None:
             return layout
         return replace(layout, row_context=layout.rows_context(rows))
@@ -95,14 +103,18 @@ def padded_tables(tables: list[list[int]], width: int) -> torch.Tensor:
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32).view(len(tables), width)
 
 
-def decode_slots(tables: list[list[int]], lens: list[int], bs: int,
-                 lmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Context slots [B, L_max] (0 past each length) and mask [B, 1, 1, L_max] of decode rows;
-    `lmax` (>= every length, <= bs * table width) pads them to a fixed width."""
-    lmax = max(lens, default=0) if lmax is None else lmax
-    width = max(-(-lmax // bs), max((len(t) for t in tables), default=0))
-    padded = padded_tables(tables, width).long()
-    pos = torch.arange(lmax)
-    mask = pos[None] < torch.tensor(lens, dtype=torch.long)[:, None]  # [B, L_max]
-    slots = padded[:, pos // bs] * bs + pos % bs if len(tables) else torch.zeros(0, lmax, dtype=torch.long)
+def decode_slots(tables: list[list[int]], lens: list[int], bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host lists -> context slots [B, L_max] and mask [B, 1, 1, L_max] (`context_slots`, L_max the
+    longest length)."""
+    width = max((len(t) for t in tables), default=0)
+    return context_slots(padded_tables(tables, width), torch.tensor(lens, dtype=torch.int32), bs, max(lens, default=0))
+
+
+def context_slots(tables: torch.Tensor, lens: torch.Tensor, bs: int, lmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables [B, W] (int, W * bs >= lmax) and context lengths [B] (<= lmax) -> flat context
+    slots [B, lmax] long (`table[p // bs] * bs + p % bs`, 0 past each length) and mask
+    [B, 1, 1, lmax] (True where a real context slot), on the tables' device."""
+    pos = torch.arange(lmax, device=tables.device)
+    mask = pos[None] < lens[:, None].long()  # [B, lmax]
+    slots = tables.long()[:, pos // bs] * bs + pos % bs
     return slots.masked_fill(~mask, 0), mask[:, None, None, :]

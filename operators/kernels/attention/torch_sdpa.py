@@ -61,7 +61,7 @@ class SdpaPagedAttention(PagedAttention):
     def decode(self, layout: PagedLayout, kc: torch.Tensor, vc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """The one-token rows: q [B_d, H_q, D], flat caches [S, H_kv, D] -> [B_d, H_q, D] float32
         (a subclass may replace this with a paged kernel)."""
-        return attend_single(kc, vc, q, layout.decode_slots, layout.decode_mask, self.workspace)
+        return attend_single(kc, vc, q, *layout.decode_context, self.workspace)
 
 
 class Workspace:
