@@ -11,6 +11,17 @@ The swappable kernels (attention, the gated delta rule, MoE experts) are in
 """
 from __future__ import annotations
 
+import torch
+
+
+def cpu_float32(*tensors: torch.Tensor) -> bool:
+    """Every tensor on the CPU in float32 (any strides: the compiled ops read numpy views). Asked
+    per layer and step: a plain loop (`all` over a generator and `.device.type` cost ~4x more)."""
+    for t in tensors:
+        if t.dtype is not torch.float32 or not t.is_cpu:
+            return False
+    return True
+
 
 def warm_up_cpu() -> None:
     """Load (the first time on a machine: compile and cache, ~4 s) every compiled CPU op of the

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from vlbatch.operators.model.ops import cpu_float32
+
 
 def qk_heads_torch(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,
                    eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +35,7 @@ def qk_heads_torch(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,
 
 def usable(qk: torch.Tensor) -> bool:
     """CPU float32 (rows of any stride, unit stride inside a row: the kernel reads a numpy view)."""
-    return qk.device.type == "cpu" and qk.dtype == torch.float32 and qk.stride(-1) == 1
+    return cpu_float32(qk) and qk.stride(-1) == 1
 
 
 def warm_up() -> None:

@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 from numba import njit
 
+from vlbatch.operators.model.ops import cpu_float32
 
-def usable(*tensors: torch.Tensor) -> bool:
-    """CPU float32 tensors (any strides over the rows: the kernels read through numpy views)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+usable = cpu_float32  # CPU float32 tensors, any strides (the kernels read numpy views)
 
 
 def warm_up() -> None:

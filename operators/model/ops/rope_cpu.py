@@ -20,6 +20,7 @@ import torch
 from numba import njit
 
 from vlbatch.operators.model.layers import rms_norm_torch
+from vlbatch.operators.model.ops import cpu_float32
 from vlbatch.operators.model.rope import apply_partial_rope
 
 
@@ -31,8 +32,7 @@ def norm_rope_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torc
 
 def usable(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """CPU float32, unit stride over D (the kernel reads numpy views)."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (x, weight, cos, sin))
-            and x.stride(-1) == 1)
+    return cpu_float32(x, weight, cos, sin) and x.stride(-1) == 1
 
 
 def warm_up() -> None:
