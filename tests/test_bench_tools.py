@@ -18,6 +18,15 @@ def test_profile_decode_splits_a_decode_step(capsys):
     assert "decode step, 3 sequences (prompts 12 tokens)" in out
     assert "matmuls" in out and "compiled: delta_rule/cpu_scan.scan_kernel" in out
     assert "compiled: attention/cpu_decode._kernel" in out
+    assert "host outside the forward: " in out and " us per sequence" in out
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_profile_decode_static_times_the_host_around_the_forward(capsys):
+    profile_decode.main(["--seqs", "3", "--prompt", "12", "--steps", "2", "--top", "5", "--static"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "host outside the forward" in ln)
+    host_ms = float(line.split(": ")[1].split(" ms")[0])
+    assert "(static decode)" in line and host_ms > 0
 
 
 def test_startup_cpu_counts_this_process_from_its_start():
