@@ -23,7 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Token auth off explicitly: otherwise Ray turns it on whenever some earlier local
 # ray.init() on this machine left ~/.ray/auth_token behind, and the tests would depend on it.
-TEST_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+# PATH: a submitted job's entrypoint is `python -m vlbatch.jobs.cli ...`, resolved on the cluster's PATH;
+# the suite's clusters are this interpreter's, so its folder comes first (a virtualenv used without
+# being activated would otherwise run the machine's other `python` and its other vlbatch).
+TEST_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
 
 def free_ports(n: int) -> list[int]:
