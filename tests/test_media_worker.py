@@ -177,18 +177,15 @@ def test_a_child_sending_a_pickle_never_gets_it_executed(mode, tmp_path):
 
 @pytest.mark.parametrize("mode", ["huge-length", "huge-plan", "huge-frame"])
 def test_a_header_claiming_a_terabyte_is_refused_without_allocating(mode, tmp_path):
-    import time
     import tracemalloc
 
     with hostile(mode, tmp_path / "unused", timeout_s=30) as w:
         tracemalloc.start()
-        t0 = time.monotonic()
         with pytest.raises(MediaError, match="refused|expected uint8") as e:
             w.decode(b"video")
-        elapsed = time.monotonic() - t0
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    assert not isinstance(e.value, MediaTimeoutError) and elapsed < 10
+    assert not isinstance(e.value, MediaTimeoutError)  # refused on reading the header, not stopped by the timeout
     assert peak < 16 << 20  # numpy and bytearray buffers are traced: nothing near the claimed size was allocated
 
 

@@ -157,6 +157,9 @@ class _Server:
 
     def __init__(self):
         self.hits: dict[str, int] = {}
+        # /slow.png's body stalls until the test sets this (or 60 s pass: then `slow_gave_up` counts it)
+        self.release_slow = threading.Event()
+        self.slow_gave_up = 0
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
         self.png = _png(7)
@@ -208,7 +211,9 @@ class _Server:
             h.end_headers()
             h.wfile.write(b"x")
             h.wfile.flush()
-            time.sleep(1.5)
+            if not self.release_slow.wait(60):
+                with self.lock:
+                    self.slow_gave_up += 1
         elif path == "/big.png":
             send(200, b"\0" * 5000)
         elif path == "/big-unsized.png":
@@ -247,10 +252,12 @@ def test_http_good_permanent_and_transient(http_server):
     assert read_bytes(f"{u}/throttled.png", FAST) == http_server.png
     assert time.monotonic() - t0 >= 0.95  # Retry-After: 1 honoured (our backoff would be 0.05 s)
     assert read_bytes(f"{u}/flaky.png", FAST) == http_server.png and http_server.hits["/flaky.png"] == 2
-    t0 = time.monotonic()
-    with pytest.raises(StorageError, match="after 3 attempts"):
-        read_bytes(f"{u}/slow.png", FAST)  # the body stalls past read_timeout_s
-    assert http_server.hits["/slow.png"] == 3 and time.monotonic() - t0 < 10
+    try:  # the body stalls until released, so only the client's read timeout can end an attempt
+        with pytest.raises(StorageError, match="after 3 attempts"):
+            read_bytes(f"{u}/slow.png", FAST)
+        assert http_server.hits["/slow.png"] == 3 and http_server.slow_gave_up == 0
+    finally:
+        http_server.release_slow.set()
     with pytest.raises(InputError, match="5000 bytes is over the image.max_bytes limit of 100"):
         read_bytes(f"{u}/big.png", FAST, max_bytes=100, limit_name="image.max_bytes")
     with pytest.raises(InputError, match="more than 100 bytes"):
