@@ -276,6 +276,13 @@ def _slot_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_job_commands(sub: argparse._SubParsersAction) -> None:
+    """The job commands: run and validate here, submit and the submission commands on a cluster."""
+    _add_run_and_validate(sub)
+    _add_submit(sub)
+    _add_submission_commands(sub)
+
+
+def _add_run_and_validate(sub: argparse._SubParsersAction) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("run", help="run a job here (on a new local Ray unless an address is given)", formatter_class=fmt,
                        description="Run a job in this process. Rerunning the same config resumes it.\n"
@@ -303,6 +310,9 @@ def add_job_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
     p.set_defaults(func=cmd_validate)
 
+
+def _add_submit(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "submit", help="submit a job to a Ray cluster (Ray Jobs API)", formatter_class=fmt,
         description="Package the working directory and submit the job. The submission id is\n"
@@ -323,6 +333,9 @@ def add_job_commands(sub: argparse._SubParsersAction) -> None:
     _wait_args(p)
     p.set_defaults(func=cmd_submit)
 
+
+def _add_submission_commands(sub: argparse._SubParsersAction) -> None:
+    """status, logs, stop, list, resume: each names a submission (or lists them) on a cluster."""
     p = sub.add_parser("status", help="state of a submission (its latest attempt)")
     p.add_argument("submission_id")
     _address_arg(p)
