@@ -63,19 +63,25 @@ def qk_heads_cpu(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,
 @njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
 def _heads_kernel(flat, rs, n_k, r, d, scale, eps, q, k):  # pragma: no cover - compiled
     """flat: row i of qk [T, 2 * n_k * d] at i * rs; q, k [T, n_k * r, d] (C-contiguous)."""
-    t = q.shape[0]
-    for i in range(t):
-        for part in range(2):
-            out = q if part == 0 else k
-            mult = scale if part == 0 else np.float32(1.0)
-            for h in range(n_k):
-                base = i * rs + (part * n_k + h) * d
-                ss = np.float32(0.0)
-                for j in range(d):
-                    v = flat[base + j]
-                    ss += v * v
-                f = np.float32(1.0) / np.sqrt(ss + eps)
-                for c in range(r):
-                    hh = h * r + c
-                    for j in range(d):
-                        out[i, hh, j] = (flat[base + j] * f) * mult  # the twin's rounding: normalise, then scale
+    for i in range(q.shape[0]):
+        for h in range(n_k):
+            base = i * rs + h * d
+            _head(flat[base: base + d], scale, eps, q[i], h * r, r)
+            base = i * rs + (n_k + h) * d
+            _head(flat[base: base + d], np.float32(1.0), eps, k[i], h * r, r)
+
+
+@njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"}, inline="always")
+def _head(src, mult, eps, out, h0, r):  # pragma: no cover - compiled
+    """src [d] one head row -> out[h0 .. h0 + r - 1] [r, d] = src / |src| * mult. Through 1-D
+    slices, so both loops run at unit stride in vector registers: written with 3-D indices into
+    q or k (chosen per part) the same loops ran ~4x slower than this."""
+    d = src.shape[0]
+    ss = np.float32(0.0)
+    for j in range(d):
+        ss += src[j] * src[j]
+    f = np.float32(1.0) / np.sqrt(ss + eps)
+    for c in range(r):
+        dst = out[h0 + c]
+        for j in range(d):
+            dst[j] = (src[j] * f) * mult  # the twin's rounding: normalise, then scale
