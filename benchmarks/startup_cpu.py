@@ -32,7 +32,7 @@ class StartupCpu:
         import ray  # noqa: F401 - puts Ray's bundled psutil on the path
 
         self.start = time.time()
-        self._sample()
+        self.sample()
         self._thread.start()
         return self
 
@@ -42,9 +42,10 @@ class StartupCpu:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self._sample()
+            self.sample()
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        """Take one sample of every process now (the thread calls it every `every_s`)."""
         import psutil
 
         now = time.time()
