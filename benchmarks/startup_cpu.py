@@ -50,13 +50,14 @@ class StartupCpu:
 
         now = time.time()
         for p in psutil.process_iter(["pid", "create_time"]):
-            try:
+            try:  # everything read before anything is kept: a process gone half-way leaves no empty entry
                 cpu = p.cpu_times()
-                entry = self.samples.setdefault(p.pid, {"created": p.info["create_time"], "cpu": []})
-                entry["title"] = " ".join(p.cmdline())[:60] or p.name()
-                entry["cpu"].append((now, cpu.user + cpu.system))
+                title = " ".join(p.cmdline())[:60] or p.name()
             except (psutil.Error, OSError):  # gone, or not ours to read
                 continue
+            entry = self.samples.setdefault(p.pid, {"created": p.info["create_time"], "cpu": []})
+            entry["title"] = title
+            entry["cpu"].append((now, cpu.user + cpu.system))
 
     def cpu_between(self, pid: int, t0: float, t1: float) -> float:
         """CPU seconds process `pid` used between t0 and t1 (the samples bracketing them)."""

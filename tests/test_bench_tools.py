@@ -55,3 +55,27 @@ def test_startup_cpu_samples_on_its_own_until_it_exits():
     after = len(mine)
     time.sleep(0.05)
     assert len(mine) == after  # the thread stopped with the block
+
+
+def test_startup_cpu_keeps_no_entry_for_a_process_gone_while_sampled(monkeypatch):
+    """A process that exits between its CPU times and its command line (seen in a run beside a busy suite:
+    the report then failed on an entry without samples). Staged with a stand-in process object, since a
+    real one cannot be made to exit at that instant."""
+    import psutil
+
+    class Vanishing:
+        pid, info = 999_999_999, {"pid": 999_999_999, "create_time": 0.0}
+
+        def cpu_times(self):
+            return psutil.Process().cpu_times()
+
+        def cmdline(self):
+            raise psutil.NoSuchProcess(self.pid)
+
+    real = psutil.process_iter
+    monkeypatch.setattr(psutil, "process_iter", lambda *a, **k: [*real(*a, **k), Vanishing()])
+    with StartupCpu(every_s=3600) as probe:
+        probe.sample()
+    assert Vanishing.pid not in probe.samples
+    assert all(e["cpu"] for e in probe.samples.values())
+    assert "CPU s used of" in probe.report(time.time() - probe.start)
