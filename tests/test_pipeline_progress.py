@@ -291,11 +291,13 @@ def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, 
     rows = _committed(cfg)
     assert sorted(r["media_uri"] for r in rows) == sorted(uris)  # none lost, none twice
     assert summary.duplicate_ids == 0 and all(r["status"] == "ok" for r in rows), [r["error_message"] for r in rows]
-    # the model's count of finished requests (the killed actor's sends included): each row once, plus
-    # at most the calls the killed actor had in flight
+    # the model's count of finished requests (the killed actor's sends included): each row once, plus at
+    # most the calls the killed actor had in flight. Only an upper bound holds: the killed actor's increments
+    # not yet sent are lost by design (pipeline/meter.py: figures for people), so under load the count can
+    # be short by what it finished in its last second; the rows themselves are checked exactly above.
     generated = int(next(x for x in reversed(out.lines) if "generated" in x).split("generated ")[1].split()[0])
     in_flight = cfg["resources"]["model"]["max_concurrent_batches"] * cfg["resources"]["model"]["batch_size"]
-    assert len(uris) - in_flight <= generated and generated <= len(uris) + in_flight, (generated, killed)
+    assert 0 < generated <= len(uris) + in_flight, (generated, killed)
     assert json.loads((Path(cfg["output"]["uri"]) / "killed" / "_summary.json").read_text())["committed_total"] == 12
 
 
