@@ -241,7 +241,7 @@ def report(args, model: str, n_req: int, eng: list[dict], pipe, pipe_wall: float
           f"vision-cache hit rate {pipe.vision_cache_hit_rate:.2f}")
 
 
-def main(argv=None) -> None:
+def _args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="bench", help="bench (25M, default), tiny, shapes-tiny, or a checkpoint folder")
     ap.add_argument("--media", type=int, default=480)
@@ -262,6 +262,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.quick:
         args.media, args.baseline_media = 64, 16
+    return args
+
+
+def main(argv=None) -> None:
+    args = _args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # Ray workers

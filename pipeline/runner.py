@@ -309,18 +309,8 @@ def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
         _say(stream, "[vlbatch] starting Ray")
     _init_ray(cfg)
     t_expand = time.monotonic()
-    tally = known = None
     source = plan.source  # one per run: its listing and first schema are read once
-    if len(done):  # resuming: count what is left first, and start nothing when that is nothing
-        _say(stream, f"[vlbatch] resuming: {len(done)} rows already committed; counting what is left")
-        # one object-store copy of the committed ids, mapped zero-copy by every expansion task
-        tasks_ds = expanded(source, ray.put(done)).materialize()
-        pending_n, dropped = count_pending(tasks_ds)
-    else:  # a fresh run: the expansion streams into the graph (its start-up overlaps the actors')
-        known = plan.media
-        tally = ray.remote(num_cpus=0)(Tally).remote()
-        tasks_ds = expanded(source, done, **STREAMED_EXPAND, tally=tally)
-        pending_n = dropped = None
+    tasks_ds, pending_n, dropped, tally, known = _expansion(source, done, plan, stream)
     del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
     progress = Progress(total=pending_n if pending_n is not None else plan.requests, stream=stream,
@@ -349,6 +339,23 @@ def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
     if cfg.task.mode == "scan":
         stream.write(scan_line(summary) + "\n")
     return summary
+
+
+def _expansion(source, done, plan, stream):
+    """The run's tasks dataset -> (tasks_ds, pending count, duplicates dropped, tally, known media).
+    Resuming: what is left is counted first (materialised; the counts are known, tally and known
+    are None). A fresh run: the expansion streams into the graph (its start-up overlaps the
+    actors'), counted by a `Tally` actor as it goes (the counts are None)."""
+    import ray
+
+    if len(done):  # resuming: count what is left first, and start nothing when that is nothing
+        _say(stream, f"[vlbatch] resuming: {len(done)} rows already committed; counting what is left")
+        # one object-store copy of the committed ids, mapped zero-copy by every expansion task
+        tasks_ds = expanded(source, ray.put(done)).materialize()
+        pending_n, dropped = count_pending(tasks_ds)
+        return tasks_ds, pending_n, dropped, None, None
+    tally = ray.remote(num_cpus=0)(Tally).remote()
+    return expanded(source, done, **STREAMED_EXPAND, tally=tally), None, None, tally, plan.media
 
 
 def _say(stream, line: str) -> None:

@@ -39,6 +39,19 @@ def test_gated_rms_norm_matches_torch(shape):
     torch.testing.assert_close(norm(x, z), gated_rms_norm_torch(x, z, w, 1e-6), atol=1e-6, rtol=1e-5)
 
 
+def test_gated_rms_norm_reads_the_gate_as_a_view():
+    """DeltaNet's gate z is a column slice of the fused projection's output (rows with a stride
+    > D), and x the rule's contiguous output; the gate's SiLU is what the kernel overwrites."""
+    torch.manual_seed(2)
+    x, wide, w = torch.randn(5, 4, 16), torch.randn(5, 96) * 3, torch.rand(16) + 0.5
+    z = wide[:, 32:].view(5, 4, 16)
+    assert not z.is_contiguous()
+    before = wide.clone()
+    out = norm_cpu.gated_rms_norm_cpu(x, z, w, 1e-6)
+    torch.testing.assert_close(out, gated_rms_norm_torch(x, z, w, 1e-6), atol=1e-6, rtol=1e-5)
+    assert torch.equal(wide, before)  # the inputs are left as they were
+
+
 def test_other_dtypes_take_the_torch_form():
     x = torch.randn(4, 16).bfloat16()
     norm = RMSNorm(16, 1e-6).bfloat16()

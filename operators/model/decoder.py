@@ -47,9 +47,11 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, cache, mixer_idx, keep)
         else:
             h = self.self_attn(h, cos, sin, cache, mixer_idx, keep)
-        x = (x if keep is None else x[keep]) + h  # a new tensor: the FFN below adds into it
+        # the mixer's and the FFN's outputs are fresh tensors (their output projections'):
+        # the residual adds go into them (x + h == h + x bit for bit) and allocate nothing
+        x = h.add_(x if keep is None else x[keep])
         if x.shape[0] <= FFN_ROWS:
-            return x + self.mlp(self.post_attention_layernorm(x))
+            return self.mlp(self.post_attention_layernorm(x)).add_(x)
         for start in range(0, x.shape[0], FFN_ROWS):
             rows = x[start: start + FFN_ROWS]
             rows += self.mlp(self.post_attention_layernorm(rows))

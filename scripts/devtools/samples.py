@@ -107,18 +107,7 @@ def encode_video(
     # bitexact: no random Matroska segment UID / encoder strings, so the bytes are reproducible
     out = av.open(str(path), "w", options={"fflags": "+bitexact", **(container_options or {})})
     try:
-        stream = out.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
-        stream.width, stream.height = coded_w, coded_h
-        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
-        opts = dict(options or {})
-        if codec == "libx264":  # x264's assembly gave different bytes from one process to the next
-            # on an AVX-512 EPYC (2026-11-30: PyAV 18.1 / FFmpeg 8; the lookahead reads memory
-            # it did not write, so the output followed the heap's garbage); its C code does not
-            opts["x264-params"] = ":".join(filter(None, [opts.get("x264-params"), "asm=0"]))
-        stream.options = opts
-        # one encoder thread: x264, libvpx and mpeg4 size their threads by the CPUs the process
-        # may use (its affinity), and the bytes depend on the thread count
-        stream.codec_context.thread_count = 1
+        stream = _video_stream(out, codec, fps, coded_w, coded_h, options)
         if rotation:
             stream.set_display_rotation(rotation)
         if durations_ms is not None:
@@ -140,6 +129,23 @@ def encode_video(
             _write_tone(out, tone, done, int(n / fps * tone.rate), flush=True)
     finally:
         out.close()
+
+
+def _video_stream(out, codec: str, fps: float, width: int, height: int, options: dict | None):
+    """A video stream of `out` whose bytes are reproducible (one encoder thread, x264 without asm)."""
+    stream = out.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+    stream.width, stream.height = width, height
+    stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
+    opts = dict(options or {})
+    if codec == "libx264":  # x264's assembly gave different bytes from one process to the next
+        # on an AVX-512 EPYC (2026-11-30: PyAV 18.1 / FFmpeg 8; the lookahead reads memory
+        # it did not write, so the output followed the heap's garbage); its C code does not
+        opts["x264-params"] = ":".join(filter(None, [opts.get("x264-params"), "asm=0"]))
+    stream.options = opts
+    # one encoder thread: x264, libvpx and mpeg4 size their threads by the CPUs the process
+    # may use (its affinity), and the bytes depend on the thread count
+    stream.codec_context.thread_count = 1
+    return stream
 
 
 def _tone_stream(out, rate: int = 16000):

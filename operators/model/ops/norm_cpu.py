@@ -6,7 +6,8 @@ beside them (the twins; every other device and dtype takes them). The torch form
 row (2 KiB at D = 512: L1) is read twice and written once:
 
     r = 1 / sqrt(sum_j x[j]^2 / D + eps);   out[j] = x[j] * r * (1 + w[j])   (zero-centred)
-    gated: out[j] = w[j] * (x[j] * r) * silu(z[j])   (the SiLU by torch, in place: vectorised)
+    gated: out[j] = ((x[j] * r) * w[j]) * silu(z[j])   (the SiLU by torch: vectorised; the kernel
+           multiplies it in and writes over it, so the gated form allocates one tensor, not two)
 
 The sum of squares is vectorised (reassociated), so results differ from torch's in the
 last bits (tested within 1e-6, tests/test_model_norm_cpu.py). `usable(...)` says when
@@ -31,20 +32,29 @@ def warm_up() -> None:
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool = True) -> torch.Tensor:
     """x [..., D], weight [D] -> [..., D] float32: x / rms(x) * (1 + w) (`zero_centred`) or * w."""
-    d = x.shape[-1]
-    rows = x.detach().reshape(-1, d)
-    out = torch.empty(rows.shape, dtype=torch.float32)
-    _rms_kernel(rows.numpy(), weight.detach().numpy(), np.float32(eps), zero_centred, out.numpy())
-    return out.view(x.shape)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    return _run(x, weight, eps, zero_centred, out, gated=False)
 
 
 def gated_rms_norm_cpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x, z [..., D], weight [D] -> [..., D] float32: (x / rms(x)) * w * silu(z)."""
-    return rms_norm_cpu(x, weight, eps, zero_centred=False).mul_(F.silu(z))
+    return _run(x, weight, eps, False, F.silu(z.float()).contiguous(), gated=True)  # a fresh tensor: overwritten
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool, out: torch.Tensor,
+         gated: bool) -> torch.Tensor:
+    """The kernel over x's rows into `out` (contiguous float32, x's shape; read first as the gate
+    when `gated`) -> out."""
+    d = x.shape[-1]
+    rows = out.view(-1, d).numpy()
+    _rms_kernel(x.detach().reshape(-1, d).numpy(), weight.detach().numpy(), np.float32(eps), zero_centred,
+                gated, rows)
+    return out
 
 
 @njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
-def _rms_kernel(x, w, eps, zero_centred, out):  # x [N, D] (row stride free), w [D], out [N, D]
+def _rms_kernel(x, w, eps, zero_centred, gated, out):  # x [N, D] (row stride free), w [D], out [N, D]
+    """out = x / rms(x) * scale, times out's own values first when `gated` (out holds the gate)."""
     n, d = x.shape
     scale = np.empty(d, dtype=np.float32)
     for j in range(d):
@@ -55,5 +65,10 @@ def _rms_kernel(x, w, eps, zero_centred, out):  # x [N, D] (row stride free), w 
         for j in range(d):
             ss += row[j] * row[j]
         r = np.float32(1.0) / np.sqrt(ss / np.float32(d) + eps)
-        for j in range(d):
-            out[i, j] = (row[j] * r) * scale[j]
+        dst = out[i]
+        if gated:
+            for j in range(d):
+                dst[j] = ((row[j] * r) * scale[j]) * dst[j]
+        else:
+            for j in range(d):
+                dst[j] = (row[j] * r) * scale[j]

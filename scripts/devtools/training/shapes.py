@@ -116,18 +116,7 @@ def train(args) -> Path:
     torch.manual_seed(args.seed)
     out = Path(args.out)
     write_processor_files(out)
-    vision = dict(VISION, hidden_size=args.vision_width, intermediate_size=2 * args.vision_width, depth=args.vision_depth)
-    model = tiny.build_reference_model("dense", seed=args.seed, init_std=args.init_std, vision_overrides=vision, **TEXT)
-    _reset_norms(model)
-    if args.init:  # continue from a saved checkpoint of exactly these sizes
-        from transformers import AutoModelForImageTextToText
-
-        model.load_state_dict(AutoModelForImageTextToText.from_pretrained(args.init, dtype=torch.float32).state_dict())
-    elif args.init_vision:  # the vision tower of an earlier run (e.g. one with --steps 0), same vision sizes
-        from transformers import AutoModelForImageTextToText
-
-        saved = AutoModelForImageTextToText.from_pretrained(args.init_vision, dtype=torch.float32)
-        model.model.visual.load_state_dict(saved.model.visual.state_dict())
+    model = _initial_model(args)
     use_linear_patch_embed(model)  # same weights, faster backward (see fast_patch.py)
     model.train()
     aux = VisionAux(model)
@@ -148,7 +137,32 @@ def train(args) -> Path:
             print(f"vision step {step} aux {loss.item():.4f} acc {_fmt(aux.accuracy(batch['vision_targets']))}"
                   f" elapsed {time.time() - start:.0f}s", flush=True)
     del batches
-    # stage 2: everything, on answer tokens plus the auxiliary loss (keeps the tower from collapsing)
+    _train_all(args, model, aux, out, start)
+    aux.remove()
+    model.eval()
+    save_checkpoint(model, out, args.dtype)
+    print(f"saved {out} after {time.time() - start:.0f}s", flush=True)
+    return out
+
+
+def _initial_model(args):
+    """The reference model at the run's sizes: fresh (seeded), or continued from `--init` (a saved
+    checkpoint of exactly these sizes), or with `--init-vision`'s vision tower (same vision sizes)."""
+    from transformers import AutoModelForImageTextToText
+
+    vision = dict(VISION, hidden_size=args.vision_width, intermediate_size=2 * args.vision_width, depth=args.vision_depth)
+    model = tiny.build_reference_model("dense", seed=args.seed, init_std=args.init_std, vision_overrides=vision, **TEXT)
+    _reset_norms(model)
+    if args.init:
+        model.load_state_dict(AutoModelForImageTextToText.from_pretrained(args.init, dtype=torch.float32).state_dict())
+    elif args.init_vision:  # the vision tower of an earlier run (e.g. one with --steps 0)
+        saved = AutoModelForImageTextToText.from_pretrained(args.init_vision, dtype=torch.float32)
+        model.model.visual.load_state_dict(saved.model.visual.state_dict())
+    return model
+
+
+def _train_all(args, model, aux, out: Path, start: float) -> None:
+    """Stage 2: everything, on answer tokens plus the auxiliary loss (keeps the tower from collapsing)."""
     params = list(model.parameters()) + list(aux.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     batches = _batches(out, args.seed, args.batch, args.video_share, _weights(args.image_weights))
@@ -168,11 +182,6 @@ def train(args) -> Path:
                   flush=True)
         if args.save_every and step and step % args.save_every == 0:
             save_checkpoint(model, out, args.dtype)
-    aux.remove()
-    model.eval()
-    save_checkpoint(model, out, args.dtype)
-    print(f"saved {out} after {time.time() - start:.0f}s", flush=True)
-    return out
 
 
 def _reset_norms(model) -> None:
