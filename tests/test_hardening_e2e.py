@@ -147,6 +147,19 @@ class PeakRss:
                 self.peaks[pid] = (hwm, name)
 
 
+def _expected_rows(kinds, request_id) -> dict:
+    """request id -> (media_uri, status, error type) for every request the manifest's kept rows ask."""
+    expected = {}
+    for row, status, etype in kinds:
+        if status == "dropped":
+            continue
+        for k, q in enumerate(row.get("qs") or ["Describe."]):
+            rid = request_id(row["media_uri"], k, q)
+            assert rid not in expected
+            expected[rid] = (row["media_uri"], status, etype)
+    return expected
+
+
 def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
     import ray
 
@@ -185,14 +198,7 @@ def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
     rows = ParquetSink(str(tmp_path / "out" / "bad")).read().to_pylist()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "a request was written twice"
-    expected = {}
-    for row, status, etype in kinds:
-        if status == "dropped":
-            continue
-        for k, q in enumerate(row.get("qs") or ["Describe."]):
-            rid = request_id(row["media_uri"], k, q)
-            assert rid not in expected
-            expected[rid] = (row["media_uri"], status, etype)
+    expected = _expected_rows(kinds, request_id)
     assert sorted(ids) == sorted(expected)  # exactly one row per distinct request
     for r in rows:
         uri, status, etype = expected[r["id"]]

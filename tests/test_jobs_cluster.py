@@ -47,6 +47,19 @@ def _wait_for(pred, what: str, timeout_s: float = 240.0, poll_s: float = 0.5):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _check_guards_while_running(submit: list[str], sid: str, cfg, wd, addr: list[str]) -> None:
+    """What a scheduler's retries meet while `sid` runs: the same slot refused (its own exit code,
+    nothing new starts) or attached to, another slot of the job refused by the overlap guard."""
+    dup = vlbatch(*submit)
+    assert dup.returncode == EXIT_DUPLICATE, dup.stderr
+    assert "already exists" in dup.stderr and "not started" in dup.stderr
+    att = vlbatch(*submit, "--attach", "--json")
+    assert att.returncode == 0 and json.loads(att.stdout) | {"run_id": sid} == {
+        "submission_id": sid, "action": "attached", "run_id": sid, "slot": "20261129T0200"}
+    other = vlbatch("submit", str(cfg), "--workdir", str(wd), "--name", "clitest", "--slot", "20261130T0200", *addr)
+    assert other.returncode == EXIT_OVERLAP, other.stderr
+
+
 def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_path):
     wd = tmp_path / "wd"
     cfg = write_job(wd, tiny_ckpt("dense"), n_images=N_IMAGES, max_tokens=16, write_batch=2)
@@ -63,17 +76,7 @@ def test_submit_duplicate_stop_resume_completes(ray_jobs_head, tiny_ckpt, tmp_pa
     sid = sub["submission_id"]
     assert sid == "vlb-clitest-20261129T0200" and sub["run_id"] == sid and sub["action"] == "submitted"
 
-    # A retried tick of the same slot is refused, with its own exit code; nothing new starts.
-    dup = vlbatch(*submit)
-    assert dup.returncode == EXIT_DUPLICATE, dup.stderr
-    assert "already exists" in dup.stderr and "not started" in dup.stderr
-    # The scheduler form attaches to the running attempt instead of starting a copy.
-    att = vlbatch(*submit, "--attach", "--json")
-    assert att.returncode == 0 and json.loads(att.stdout) | {"run_id": sid} == {
-        "submission_id": sid, "action": "attached", "run_id": sid, "slot": "20261129T0200"}
-    # Another slot of the same job while this one runs: refused by the overlap guard.
-    other = vlbatch("submit", str(cfg), "--workdir", str(wd), "--name", "clitest", "--slot", "20261130T0200", *addr)
-    assert other.returncode == EXIT_OVERLAP, other.stderr
+    _check_guards_while_running(submit, sid, cfg, wd, addr)
 
     run_dir = tmp_path / "output" / sid
     # Stop once the driver is running the pipeline (its first log line is out); the gate holds every

@@ -205,6 +205,24 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
     assert 0 < cpu <= busy + 0.05 and abs(cpu - stage.backend.loop.busy_cpu_s) < 1e-9
 
 
+def _decoded_row(kind: str, prompts: tuple[str, ...]):
+    """A decoded image (1 frame, 50 x 70) or video (5 frames, 48 x 64) asked `prompts` -> (the
+    `Decoded` row, the processor's media keyword arguments for the same frames)."""
+    from vlbatch.operators.types import VideoClip
+    from vlbatch.pipeline.rows import Decoded
+
+    rng = np.random.default_rng(4)
+    ids = ("a", "b", "c")[: len(prompts)]
+    if kind == "image":
+        row = Decoded("u", "image", ids, tuple(range(len(ids))), prompts,
+                      frames=rng.integers(0, 256, (1, 50, 70, 3), dtype=np.uint8))
+        return row, {"images": [row.frames[0]]}
+    row = Decoded("u", "video", ids, tuple(range(len(ids))), prompts,
+                  frames=rng.integers(0, 256, (5, 48, 64, 3), dtype=np.uint8),
+                  source_fps=2.0, total_frames=10, frame_indices=(0, 2, 4, 6, 8))
+    return row, {"videos": [VideoClip(row.frames, 2.0, 10, row.frame_indices)]}
+
+
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt, kind):
     """The CPU stage's uint8 row, read back from Arrow, builds requests equal to the processor's
@@ -218,22 +236,11 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     from vlbatch.operators.factory import load_engine
     from vlbatch.operators.model.pixels import normalize_frames
     from vlbatch.operators.preprocess import Processor
-    from vlbatch.operators.types import VideoClip
     from vlbatch.pipeline.backends import media_requests, pixel_specs
-    from vlbatch.pipeline.rows import Decoded
     from vlbatch.pipeline.stages import PreprocessStage
 
-    rng = np.random.default_rng(4)
     prompts = ("Describe.", "What colour is it?", "Count things.")
-    if kind == "image":
-        row = Decoded("u", "image", ("a", "b", "c"), (0, 1, 2), prompts, frames=rng.integers(0, 256, (1, 50, 70, 3),
-                                                                                             dtype=np.uint8))
-        media = {"images": [row.frames[0]]}
-    else:
-        row = Decoded("u", "video", ("a", "b", "c"), (0, 1, 2), prompts, frames=rng.integers(0, 256, (5, 48, 64, 3),
-                                                                                             dtype=np.uint8),
-                      source_fps=2.0, total_frames=10, frame_indices=(0, 2, 4, 6, 8))
-        media = {"videos": [VideoClip(row.frames, 2.0, 10, row.frame_indices)]}
+    row, media = _decoded_row(kind, prompts)
     ckpt = tiny_ckpt("dense")
     cfg = validate_config(_job(tmp_path, ckpt))
     prep = from_table(to_table([PreprocessStage(cfg).prepare_one(row)], Prepared), Prepared)[0]
