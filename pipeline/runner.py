@@ -342,10 +342,8 @@ def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
 
 
 def _expansion(source, done, plan, stream):
-    """The run's tasks dataset -> (tasks_ds, pending count, duplicates dropped, tally, known media).
-    Resuming: what is left is counted first (materialised; the counts are known, tally and known
-    are None). A fresh run: the expansion streams into the graph (its start-up overlaps the
-    actors'), counted by a `Tally` actor as it goes (the counts are None)."""
+    """-> (tasks_ds, pending count, duplicates dropped, tally, known media). Resuming: what is left,
+    counted first (tally and known None). Fresh: streamed into the graph, a `Tally` counting (counts None)."""
     import ray
 
     if len(done):  # resuming: count what is left first, and start nothing when that is nothing
