@@ -206,18 +206,17 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
 
 
 def _decoded_row(kind: str, prompts: tuple[str, ...]):
-    """A decoded image (1 frame, 50 x 70) or video (5 frames, 48 x 64) asked `prompts` -> (the
+    """A decoded image (1 frame, 50 x 70) or video (5 frames, 48 x 64) asked three `prompts` -> (the
     `Decoded` row, the processor's media keyword arguments for the same frames)."""
     from vlbatch.operators.types import VideoClip
     from vlbatch.pipeline.rows import Decoded
 
     rng = np.random.default_rng(4)
-    ids = ("a", "b", "c")[: len(prompts)]
     if kind == "image":
-        row = Decoded("u", "image", ids, tuple(range(len(ids))), prompts,
+        row = Decoded("u", "image", ("a", "b", "c"), (0, 1, 2), prompts,
                       frames=rng.integers(0, 256, (1, 50, 70, 3), dtype=np.uint8))
         return row, {"images": [row.frames[0]]}
-    row = Decoded("u", "video", ids, tuple(range(len(ids))), prompts,
+    row = Decoded("u", "video", ("a", "b", "c"), (0, 1, 2), prompts,
                   frames=rng.integers(0, 256, (5, 48, 64, 3), dtype=np.uint8),
                   source_fps=2.0, total_frames=10, frame_indices=(0, 2, 4, 6, 8))
     return row, {"videos": [VideoClip(row.frames, 2.0, 10, row.frame_indices)]}

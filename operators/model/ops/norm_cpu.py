@@ -38,7 +38,7 @@ def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred
 
 def gated_rms_norm_cpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x, z [..., D], weight [D] -> [..., D] float32: (x / rms(x)) * w * silu(z)."""
-    return _run(x, weight, eps, False, F.silu(z.float()).contiguous(), gated=True)  # a fresh tensor: overwritten
+    return _run(x, weight, eps, False, F.silu(z).contiguous(), gated=True)  # a fresh tensor: overwritten
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool, out: torch.Tensor,
