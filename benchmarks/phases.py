@@ -5,9 +5,10 @@ times itself).
 every DeltaNet layer (`Qwen35Model.use_delta_kernels`) and the runner's paged attention,
 in timing twins that add `time.process_time()` deltas around each call; within `with`,
 `torch.nn.functional.linear` (every projection, the vision tower's and the LM head's too)
-is timed the same way, and so are the decoder's compiled CPU ops (`operators/model/ops`: RMSNorm
+is timed the same way, and so are the model's compiled CPU ops (`operators/model/ops`: RMSNorm
 and the gated norm, the causal conv's step and packed forms, the DeltaNet q / k heads, the
-attention q / k norm + MRoPE; on a GPU each is a device kernel, so it is not host time).
+attention q / k norm + MRoPE, the vision input's frames -> patches pass; on a GPU each is a
+device kernel, so it is not host time).
 `split(total)` is the per-phase table; "python / host" is the rest of `total`: Python, torch's
 per-op dispatch, and the unfused elementwise ops (activations, residual adds, casts, copies),
 embeddings, sampling and scheduling. The phases are disjoint: none of the timed calls calls
@@ -27,7 +28,8 @@ from vlbatch.operators.kernels.delta_rule.base import DeltaRuleKernels
 PHASES = ("prefill delta rule", "decode state", "attention", "matmuls", "compiled CPU ops")
 # (module, function) of the decoder's compiled CPU ops, looked up by the model through their modules
 CPU_OPS = (("conv_cpu", "conv1d_step_cpu"), ("conv_cpu", "conv1d_packed_cpu"), ("heads_cpu", "qk_heads_cpu"),
-           ("norm_cpu", "rms_norm_cpu"), ("norm_cpu", "gated_rms_norm_cpu"), ("rope_cpu", "norm_rope_cpu"))
+           ("norm_cpu", "rms_norm_cpu"), ("norm_cpu", "gated_rms_norm_cpu"), ("rope_cpu", "norm_rope_cpu"),
+           ("pixels_cpu", "normalize_frames_cpu"))
 
 
 class PhaseTimer:
@@ -121,9 +123,10 @@ class PhaseTimer:
 
 
 def _cpu_op_functions():
-    from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, rope_cpu
+    from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, pixels_cpu, rope_cpu
 
-    modules = {"conv_cpu": conv_cpu, "heads_cpu": heads_cpu, "norm_cpu": norm_cpu, "rope_cpu": rope_cpu}
+    modules = {"conv_cpu": conv_cpu, "heads_cpu": heads_cpu, "norm_cpu": norm_cpu, "pixels_cpu": pixels_cpu,
+               "rope_cpu": rope_cpu}
     return [(modules[m], name) for m, name in CPU_OPS]
 
 

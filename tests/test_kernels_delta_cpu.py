@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlbatch.operators.kernels.delta_rule import cpu_decode
+from vlbatch.operators.kernels.delta_rule import cpu_decode, cpu_scan
 from vlbatch.operators.kernels.delta_rule.chunked import recurrent_gated_delta_rule_
 from vlbatch.operators.kernels.delta_rule.naive import NaiveDeltaRule
 from vlbatch.operators.kernels.delta_rule.packed import (
@@ -76,6 +76,28 @@ def test_compiled_decode_equals_the_torch_step_on_strided_inputs_and_bf16_values
     o_twin = recurrent_gated_delta_rule_(q, k, v, g, beta, twin)
     assert o.dtype == torch.bfloat16 and (o.float() - o_twin.float()).abs().max() < 2e-2
     assert (state - twin).abs().max() < TOL
+
+
+@pytest.mark.parametrize("lens", [(1, 1, 1), (5, 1, 9)])
+def test_compiled_scan_reads_v_as_a_column_view_bit_for_bit(lens):
+    """The layer's v is a column view of the conv output [T, C] (rows C apart): the kernel
+    reads it in place, with the same numbers as from a contiguous copy, in the packed
+    prefill and in the decode step (one token per sequence)."""
+    t, (h, dk, dv) = sum(lens), (3, 16, 8)
+    q, k, v, g, beta, gen = _tokens(t, h, dk, dv, seed=t)
+    wide = torch.cat([torch.randn(t, 2 * h * dk, generator=gen), v.reshape(t, h * dv)], dim=-1)
+    view = wide[:, 2 * h * dk:].reshape(t, h, dv)
+    assert not view.is_contiguous() and torch.equal(view, v)
+    state = torch.randn(len(lens), h, dk, dv, generator=gen)
+    o_view, s_view = cpu_scan.prefill_scan_cpu(q, k, view, g, beta, state, lens)
+    o_copy, s_copy = cpu_scan.prefill_scan_cpu(q, k, v, g, beta, state, lens)
+    assert torch.equal(o_view, o_copy) and torch.equal(s_view, s_copy)
+    o_ref, s_ref = NaiveDeltaRule().prefill(q, k, v, g, beta, state, lens)
+    assert (o_view - o_ref).abs().max() < TOL and (s_view - s_ref).abs().max() < TOL
+    if max(lens) == 1:
+        pool = state.clone()
+        assert torch.equal(cpu_decode.decode_step_cpu_(q, k, view, g, beta, pool), o_copy)
+        assert torch.equal(pool, s_copy)
 
 
 def test_torch_kernels_use_the_compiled_step_only_where_it_applies():

@@ -47,11 +47,14 @@ def _prompt_embeds(model, seq):
     return emb, torch.arange(len(ids)).expand(3, -1), 0
 
 
-def test_ragged_steps_equal_separate_sequences(setup):
+@pytest.mark.parametrize("step2", [(1, 3, 1), (1, 1, 3)], ids=["decodes-apart", "decodes-first"])
+def test_ragged_steps_equal_separate_sequences(setup, step2):
+    """Step 2 mixes decodes and a chunk, with the decodes apart (their rows gathered) or in one
+    run (their rows a slice, as the scheduler packs running decodes first)."""
     model, processor = setup
     seqs = _sequences(processor)
     gen = torch.Generator().manual_seed(1)
-    follow = [torch.randint(0, 770, (1, n), generator=gen) for n in (2, 4, 2)]  # step 2: (1, 3, 1), step 3: (1, 1, 1)
+    follow = [torch.randint(0, 770, (1, n + 1), generator=gen) for n in step2]  # step 2, then step 3: (1, 1, 1)
 
     expected = []  # per sequence: logits of prompt's last token, then of each follow-up token
     for seq, more in zip(seqs, follow, strict=True):
@@ -68,10 +71,10 @@ def test_ragged_steps_equal_separate_sequences(setup):
     last = torch.tensor(lens).cumsum(0) - 1
     got = [model.forward_packed(torch.cat([e for e, _, _ in prompts]), torch.cat([p for _, p, _ in prompts], 1), cache, last)]
     cache.end_step()
-    for step_lens, offset in (((1, 3, 1), 0), ((1, 1, 1), None)):
+    for step_lens, offset in ((step2, 0), ((1, 1, 1), None)):
         toks, pos = [], []
         for i, n in enumerate(step_lens):
-            start = 0 if offset is not None else (1 if i != 1 else 3)
+            start = 0 if offset is not None else step2[i]
             toks.append(follow[i][0, start : start + n])
             pos.append(cache.seq_lens[i] + deltas[i] + torch.arange(n))
         cache.begin_step(step_lens)
@@ -79,10 +82,10 @@ def test_ragged_steps_equal_separate_sequences(setup):
         got.append(model.forward_packed(model.embed(torch.cat(toks)), torch.cat(pos).expand(3, -1), cache, idx))
         cache.end_step()
 
-    # regroup the packed outputs per sequence: step1 one row each; step2 rows (1, 3, 1); step3 one each
-    step2 = got[1].split([1, 3, 1])
+    # regroup the packed outputs per sequence: step1 one row each; step2 rows `step2`; step3 one each
+    rows2 = got[1].split(list(step2))
     for i in range(3):
-        ours = torch.cat([got[0][i : i + 1], step2[i], got[2][i : i + 1]])
+        ours = torch.cat([got[0][i : i + 1], rows2[i], got[2][i : i + 1]])
         assert ours.shape == expected[i].shape
         assert (ours - expected[i]).abs().max().item() < 1e-4, f"sequence {i}"
 

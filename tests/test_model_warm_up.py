@@ -27,11 +27,11 @@ from test_engine_support import image, request, video
 from vlbatch.operators.factory import load_engine
 from vlbatch.operators.kernels.attention import cpu_decode as attn
 from vlbatch.operators.kernels.delta_rule import cpu_scan
-from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, rope_cpu
+from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, pixels_cpu, rope_cpu
 
 KERNELS = {"conv step": conv_cpu._step_kernel, "conv packed": conv_cpu._packed_kernel, "conv slots": conv_cpu._slots_kernel,
            "heads": heads_cpu._heads_kernel, "rms norm": norm_cpu._rms_kernel, "norm rope": rope_cpu._norm_rope_kernel,
-           "delta scan and decode": cpu_scan.scan_kernel, "paged attention": attn._kernel}
+           "delta scan and decode": cpu_scan.scan_kernel, "paged attention": attn._kernel, "pixels": pixels_cpu._kernel}
 
 def sigs():
     return {name: sorted(map(str, k.signatures)) for name, k in KERNELS.items()}

@@ -21,6 +21,8 @@ them once through `Qwen35Model.use_delta_kernels`). States in and out go through
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -132,17 +134,18 @@ class GatedDeltaNet(nn.Module):
         """Decodes and longer chunks in one step, each kind through its own path, on the states
         conv_pool[slots] / rec_pool[slots] (slots [B] in packing order), updated in the pools: the
         decodes in place by index, the chunks' states gathered, advanced and stored back (no
-        copy of the other sequences' states)."""
+        copy of the other sequences' states). The scheduler packs running decodes before the
+        chunks, so each kind is usually one run of rows: a slice, not a gather."""
         dev = qkv.device
-        starts = [sum(lens[:i]) for i in range(len(lens))]
+        starts = [0, *itertools.accumulate(lens)]
         dec = [i for i, n in enumerate(lens) if n == 1]
         pre = [i for i, n in enumerate(lens) if n > 1]
         out = qkv.new_empty(qkv.shape[0], self.n_v, self.d_v)
-        rows = torch.tensor([starts[i] for i in dec], device=dev)
+        rows = _rows([starts[i] for i in dec], dev)
         out[rows] = self._decode_pooled(qkv[rows], g[rows], beta[rows], conv_pool, rec_pool,
-                                        slots[torch.tensor(dec, device=dev)]).to(out.dtype)
-        rows = torch.cat([torch.arange(starts[i], starts[i] + lens[i]) for i in pre]).to(dev)
-        sel = slots[torch.tensor(pre, device=dev)]
+                                        slots[_rows(dec, dev)]).to(out.dtype)
+        rows = _rows([r for i in pre for r in range(starts[i], starts[i + 1])], dev)
+        sel = slots[_rows(pre, dev)]
         o, c, r = self._prefill(qkv[rows], g[rows], beta[rows], conv_pool.index_select(0, sel),
                                 rec_pool.index_select(0, sel), tuple(lens[i] for i in pre))
         out[rows] = o.to(out.dtype)
@@ -157,3 +160,10 @@ class GatedDeltaNet(nn.Module):
         heads = heads_cpu.qk_heads_cpu if heads_cpu.usable(qk) else heads_cpu.qk_heads_torch
         q, k = heads(qk, self.n_k, self.n_v, self.d_k, self.d_k**-0.5)
         return q, k, v.reshape(mixed.shape[0], self.n_v, self.d_v)
+
+
+def _rows(index: list[int], device) -> slice | torch.Tensor:
+    """Ascending row indices as a slice when they are one run (a view, no gather), else [n] long."""
+    if index[-1] - index[0] == len(index) - 1:
+        return slice(index[0], index[-1] + 1)
+    return torch.tensor(index, device=device)

@@ -12,9 +12,10 @@ per element, so `cast(table)[x] == cast(table[x])`, the float32 lookup then the 
 
 The pipeline ships one step less: the resized uint8 frames `[F, H, W, C]` themselves
 (`frames_to_patches` is the block-major layout as a view + one copy, `normalize_frames`
-the lookup and that copy, both on the model's device). The patch layout repeats a still
-image in every temporal slot, so frames are half the bytes of uint8 patches for images
-(an eighth of float32) and the CPU stage makes no layout copy at all.
+the lookup and that copy, both on the model's device; on CPU float32 they are one compiled
+pass, `ops/pixels_cpu.py`). The patch layout repeats a still image in every temporal slot,
+so frames are half the bytes of uint8 patches for images (an eighth of float32) and the
+CPU stage makes no layout copy at all.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from vlbatch.operators.errors import InputError
+from vlbatch.operators.model.ops import pixels_cpu
 
 
 def _check(patches_shape: tuple[int, ...], dtype_ok: bool, table_shape: tuple[int, ...]) -> None:
@@ -51,8 +53,7 @@ def frames_to_patches(frames: torch.Tensor, *, patch: int, merge: int, temporal:
     an odd frame count repeats the last frame, a still image (F = 1) fills every slot.
     H and W must be multiples of `patch * merge`."""
     f, h, w, c = frames.shape
-    if h % (patch * merge) or w % (patch * merge):
-        raise InputError(f"frame size {h}x{w} is not a multiple of patch*merge={patch * merge}")
+    _check_grid(h, w, patch, merge)
     x = frames.permute(0, 3, 1, 2)  # [F, C, H, W] view
     if f == 1:
         x = x.expand(temporal, -1, -1, -1)
@@ -67,16 +68,30 @@ def frames_to_patches(frames: torch.Tensor, *, patch: int, merge: int, temporal:
 def normalize_frames(frames: torch.Tensor, table: torch.Tensor, *, patch: int, merge: int,
                      temporal: int) -> torch.Tensor:
     """uint8 frames `[F, H, W, C]`, table `[C, 256]` (on the frames' device) -> `[N, C*tp*p*p]`
-    in the table's dtype: the lookup over the frames (`out[..., c] = table[c, x[..., c]]`,
-    one `index_select`) then the layout copy; equal to
-    `normalize_patches(patchify_into(frames, lut=None), table)` bit for bit."""
+    in the table's dtype, equal to `normalize_patches(patchify_into(frames, lut=None), table)`
+    bit for bit: one compiled pass on CPU float32 (`ops/pixels_cpu.py`), else the torch twin."""
     if frames.dtype != torch.uint8 or frames.dim() != 4 or frames.shape[-1] != table.shape[0]:
         raise InputError(f"frames must be uint8 [F, H, W, {table.shape[0]}], got {tuple(frames.shape)} {frames.dtype}")
     _check((1, table.shape[0]), True, tuple(table.shape))
+    _check_grid(frames.shape[1], frames.shape[2], patch, merge)
+    if pixels_cpu.usable(frames, table):
+        return pixels_cpu.normalize_frames_cpu(frames, table, patch=patch, merge=merge, temporal=temporal)
+    return normalize_frames_torch(frames, table, patch=patch, merge=merge, temporal=temporal)
+
+
+def normalize_frames_torch(frames: torch.Tensor, table: torch.Tensor, *, patch: int, merge: int,
+                           temporal: int) -> torch.Tensor:
+    """The twin of the compiled pass (any device and dtype): the lookup over the frames
+    (`out[..., c] = table[c, x[..., c]]`, one `index_select`) then the layout copy."""
     base = torch.arange(table.shape[0], dtype=torch.int32, device=frames.device) * 256  # [C]
     idx = frames.to(torch.int32) + base
     values = table.reshape(-1).index_select(0, idx.reshape(-1)).view(frames.shape)
     return frames_to_patches(values, patch=patch, merge=merge, temporal=temporal)
+
+
+def _check_grid(h: int, w: int, patch: int, merge: int) -> None:
+    if h % (patch * merge) or w % (patch * merge):
+        raise InputError(f"frame size {h}x{w} is not a multiple of patch*merge={patch * merge}")
 
 
 def normalize_patches_naive(patches: np.ndarray, table: np.ndarray) -> np.ndarray:

@@ -107,21 +107,31 @@ class VisionTower(nn.Module):
         self.pos_embed = embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg)
+        self.grid_tables = GridTables()
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """pixel_values [N_patch, C*T*P*P], grid_thw [n, 3] -> [N_patch / m^2, D_out]."""
         grids = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
         x = self.patch_embed(pixel_values)
-        x = x + torch.cat([self._positions(h, w).repeat(t, 1) for t, h, w in grids]).to(x.dtype)
-        rows, cols = zip(*(self._block_coords(h, w, x.device) for _, h, w in grids), strict=True)
-        reps = torch.tensor([t for t, _, _ in grids], device=x.device)
-        row = torch.cat([r.repeat(t) for r, t in zip(rows, reps.tolist(), strict=True)])
-        col = torch.cat([c.repeat(t) for c, t in zip(cols, reps.tolist(), strict=True)])
-        cos, sin = vision_rope(row, col, self.cfg.head_dim, self.cfg.rope_theta)
+        tables = [self._tables(h, w, x.device) for _, h, w in grids]
+        pos, cos, sin = (_repeat_cat([(t[i], g[0]) for t, g in zip(tables, grids, strict=True)]) for i in range(3))
+        x = x.add_(pos.to(x.dtype))  # x: the patch embedding's fresh output
         segments = [(t, h * w) for t, h, w in grids]
         for block in self.blocks:
             x = block(x, cos, sin, segments)
         return self.merger(x)
+
+    def _tables(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions [h * w, D], rope cos, sin [h * w, head_dim]) float32 of an h x w grid in
+        block order: made once per grid size (and position table), then served from `grid_tables`."""
+        weight = self.pos_embed.weight
+        key = (h, w, str(device), weight.data_ptr(), weight._version)  # reloaded weights: new entries
+        hit = self.grid_tables.get(key)
+        if hit is None:
+            row, col = self._block_coords(h, w, device)
+            hit = (self._positions(h, w).to(device), *vision_rope(row, col, self.cfg.head_dim, self.cfg.rope_theta))
+            self.grid_tables.put(key, hit)
+        return hit
 
     def _block_coords(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, col) of each patch of an h x w grid in block order: [h * w] each."""
@@ -153,3 +163,34 @@ def _taps(size: int, side: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
     src = torch.arange(size, dtype=torch.float32, device=device) * (side - 1) / max(size - 1, 1)
     lo = src.floor()
     return lo.long(), (lo.long() + 1).clamp(max=side - 1), src - lo
+
+
+def _repeat_cat(parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """[(table [n_i, X], t_i)] -> [sum t_i n_i, X]: each table repeated t_i times, in order (no
+    copy for one still image)."""
+    if len(parts) == 1 and parts[0][1] == 1:
+        return parts[0][0]
+    return torch.cat([table.repeat(t, 1) for table, t in parts])
+
+
+class GridTables:
+    """A vision tower's per-grid-size tables (positions, rope cos / sin), oldest dropped first
+    beyond `max_bytes`: images of a dataset share a few sizes, and each size's tables cost
+    ~15 small ops (0.4 ms on a CPU core at 560 patches; kernel launches on a GPU)."""
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes, self.nbytes = max_bytes, 0
+        self._entries: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+    def get(self, key: tuple) -> tuple[torch.Tensor, ...] | None:
+        return self._entries.get(key)
+
+    def put(self, key: tuple, tables: tuple[torch.Tensor, ...]) -> None:
+        size = sum(t.numel() * t.element_size() for t in tables)
+        if size > self.max_bytes:
+            return  # larger than the whole cache: made for this call only
+        while self.nbytes + size > self.max_bytes:
+            old = self._entries.pop(next(iter(self._entries)))
+            self.nbytes -= sum(t.numel() * t.element_size() for t in old)
+        self._entries[key] = tables
+        self.nbytes += size

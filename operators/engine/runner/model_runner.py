@@ -123,18 +123,20 @@ class ModelRunner:
 
     # -- vision ---------------------------------------------------------------------------
     def _place_vision(self, c, embeds: torch.Tensor, row0: int) -> None:
+        """Each media item's features over its placeholder runs inside the chunk: run [s, e) of
+        the prompt holds feature rows off .. off + e - s (in run order), a slice copy per run."""
         seq = c.seq
         for j, item in enumerate(seq.request.media):
-            first, last = item.spans[0][0], item.spans[-1][1]
-            if last <= c.start or first >= c.end:
+            if item.spans[-1][1] <= c.start or item.spans[0][0] >= c.end:
                 continue
-            pos = torch.from_numpy(item.positions())
-            sel = (pos >= c.start) & (pos < c.end)
-            if not bool(sel.any()):
-                continue
-            feats = self._features(seq, j, item)
-            embeds[row0 + (pos[sel] - c.start).to(self.device)] = feats[sel.to(feats.device)].to(embeds.dtype)
-            if last <= c.end:
+            feats, off = None, 0
+            for s, e in item.spans:
+                lo, hi = max(s, c.start), min(e, c.end)
+                if lo < hi:
+                    feats = self._features(seq, j, item) if feats is None else feats
+                    embeds[row0 + lo - c.start: row0 + hi - c.start] = feats[off + lo - s: off + hi - s]
+                off += e - s
+            if item.spans[-1][1] <= c.end:
                 seq.features.pop(j, None)  # the item is fully placed: drop the sequence's reference
 
     def _features(self, seq, j: int, item) -> torch.Tensor:

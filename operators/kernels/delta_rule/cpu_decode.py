@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlbatch.operators.kernels.delta_rule.cpu_scan import scan_kernel
+from vlbatch.operators.kernels.delta_rule.cpu_scan import scan_kernel, v_array
 
 
 def usable(state: torch.Tensor) -> bool:
@@ -54,6 +54,6 @@ def decode_step_slots_cpu_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         return x.detach().to(torch.float32).contiguous().view(b, h, *shape).numpy()
 
     out = torch.empty(b, h, dv, dtype=torch.float32)
-    scan_kernel(f32(q, dk), f32(k, dk), f32(v, dv), f32(g), f32(beta), pool.detach().numpy(),
+    scan_kernel(f32(q, dk), f32(k, dk), v_array(v.reshape(b, h, dv)), f32(g), f32(beta), pool.detach().numpy(),
                  slots.to(torch.int64).contiguous().numpy(), np.arange(b + 1), out.numpy())
     return out.to(v.dtype)

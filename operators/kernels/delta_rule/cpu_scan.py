@@ -37,15 +37,24 @@ def prefill_scan_cpu(q, k, v, g, beta, state, lens) -> tuple[torch.Tensor, torch
     out = torch.empty(t, h, dv, dtype=torch.float32)
     starts = np.zeros(len(lens) + 1, np.int64)
     starts[1:] = np.cumsum(np.asarray(lens, np.int64))
-    scan_kernel(f32(q), f32(k), f32(v), f32(g), f32(beta), new_state.numpy(), np.arange(len(lens)), starts,
+    scan_kernel(f32(q), f32(k), v_array(v), f32(g), f32(beta), new_state.numpy(), np.arange(len(lens)), starts,
                  out.numpy())
     return out.to(v.dtype), new_state
 
 
+def v_array(v: torch.Tensor) -> np.ndarray:
+    """v [..., V] as the kernel reads it: float32, any row strides (the layer's v is a column
+    view of the conv output [T, C]: a copy of it was ~35 ms of bench (a)'s prefill steps)."""
+    v = v.detach().to(torch.float32)
+    return (v if v.stride(-1) == 1 else v.contiguous()).numpy()
+
+
 def warm_up() -> None:
-    """Load (or compile and cache, the first time on a machine) the kernel at model load."""
-    z = torch.zeros(1, 1, 1)
-    prefill_scan_cpu(z, z, z, torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1, 1, 1), (1,))
+    """Load (or compile and cache, the first time on a machine) the kernel at model load, for
+    both layouts of v it is given: contiguous, and a strided view (the layer's)."""
+    z = torch.zeros(2, 1, 1)
+    for v in (z, torch.zeros(2, 1, 2)[..., :1]):  # a size-1 view would count as contiguous
+        prefill_scan_cpu(z, z, v, torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(1, 1, 1, 1), (2,))
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

@@ -5,6 +5,8 @@
 - `norm_cpu` (RMSNorm, gated RMSNorm), `heads_cpu` (DeltaNet q / k L2 norm + head expansion),
   `rope_cpu` (attention q / k RMSNorm + partial MRoPE): one numba pass each on CPU float32, the
   torch twin beside each.
+- `pixels_cpu`: uint8 frames -> normalised patches in the processor's layout in one numba pass
+  (the vision tower's input; `model/pixels.normalize_frames` picks it on CPU float32).
 
 The swappable kernels (attention, the gated delta rule, MoE experts) are in
 `operators/kernels/`.
@@ -28,7 +30,7 @@ def warm_up_cpu() -> None:
     decoder, for each array layout the decoder passes, so that the first engine step runs
     compiled code rather than the JIT (`load_model` calls it for a CPU float32 model;
     tests/test_model_warm_up.py checks that a generate then compiles nothing)."""
-    from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, rope_cpu
+    from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, pixels_cpu, rope_cpu
 
-    for module in (conv_cpu, heads_cpu, norm_cpu, rope_cpu):
+    for module in (conv_cpu, heads_cpu, norm_cpu, pixels_cpu, rope_cpu):
         module.warm_up()
