@@ -31,7 +31,7 @@ from vlbatch.operators.model.ops import conv_cpu, heads_cpu, norm_cpu, pixels_cp
 
 KERNELS = {"conv step": conv_cpu._step_kernel, "conv packed": conv_cpu._packed_kernel, "conv slots": conv_cpu._slots_kernel,
            "heads": heads_cpu._heads_kernel, "rms norm": norm_cpu._rms_kernel, "norm rope": rope_cpu._norm_rope_kernel,
-           "delta scan and decode": cpu_scan.scan_kernel, "paged attention": attn._kernel, "pixels": pixels_cpu._kernel}
+           "delta scan and decode": cpu_scan.scan_kernel, "paged attention": attn._kernel, "pixels": pixels_cpu.patches_kernel}
 
 def sigs():
     return {name: sorted(map(str, k.signatures)) for name, k in KERNELS.items()}

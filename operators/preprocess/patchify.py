@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numba import njit
+
+from vlbatch.operators.model.ops.pixels_cpu import patches_kernel
 
 
 @dataclass(frozen=True)
@@ -59,38 +60,6 @@ class Normalization:
         return np.ascontiguousarray(self.apply(levels).reshape(channels, 256).numpy())
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _patchify_kernel(frames, lut, out, patch, merge, temporal):  # pragma: no cover - compiled
-    """frames u8 [F, H, W, C]; lut f32 [C, 256]; out f32 [N, C*temporal*patch*patch]."""
-    f_n, h, w, c_n = frames.shape
-    groups = (f_n + temporal - 1) // temporal
-    bh_n, bw_n = h // (patch * merge), w // (patch * merge)
-    pp = patch * patch
-    row = 0
-    for g in range(groups):
-        for bh in range(bh_n):
-            for bw in range(bw_n):
-                for mh in range(merge):
-                    for mw in range(merge):
-                        y0 = (bh * merge + mh) * patch
-                        x0 = (bw * merge + mw) * patch
-                        o = out[row]
-                        for c in range(c_n):
-                            table = lut[c]
-                            for t in range(temporal):
-                                src = min(g * temporal + t, f_n - 1)
-                                base = (c * temporal + t) * pp
-                                if t > 0 and src == min(g * temporal + t - 1, f_n - 1):
-                                    o[base:base + pp] = o[base - pp:base]  # repeated frame: copy the slot
-                                    continue
-                                for py in range(patch):
-                                    line = frames[src, y0 + py]
-                                    d = base + py * patch
-                                    for px in range(patch):
-                                        o[d + px] = table[line[x0 + px, c]]
-                        row += 1
-
-
 def grid_of(frames: int, height: int, width: int, patch: int, temporal: int) -> tuple[int, int, int]:
     """(t, h, w) patch grid of F frames of height x width (F padded up to a multiple of temporal)."""
     return -(-frames // temporal), height // patch, width // patch
@@ -114,7 +83,7 @@ def patchify_into(out: np.ndarray, frames: np.ndarray, lut: np.ndarray | None, *
     if lut is None:
         _patchify_levels(out, frames, grid, patch=patch, merge=merge, temporal=temporal)
     else:
-        _patchify_kernel(np.ascontiguousarray(frames), lut, out, patch, merge, temporal)
+        patches_kernel(np.ascontiguousarray(frames), lut, out, patch, merge, temporal)
     return grid
 
 

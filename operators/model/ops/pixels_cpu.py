@@ -39,38 +39,39 @@ def normalize_frames_cpu(frames: torch.Tensor, table: torch.Tensor, *, patch: in
     f, h, w, c = frames.shape
     n = -(-f // temporal) * (h // patch) * (w // patch)
     out = torch.empty(n, c * temporal * patch * patch, dtype=torch.float32)
-    _kernel(frames.numpy(), table.numpy(), patch, merge, temporal, out.numpy())
+    patches_kernel(frames.numpy(), table.numpy(), out.numpy(), patch, merge, temporal)
     return out
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _kernel(frames, table, p, m, tp, out):  # pragma: no cover - compiled; shapes as above
-    f, h, w, c = frames.shape
-    bh_n, bw_n = h // (p * m), w // (p * m)
-    pp = p * p
-    n = 0
-    for t in range(out.shape[0] // (bh_n * bw_n * m * m)):
+def patches_kernel(frames, lut, out, patch, merge, temporal):  # pragma: no cover - compiled
+    """frames u8 [F, H, W, C] (C-contiguous); lut f32 [C, 256]; out f32 [N, C*temporal*patch*patch]:
+    every value of the block-major layout written once through the lookup. The CPU stage's
+    `preprocess.patchify_into` runs it too (the model side is the layer below)."""
+    f_n, h, w, c_n = frames.shape
+    groups = (f_n + temporal - 1) // temporal
+    bh_n, bw_n = h // (patch * merge), w // (patch * merge)
+    pp = patch * patch
+    row = 0
+    for g in range(groups):
         for bh in range(bh_n):
             for bw in range(bw_n):
-                for mh in range(m):
-                    for mw in range(m):
-                        _patch(frames, table, t, (bh * m + mh) * p, (bw * m + mw) * p, p, tp, f, c, pp, out[n])
-                        n += 1
-
-
-@njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _patch(frames, table, t, y0, x0, p, tp, f, c, pp, row):  # pragma: no cover - compiled
-    """One patch row [C * tp * p * p] from pixel (y0, x0) of temporal group t."""
-    for ch in range(c):
-        lut = table[ch]
-        for tt in range(tp):
-            fi = min(t * tp + tt, f - 1)
-            base = (ch * tp + tt) * pp
-            if tt > 0 and fi == min(t * tp + tt - 1, f - 1):  # the same frame again: copy its slot
-                row[base: base + pp] = row[base - pp: base]
-                continue
-            for py in range(p):
-                src = frames[fi, y0 + py]
-                o = base + py * p
-                for px in range(p):
-                    row[o + px] = lut[src[x0 + px, ch]]
+                for mh in range(merge):
+                    for mw in range(merge):
+                        y0 = (bh * merge + mh) * patch
+                        x0 = (bw * merge + mw) * patch
+                        o = out[row]
+                        for c in range(c_n):
+                            table = lut[c]
+                            for t in range(temporal):
+                                src = min(g * temporal + t, f_n - 1)
+                                base = (c * temporal + t) * pp
+                                if t > 0 and src == min(g * temporal + t - 1, f_n - 1):
+                                    o[base:base + pp] = o[base - pp:base]  # repeated frame: copy the slot
+                                    continue
+                                for py in range(patch):
+                                    line = frames[src, y0 + py]
+                                    d = base + py * patch
+                                    for px in range(patch):
+                                        o[d + px] = table[line[x0 + px, c]]
+                        row += 1
