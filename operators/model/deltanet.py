@@ -141,11 +141,12 @@ class GatedDeltaNet(nn.Module):
         dec = [i for i, n in enumerate(lens) if n == 1]
         pre = [i for i, n in enumerate(lens) if n > 1]
         out = qkv.new_empty(qkv.shape[0], self.n_v, self.d_v)
-        rows = _rows([starts[i] for i in dec], dev)
+        seqs = range(len(lens) + 1)  # sequence i is slot row i
+        rows = _rows(starts, dec, dev)
         out[rows] = self._decode_pooled(qkv[rows], g[rows], beta[rows], conv_pool, rec_pool,
-                                        slots[_rows(dec, dev)]).to(out.dtype)
-        rows = _rows([r for i in pre for r in range(starts[i], starts[i + 1])], dev)
-        sel = slots[_rows(pre, dev)]
+                                        slots[_rows(seqs, dec, dev)]).to(out.dtype)
+        rows = _rows(starts, pre, dev)
+        sel = slots[_rows(seqs, pre, dev)]
         o, c, r = self._prefill(qkv[rows], g[rows], beta[rows], conv_pool.index_select(0, sel),
                                 rec_pool.index_select(0, sel), tuple(lens[i] for i in pre))
         out[rows] = o.to(out.dtype)
@@ -162,8 +163,9 @@ class GatedDeltaNet(nn.Module):
         return q, k, v.reshape(mixed.shape[0], self.n_v, self.d_v)
 
 
-def _rows(index: list[int], device) -> slice | torch.Tensor:
-    """Ascending row indices as a slice when they are one run (a view, no gather), else [n] long."""
-    if index[-1] - index[0] == len(index) - 1:
-        return slice(index[0], index[-1] + 1)
-    return torch.tensor(index, device=device)
+def _rows(starts, seqs: list[int], device) -> slice | torch.Tensor:
+    """The rows of sequences `seqs` (ascending; sequence i holds rows starts[i] .. starts[i + 1] - 1):
+    a slice when the sequences are adjacent (a view, no gather), else [n] long."""
+    if seqs[-1] - seqs[0] == len(seqs) - 1:
+        return slice(starts[seqs[0]], starts[seqs[-1] + 1])
+    return torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(device)
