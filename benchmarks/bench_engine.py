@@ -289,7 +289,11 @@ def main(argv=None) -> int:
     args = _args(argv)
     do_a, do_b = args.part in (None, "a", "c"), args.part in (None, "b")
     torch.set_num_threads(args.threads)
-    # this process is ours: glibc keeps freed step temporaries (host_memory.py) for both contenders
+    # this process is ours: the compiled kernels at this machine's faster SIMD width (first: before any
+    # of our modules defines one), glibc keeping freed step temporaries (host_memory.py) for both contenders
+    from vlbatch.operators.host_simd import use_fastest_simd
+
+    simd = use_fastest_simd()
     from vlbatch.operators.engine.host_memory import retain_freed_memory
 
     retain_freed_memory()
@@ -303,6 +307,7 @@ def main(argv=None) -> int:
         ref = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
         print(f"checkpoint: {sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, "
               f"threads={args.threads}, fp32 CPU: {_cpu_model()}")
+        print(simd.describe())
         proc = _processor(ckpt)
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (*SIZES[i % len(SIZES)], 3), dtype=np.uint8) for i in range(args.requests)]

@@ -22,6 +22,10 @@ task is one block and its rows are handed on when it returns; `runner.block_byte
 to about `resources.model.batch_size` media); a block of more media is run as calls of
 `batch_size` media at once on the same loop.
 
+On the CPU the actor owns its process: it keeps freed step memory in the heap
+(`engine/host_memory.py`) and, with the engine backend, has the compiled kernels built at the
+SIMD width timed fastest on this machine (`operators/host_simd.py`, before anything defines one).
+
 Progress (`meter`, `pipeline/meter.py`): the actor says when its model is loaded, and the
 engine backend counts each request as generated when the engine finishes it.
 
@@ -29,6 +33,7 @@ A `SetupError` (the job's checkpoint or device, not a request) fails the run ins
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
@@ -40,6 +45,8 @@ from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.meter import GENERATED, MODEL_READY, MeterClient
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
 
+log = logging.getLogger("vlbatch.pipeline")
+
 
 class ModelStage:
     """Ray actor UDF: numpy batch of Prepared rows -> table of Generated rows."""
@@ -47,10 +54,14 @@ class ModelStage:
     def __init__(self, cfg: JobConfig, meter=None):
         import torch
 
-        from vlbatch.operators.engine.host_memory import retain_freed_memory
+        from vlbatch.operators.host_simd import use_fastest_simd
 
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
-        if resolve_device(cfg.model.device) == "cpu":  # the actor owns its process: keep freed step memory warm
+        if resolve_device(cfg.model.device) == "cpu":  # the actor owns its process: its heap and its SIMD width
+            if cfg.model.backend == "engine":  # before the engine's modules define their compiled kernels
+                log.info(use_fastest_simd().describe())
+            from vlbatch.operators.engine.host_memory import retain_freed_memory
+
             retain_freed_memory()
         self.cfg = cfg
         self.meter = MeterClient(meter)
