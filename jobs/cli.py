@@ -18,6 +18,7 @@ Exit codes (also in README "Running jobs"; constants in jobs/errors.py):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from vlbatch.jobs.errors import EXIT_BROKEN_PIPE, EXIT_SIGINT
@@ -26,6 +27,8 @@ from vlbatch.jobs.errors import EXIT_BROKEN_PIPE, EXIT_SIGINT
 def _cmd_demo(args: argparse.Namespace) -> int:
     from vlbatch.jobs.demo import run_demo, run_preprocess_demo
 
+    # the demo's tiny model: numba's own SIMD width, not the first-run probe (~35 s; operators/host_simd.py)
+    os.environ.setdefault("VLBATCH_SIMD", "off")  # this command owns its process and its local Ray
     if args.preprocess_only:
         return run_preprocess_demo(out_dir=args.out)
     return run_demo(out_dir=args.out)

@@ -4,11 +4,12 @@ LLVM, under numba, picks a preferred SIMD width from the CPU model: on Intel cor
 it prefers 256-bit registers (its tuning for Skylake-SP and later, `prefer-256-bit`; LLVM review
 D67259), on AMD Zen 4 512-bit. Our kernels (the delta-rule scan and decode step, paged decode
 attention, RMSNorm, the causal conv, the q / k heads) are loops over rows of 64-256 floats in L1,
-whose speed at either width is a property of the machine, not of the vendor's default: on an AMD
-EPYC Zen 4 the 256-bit build of them takes 1.1-1.25x the time of the 512-bit one (`simd_probe`).
+whose speed at either width is a property of the machine, not of the vendor's default (on an AMD
+EPYC Zen 4 the two builds time within 3 % of each other in cache, while bench (a)'s decode state
+and attention phases ran 10-25 % slower at 256-bit; the Intel Xeon's 512-bit figures are to come).
 
 `use_fastest_simd()` times `engine/simd_probe.py`'s kernels at both widths once per machine (subprocesses:
-a process compiles at one width; ~25 s the first time, while numba compiles both builds, ~8 s
+a process compiles at one width; ~35 s the first time, while numba compiles both builds, ~17 s
 once they are in numba's cache), keeps the choice in `~/.cache/vlbatch/simd.json` keyed by CPU,
 its features and the numba version, and where the faster width is not LLVM's own choice sets
 NUMBA_CPU_FEATURES to the host's features plus `+prefer-256-bit` / `-prefer-256-bit`. The
@@ -37,7 +38,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MARGIN = 0.9  # the non-default width is taken when its probe time is below MARGIN x the default's
-ROUNDS = 2  # probe runs per width, alternating; the best of them counts
+ROUNDS = 2  # probe processes per width, alternating; the best of them counts (simd_probe: why)
 FLAGS = {256: "+prefer-256-bit", 512: "-prefer-256-bit"}
 DEFAULT_CACHE = "~/.cache/vlbatch/simd.json"
 

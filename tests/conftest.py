@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 # inherits this) run their workers at 0, so they share the machine like any other process.
 os.environ.setdefault("RAY_worker_niceness", "0")
 # The compiled CPU kernels at numba's own SIMD width: the model actors' per-machine probe
-# (operators/host_simd.py, ~25 s the first time on a machine) is tested in tests/test_host_simd.py.
+# (operators/host_simd.py, ~35 s the first time on a machine) is tested in tests/test_host_simd.py.
 os.environ.setdefault("VLBATCH_SIMD", "off")
 
 
