@@ -41,6 +41,7 @@ MARGIN = 0.9  # the non-default width is taken when its probe time is below MARG
 ROUNDS = 2  # probe processes per width, alternating; the best of them counts (simd_probe: why)
 FLAGS = {256: "+prefer-256-bit", 512: "-prefer-256-bit"}
 DEFAULT_CACHE = "~/.cache/vlbatch/simd.json"
+PROBE_VERSION = 2  # part of the cache key: raise it when simd_probe's workload changes
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,12 @@ def host_features() -> str:
 
 
 def machine_key() -> str:
-    """CPU name + a digest of its features + the numba version: what the choice is valid for."""
+    """CPU name + a digest of its features + the numba version + the probe's: what a choice is valid for."""
     import llvmlite.binding as ll
     import numba
 
     digest = hashlib.sha256(host_features().encode()).hexdigest()[:16]
-    return f"{ll.get_host_cpu_name()}-{digest}-numba{numba.__version__}"
+    return f"{ll.get_host_cpu_name()}-{digest}-numba{numba.__version__}-probe{PROBE_VERSION}"
 
 
 def _run_probe(width: int | None) -> dict:
