@@ -142,3 +142,22 @@ def test_a_broken_cache_or_probe_leaves_numbas_width_and_never_fails(auto, monke
     monkeypatch.setattr(host_simd, "probe_widths", failing)
     assert host_simd.use_fastest_simd(tmp_path / "other.json").source == "probe failed: CalledProcessError"
     assert "NUMBA_CPU_FEATURES" not in os.environ
+
+
+@pytest.mark.parametrize("other_ms, taken", [(0.95, "default"), (0.85, "other")])
+def test_the_rule_alternates_the_widths_and_needs_a_clear_margin(monkeypatch, other_ms, taken):
+    """Fixed probe times (the real probe is the test above): the default width's best is 1.0 ms
+    over its runs, the other's `other_ms`; the other is taken only below MARGIN (0.9) x 1.0."""
+    order = []
+    times = {None: [1.3, 1.0], 256: [other_ms + 0.4, other_ms]}  # None: the default run (512 here)
+
+    def fake(width):
+        order.append(width)
+        key = None if width in (None, 512) else width
+        return {"width": 512, "ms": {"k": times[key].pop(0)}}
+
+    monkeypatch.setattr(host_simd, "_run_probe", fake)
+    choice = host_simd.probe_widths(rounds=2)
+    assert order == [None, 256, 512, 256]  # alternating, the default first
+    assert choice.probe_ms == {512: 1.0, 256: other_ms}  # each width's best run
+    assert (choice.width, choice.default) == ((512, 512) if taken == "default" else (256, 512))
