@@ -108,6 +108,18 @@ def unique_runs(indices) -> list[tuple[int, int]]:
     return list(zip(values.tolist(), counts.tolist(), strict=True))
 
 
+def run_chunks(indices, chunk: int, frames: int) -> Iterator[tuple[list[int], list[int]]]:
+    """Non-decreasing `indices` [F] -> (unique indices, their repeat counts) `chunk` runs at a time,
+    for decoders that fetch a batch of frames per call; raises IndexError for an index outside
+    [0, frames) before anything of that chunk is read."""
+    runs = unique_runs(indices)
+    for s in range(0, len(runs), chunk):
+        wanted, repeats = (list(c) for c in zip(*runs[s:s + chunk], strict=True))
+        if wanted[0] < 0 or wanted[-1] >= frames:
+            raise IndexError(f"frame indices outside [0, {frames})")
+        yield wanted, repeats
+
+
 def upright(frame: np.ndarray, rotation: int) -> np.ndarray:
     """Apply a counter-clockwise display rotation to a coded [H, W, 3] frame."""
     k = (rotation // 90) % 4

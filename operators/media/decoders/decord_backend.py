@@ -27,7 +27,7 @@ from vlbatch.operators.media.decoders.base import (
     VideoDecoder,
     _short,
     probe_bytes,
-    unique_runs,
+    run_chunks,
     upright,
 )
 
@@ -64,17 +64,12 @@ class DecordVideo(OpenVideo):
         self.vr = None
 
     def iter_frames(self, indices) -> Iterator[np.ndarray]:
-        runs = unique_runs(indices)
-        for s in range(0, len(runs), self.chunk):
-            part = runs[s:s + self.chunk]
-            wanted = [i for i, _ in part]
-            if wanted[0] < 0 or wanted[-1] >= self.info.frames:
-                raise IndexError(f"frame indices outside [0, {self.info.frames})")
+        for wanted, repeats in run_chunks(indices, self.chunk, self.info.frames):
             try:
                 batch = self.vr.get_batch(wanted).asnumpy()  # [c, H, W, 3]
             except (self._decord_error, RuntimeError) as e:
                 raise ShortVideo(f"decord failed at frames {wanted[0]}..{wanted[-1]}: {_short(e)}") from e
-            for (_, repeat), frame in zip(part, batch, strict=True):
+            for repeat, frame in zip(repeats, batch, strict=True):
                 rgb = self._upright(frame)
                 for _ in range(repeat):
                     yield rgb

@@ -32,7 +32,7 @@ from vlbatch.operators.media.decoders.base import (
     VideoDecoder,
     _short,
     probe_bytes,
-    unique_runs,
+    run_chunks,
 )
 
 INSTALL_HINT = ("install FFmpeg's shared libraries (Debian 12: apt-get install libavcodec59 libavformat59 "
@@ -88,19 +88,14 @@ class TorchcodecVideo(OpenVideo):
     def iter_tensors(self, indices) -> Iterator[tuple[list[int], object]]:
         """(repeat counts, frames `[c, H, W, 3]` uint8 torch tensor on the decoder's device) per chunk,
         upright; the unique indices of `indices` in order, `chunk` at a time."""
-        runs = unique_runs(indices)
-        for s in range(0, len(runs), self.chunk):
-            part = runs[s:s + self.chunk]
-            wanted = [i for i, _ in part]
-            if wanted[0] < 0 or wanted[-1] >= self.info.frames:
-                raise IndexError(f"frame indices outside [0, {self.info.frames})")
+        for wanted, repeats in run_chunks(indices, self.chunk, self.info.frames):
             try:
                 batch = self.decoder.get_frames_at(wanted).data  # [c, H, W, 3]
             except Exception as e:  # IndexError / RuntimeError from a stream shorter than its packets
                 raise ShortVideo(f"torchcodec failed at frames {wanted[0]}..{wanted[-1]}: {_short(e)}") from e
             if tuple(batch.shape[1:3]) != (self.info.height, self.info.width):  # coded orientation
                 batch = batch.rot90((self.info.rotation // 90) % 4, dims=(1, 2)).contiguous()
-            yield [r for _, r in part], batch
+            yield repeats, batch
 
     def iter_frames(self, indices) -> Iterator[np.ndarray]:
         for repeats, batch in self.iter_tensors(indices):

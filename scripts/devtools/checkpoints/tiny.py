@@ -69,8 +69,9 @@ _MOE = {
     "shared_expert_intermediate_size": 32,
 }
 
-IMAGE_PROCESSOR = {
-    "image_processor_type": "Qwen2VLImageProcessorFast",
+# what the image and video processors' configs share (the checkpoint's preprocessor_config.json and
+# video_preprocessor_config.json; what differs: their types and sizes, the video's frame sampling)
+_PIXELS = {
     "processor_class": "Qwen3VLProcessor",
     "do_convert_rgb": True,
     "do_resize": True,
@@ -80,31 +81,15 @@ IMAGE_PROCESSOR = {
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
     "resample": 3,
-    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
     "patch_size": 16,
     "temporal_patch_size": 2,
     "merge_size": 2,
 }
-VIDEO_PROCESSOR = {
-    "video_processor_type": "Qwen3VLVideoProcessor",
-    "processor_class": "Qwen3VLProcessor",
-    "do_convert_rgb": True,
-    "do_resize": True,
-    "do_rescale": True,
-    "rescale_factor": 1 / 255,
-    "do_normalize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "resample": 3,
-    "size": {"shortest_edge": 4096, "longest_edge": 25165824},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "do_sample_frames": True,
-    "fps": 2,
-    "min_frames": 4,
-    "max_frames": 768,
-}
+IMAGE_PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessorFast", **_PIXELS,
+                   "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+VIDEO_PROCESSOR = {"video_processor_type": "Qwen3VLVideoProcessor", **_PIXELS,
+                   "size": {"shortest_edge": 4096, "longest_edge": 25165824},
+                   "do_sample_frames": True, "fps": 2, "min_frames": 4, "max_frames": 768}
 
 
 def tiny_config_dict(variant: str = "dense", vision_overrides: dict | None = None, **text_overrides) -> dict:
