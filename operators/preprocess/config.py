@@ -19,18 +19,16 @@ _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # Qwen2VLImageProcessor's defa
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-@dataclass(frozen=True)
-class ImageConfig:
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
-    do_resize: bool = True
-    norm: Normalization = field(default_factory=lambda: Normalization(image_mean=_CLIP_MEAN, image_std=_CLIP_STD))
+class _Patching:
+    """What image and video configs derive from their patch sizes (both have these fields)."""
+
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
 
     @property
     def factor(self) -> int:
+        """Pixels per merged token side: resized sides are multiples of it."""
         return self.patch_size * self.merge_size
 
     @property
@@ -40,7 +38,18 @@ class ImageConfig:
 
 
 @dataclass(frozen=True)
-class VideoConfig:
+class ImageConfig(_Patching):
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    do_resize: bool = True
+    norm: Normalization = field(default_factory=lambda: Normalization(image_mean=_CLIP_MEAN, image_std=_CLIP_STD))
+
+
+@dataclass(frozen=True)
+class VideoConfig(_Patching):
     patch_size: int = 16
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -54,15 +63,6 @@ class VideoConfig:
     min_frames: int = 4
     max_frames: int = 768
     norm: Normalization = field(default_factory=lambda: Normalization(image_mean=(0.5,) * 3, image_std=(0.5,) * 3))
-
-    @property
-    def factor(self) -> int:
-        return self.patch_size * self.merge_size
-
-    @property
-    def layout(self) -> tuple[int, int, int]:
-        """(patch, merge, temporal): how resized frames become patches (`frames_to_patches`)."""
-        return self.patch_size, self.merge_size, self.temporal_patch_size
 
 
 def _norm(d: dict, default: Normalization) -> Normalization:
