@@ -57,7 +57,8 @@ class ScanStage:
         p = self.prepare
         tasks = from_table(batch, MediaTask)
         with p.lock:  # the roller is not thread-safe either
-            rows = to_table([scanned(p.preprocess.prepare_one(p.decode.decode_one(r))) for r in tasks], Generated)
+            rows = to_table([scanned(x) for r in tasks for x in p.preprocess.prepare_rows(p.decode.decode_one(r))],
+                            Generated)
             out = rows if self.writer is None else self.writer(rows)
         meter, n = p.preprocess.meter, requests_of(tasks)
         meter.add(DECODED, n)

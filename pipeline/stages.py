@@ -177,23 +177,31 @@ class PreprocessStage:
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, Decoded)
         with self.lock:
-            out = to_table([self.prepare_one(r) for r in rows], Prepared)
+            out = to_table([p for r in rows for p in self.prepare_rows(r)], Prepared)
         self.meter.add(PREPROCESSED, requests_of(rows))
         self.meter.flush()
         return out
 
-    def prepare_one(self, row: Decoded) -> Prepared:
-        keep = {"decode_s": row.decode_s}
+    def prepare_rows(self, row: Decoded) -> list[Prepared]:
+        """The media's row of the prompts that preprocess, then one `InputError` row per prompt that
+        does not (the chat template rejects it): a bad prompt never fails its media's others. A
+        failure of the media itself (its pixels) is one error row for all of its requests."""
         if row.status != "ok":
-            return Prepared(**_base(row), **keep)
-        return _catch(row, lambda: self._prepare(row), Prepared)
+            return [Prepared(**_base(row), decode_s=row.decode_s)]
+        out = _catch(row, lambda: self._prepare_rows(row), Prepared)
+        return out if isinstance(out, list) else [out]
 
-    def _render(self, prompt: str, kind: str) -> str:
-        """The chat template's text for one prompt about one media kind (cached: a job asks the
-        same few prompts of every media; the system prompt and thinking flag are the job's)."""
+    def prepare_one(self, row: Decoded) -> Prepared:
+        """`prepare_rows(row)`'s first row: the media's row (its prompts that preprocess, or its error)."""
+        return self.prepare_rows(row)[0]
+
+    def _render(self, prompt: str, kind: str):
+        """The chat template's `ChatText` for one prompt about one media kind (its user text, the
+        prompt and the system prompt, tokenised as text; cached: a job asks the same few prompts of
+        every media; the system prompt and thinking flag are the job's)."""
         from vlbatch.operators.preprocess.prompt import cached
 
-        return cached(self._rendered, (prompt, kind), lambda: self.processor.apply_chat_template(
+        return cached(self._rendered, (prompt, kind), lambda: self.processor.chat_text(
             chat_messages(prompt, kind, self.cfg.task.system_prompt),
             add_generation_prompt=True, enable_thinking=self.cfg.task.thinking))
 
@@ -206,45 +214,62 @@ class PreprocessStage:
                          indices=tuple(row.frame_indices))
         return {"videos": [clip]}
 
-    def _encode(self, row: Decoded, texts: list[str]) -> tuple[dict, list[dict], dict]:
-        """(visual arrays, per-prompt outputs, the Prepared fields of the shipped media) of one row:
-        its resized frames and their hash, or for a deferred video its plan, bytes and `plan_hash`."""
+    def _media(self, row: Decoded) -> tuple[object, dict]:
+        """(the media's `MediaInputs`, the Prepared fields of the shipped media) of one row: its resized
+        frames and their hash, or for a deferred video its plan, bytes and `plan_hash`."""
         kind = row.media_type
         if not row.deferred:
-            visual, outs = process_prompts(self.processor, texts, **self.media_kwargs(row), frames=True)
-            pixels = visual["pixel_values" if kind == "image" else "pixel_values_videos"]
-            grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
-            return visual, outs, {"pixels": pixels, "content_hash": media_key(self.processor, kind, pixels, grid)}
+            media = self.processor.encode_media(**self.media_kwargs(row), frames=True)
+            pixels = media.arrays["pixel_values" if kind == "image" else "pixel_values_videos"]
+            grid = tuple(media.arrays["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
+            return media, {"pixels": pixels, "content_hash": media_key(self.processor, kind, pixels, grid)}
         from vlbatch.operators.preprocess.shipped import DecodePlan, plan_hash
         from vlbatch.operators.types import VideoPlan
 
         h, w = row.plan_size
         _, media = self.processor.plan_media(VideoPlan(float(row.source_fps), int(row.total_frames),
                                                        tuple(row.frame_indices), int(h), int(w)))
-        outs = [self.processor.encode_text(t, media) for t in texts]
         grid, cfg = media.arrays["video_grid_thw"][0], self.processor.video_config
         plan = DecodePlan.of(row.frame_indices, int(row.total_frames), grid, cfg.layout)
-        return media.arrays, outs, {
+        return media, {
             "pixels": media.arrays["pixel_values_videos"], "media_bytes": row.media_bytes,
             "plan_indices": plan.indices, "plan_total_frames": plan.total_frames,
             "content_hash": plan_hash(kind, row.media_bytes, plan, grid, self.processor.norm_table(kind), cfg.layout)}
 
-    def _prepare(self, row: Decoded) -> Prepared:
+    def _prepare_rows(self, row: Decoded) -> list[Prepared]:
         from vlbatch.operators.engine.media_spans import placeholder_runs
 
         t0 = time.perf_counter()
         kind = row.media_type
-        texts = [self._render(prompt, kind) for prompt in row.prompts]
-        visual, outs, shipped = self._encode(row, texts)
-        grid = tuple(visual["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
-        spans = [placeholder_runs(o["mm_token_type_ids"][0]) for o in outs]
-        return replace(Prepared(**_base(row)), **shipped, grid_thw=grid,
-                       input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs),
-                       spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
-                       positions=np.concatenate([o["position_ids"][:, 0] for o in outs], axis=1),
-                       rope_deltas=tuple(int(o["rope_deltas"][0]) for o in outs),
-                       visual_tokens=sum(e - s for s, e in spans[0]),  # placeholder tokens the media fills
-                       decode_s=row.decode_s, preprocess_s=time.perf_counter() - t0)
+        media, shipped = self._media(row)
+        outs: dict[int, dict] = {}  # prompt index -> the processor's text outputs
+        failed: list[Prepared] = []
+        for i, prompt in enumerate(row.prompts):
+            try:
+                outs[i] = self.processor.encode_text(self._render(prompt, kind), media)
+            except InputError as e:  # this prompt's own fault: its own error row
+                bad = InputError(f"{row.media_uri}: request_index {row.request_indices[i]}: {e}")
+                failed.append(Prepared(**_base(_only(row, [i])), decode_s=row.decode_s).failed(bad))
+        if not outs:
+            return failed
+        grid = tuple(media.arrays["image_grid_thw" if kind == "image" else "video_grid_thw"][0].tolist())
+        spans = [placeholder_runs(o["mm_token_type_ids"][0]) for o in outs.values()]
+        ok = replace(Prepared(**_base(_only(row, list(outs)))), **shipped, grid_thw=grid,
+                     input_ids=tuple(tuple(o["input_ids"][0].tolist()) for o in outs.values()),
+                     spans=tuple(tuple(v for run in sp for v in run) for sp in spans),
+                     positions=np.concatenate([o["position_ids"][:, 0] for o in outs.values()], axis=1),
+                     rope_deltas=tuple(int(o["rope_deltas"][0]) for o in outs.values()),
+                     visual_tokens=sum(e - s for s, e in spans[0]),  # placeholder tokens the media fills
+                     decode_s=row.decode_s, preprocess_s=time.perf_counter() - t0)
+        return [ok, *failed]
+
+
+def _only(row: Decoded, keep: list[int]) -> Decoded:
+    """`row` with only its requests at positions `keep` (all of them: the row itself)."""
+    if len(keep) == len(row.ids):
+        return row
+    pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
+    return replace(row, ids=pick(row.ids), request_indices=pick(row.request_indices), prompts=pick(row.prompts))
 
 
 class PrepareStage:
@@ -267,7 +292,7 @@ class PrepareStage:
         with self.lock:
             decoded = [self.decode.decode_one(r) for r in rows]
             meter.add(DECODED, requests_of(rows))
-            out = to_table([self.preprocess.prepare_one(r) for r in decoded], Prepared)
+            out = to_table([p for r in decoded for p in self.preprocess.prepare_rows(r)], Prepared)
         meter.add(PREPROCESSED, requests_of(rows))
         meter.flush()
         return out

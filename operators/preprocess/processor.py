@@ -41,6 +41,7 @@ from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.operators.preprocess.config import ImageConfig, VideoConfig, load_image_config, load_video_config
 from vlbatch.operators.preprocess.prompt import PromptEncoder, pad_batch
 from vlbatch.operators.preprocess.rope import mrope_position_ids
+from vlbatch.operators.preprocess.user_text import ChatText
 from vlbatch.operators.preprocess.visual import plan_video, process_images, process_videos
 from vlbatch.operators.types import VideoClip, VideoPlan
 
@@ -103,7 +104,16 @@ class Processor:
         return self.prompts.render(messages, add_generation_prompt=add_generation_prompt,
                                    enable_thinking=enable_thinking, **template_kwargs)
 
-    def __call__(self, text: str | list[str], images: list[np.ndarray] | None = None,
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = False,
+                  **template_kwargs) -> ChatText:
+        """`apply_chat_template`'s prompt with its user text located (`ChatText.text` is that string):
+        `encode_text` / `__call__` tokenise the messages' text fields as text, so a control-token
+        string in them (`<|im_end|>`, `<|image_pad|>`) is never a control token. `InputError` when the
+        template rewrites the text and a text holds one (`PromptEncoder.chat_text`)."""
+        return self.prompts.chat_text(messages, add_generation_prompt=add_generation_prompt,
+                                      enable_thinking=enable_thinking, **template_kwargs)
+
+    def __call__(self, text: str | ChatText | list[str | ChatText], images: list[np.ndarray] | None = None,
                  videos: list[VideoClip] | None = None) -> dict[str, np.ndarray]:
         """Model inputs for one prompt (str) or a batch of prompts (list[str]); see the module docstring."""
         texts = _texts(text)  # checked before any pixel work
@@ -150,7 +160,7 @@ class Processor:
         return size, MediaInputs({"pixel_values_videos": batch.pixel_values, "video_grid_thw": batch.grid_thw},
                                  (), parts)
 
-    def encode_text(self, text: str | list[str], media: MediaInputs) -> dict[str, np.ndarray]:
+    def encode_text(self, text: str | ChatText | list[str | ChatText], media: MediaInputs) -> dict[str, np.ndarray]:
         """The prompt half of `__call__`: `input_ids`, `attention_mask`, `mm_token_type_ids` [B, L],
         `position_ids` [3, B, L] and `rope_deltas` [B] of `text` over `media` (`encode_media`)."""
         rows = self.prompts.encode(_texts(text), list(media.image_tokens), list(media.video_parts))
@@ -166,9 +176,10 @@ class Processor:
                 "position_ids": positions, "rope_deltas": deltas}
 
 
-def _texts(text: str | list[str]) -> list[str]:
-    """One prompt or a batch of prompts -> a non-empty list of prompt strings (else InputError)."""
-    texts = [text] if isinstance(text, str) else list(text)
-    if not texts or not all(isinstance(t, str) for t in texts):
+def _texts(text: str | ChatText | list[str | ChatText]) -> list[str | ChatText]:
+    """One prompt or a batch of prompts -> a non-empty list of prompts (else InputError); a prompt is
+    a rendered string (tokenised whole, as the reference does) or a `ChatText` (`chat_text`)."""
+    texts = [text] if isinstance(text, (str, ChatText)) else list(text)
+    if not texts or not all(isinstance(t, (str, ChatText)) for t in texts):
         raise InputError("text must be a prompt string or a non-empty list of prompt strings")
     return texts
