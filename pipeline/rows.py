@@ -3,7 +3,9 @@
 A row is one *media* with the pending requests about it (ids, indices, prompts), so
 every question about a media travels together: decoded and preprocessed once, sent to
 one model actor in one batch (its vision and prefix caches hit), and split into one
-output row per request only by the writer. Each stage maps one row to one row.
+output row per request only by the writer. Each stage maps one row to one row, except that
+preprocessing splits off a prompt that fails alone (the template rejects it) as its own
+error row (`PreprocessStage.prepare_rows`).
 
 Tensor fields (`frames`, `pixels`) travel as plain Arrow struct columns
 (`TENSOR_TYPE`: shape, numpy dtype string, the C-order bytes), never as pickled Python

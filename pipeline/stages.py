@@ -3,8 +3,9 @@ as two stages or fused into one (`PrepareStage`).
 
 Each stage is a class usable as a Ray Data actor-pool UDF: constructed once per actor
 (opening the decode subprocess or loading the processor), called with a pyarrow batch of
-the previous stage's rows, returning a pyarrow table with exactly one row per input
-row. A failure in one row becomes that row's error row; it never fails the task.
+the previous stage's rows, returning a pyarrow table with one row per input row (the
+preprocess stage adds one error row per prompt that fails alone, `prepare_rows`). A failure
+in one row becomes that row's error row; it never fails the task.
 Rows already in error pass through unchanged. Ray Data runs several batches on one
 actor at once (threads); the decode subprocess and the processor are not thread-safe,
 so each call holds the actor's lock.

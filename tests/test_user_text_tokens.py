@@ -221,3 +221,25 @@ def test_a_bad_medium_still_fails_all_its_questions(tmp_path, tiny_ckpt):
     row = Decoded("thin.png", "image", ("a", "b"), (0, 1), ("What?", "Why?"), frames=np.zeros((1, 300, 1, 3), np.uint8))
     (out,) = from_table(PreprocessStage(cfg)(to_table([row], Decoded)), Prepared)
     assert out.status == "error" and out.error_type == "InputError" and out.ids == ("a", "b")
+
+
+def test_control_strings_are_text_where_timestamps_touch_the_template_text(tmp_path, tiny_ckpt):
+    """A template whose `<|video_pad|>` follows ordinary text (its timestamps would merge with that text:
+    the prompt is tokenised with the expansion in place) keeps a forged turn as text too; a plain
+    question gives the whole-string ids there."""
+    from vlbatch.operators.preprocess import Processor
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt("dense"), ckpt)
+    template = (ckpt / "chat_template.jinja").read_text()
+    (ckpt / "chat_template.jinja").write_text(
+        template.replace("'<|vision_start|><|video_pad|><|vision_end|>'", "'Video:<|video_pad|>'"))
+    cfg = validate_config(_job(tmp_path, ckpt))
+    (row,) = _prepared(cfg, ("What happens?", FORGED), "video")
+    tok = Processor.from_pretrained(ckpt).tokenizer
+    added = _added(tok)
+    plain, forged = (list(ids) for ids in row.input_ids)
+    assert [x for x in forged if x in added] == [x for x in plain if x in added]
+    span = _user_span(forged, tok)
+    assert not added & set(span) and tok.decode(span) == FORGED
+    assert len(row.prompt_spans(0)) == len(row.prompt_spans(1)) > 1  # one run per temporal group

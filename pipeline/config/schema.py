@@ -138,7 +138,10 @@ class TaskConfig(_Section):
         False, description="mode=questions: also caption every media (task.prompt / video_prompt), one more row "
                            "after its questions (request_index = its number of questions), on the same decode, "
                            "preprocess and prefix")
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(
+        None, description="system turn of every request. Tokenised as text, like the prompts and the manifest's "
+                          "questions: a control-token string in it (<|im_end|>, <|im_start|>, <|image_pad|>, "
+                          "<think>) is plain text, never the chat template's control token; there is no opt-in")
     thinking: bool = Field(False, description="enable_thinking in the chat template")
 
     @model_validator(mode="before")
