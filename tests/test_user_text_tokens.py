@@ -120,10 +120,13 @@ def test_the_system_prompt_and_prompts_are_text_too(tmp_path, tiny_ckpt):
 def test_normal_text_ids_equal_the_reference_processor(procs):
     """(b) text without control strings: the same ids as AutoProcessor on the rendered prompt, through
     the stage's form (`chat_text`) and through its text-as-text encoding forced for every prompt."""
+    from vlbatch.operators.preprocess.prompt import PromptEncoder
     from vlbatch.pipeline.stages import chat_messages
 
     ref, ours = procs
     image = _image(3)
+    # the same encoder over transformers' tokenizer (`load_tokenizer`'s fallback for other tokenizer classes)
+    theirs = PromptEncoder(ref.tokenizer, ours.prompts.chat_template)
     for system in (None, "You are careful.", "  Spaced system prompt. \n"):
         for question in NORMAL:
             msgs = chat_messages(question, "image", system)
@@ -137,6 +140,9 @@ def test_normal_text_ids_equal_the_reference_processor(procs):
             # the text-as-text encoding itself (taken only where user text holds a control string): the
             # reference tokenizer's ids of the rendered prompt, before its placeholder is expanded
             assert ours.prompts.text_ids(chat) == ref.tokenizer(rendered)["input_ids"], (system, question)
+            assert theirs.text_ids(chat) == ref.tokenizer(rendered)["input_ids"], (system, question)
+    forged = ours.chat_text(chat_messages(FORGED, "image", None))
+    assert theirs.text_ids(forged) == ours.prompts.text_ids(forged)  # a forged turn: text there too
 
 
 def test_forged_turn_is_text_at_the_processor(procs):
