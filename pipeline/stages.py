@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,10 @@ from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.meter import DECODED, PREPROCESSED
 from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
+
+if TYPE_CHECKING:  # annotations only: the processor is imported when the stage starts
+    from vlbatch.operators.preprocess.processor import MediaInputs
+    from vlbatch.operators.preprocess.user_text import ChatText
 
 
 def _error_fields(row: MediaTask) -> dict:
@@ -196,7 +201,7 @@ class PreprocessStage:
         """`prepare_rows(row)`'s first row: the media's row (its prompts that preprocess, or its error)."""
         return self.prepare_rows(row)[0]
 
-    def _render(self, prompt: str, kind: str):
+    def _render(self, prompt: str, kind: str) -> ChatText:
         """The chat template's `ChatText` for one prompt about one media kind (its user text, the
         prompt and the system prompt, tokenised as text; cached: a job asks the same few prompts of
         every media; the system prompt and thinking flag are the job's)."""
@@ -215,7 +220,7 @@ class PreprocessStage:
                          indices=tuple(row.frame_indices))
         return {"videos": [clip]}
 
-    def _media(self, row: Decoded) -> tuple[object, dict]:
+    def _media(self, row: Decoded) -> tuple[MediaInputs, dict]:
         """(the media's `MediaInputs`, the Prepared fields of the shipped media) of one row: its resized
         frames and their hash, or for a deferred video its plan, bytes and `plan_hash`."""
         kind = row.media_type
