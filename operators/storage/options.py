@@ -1,7 +1,7 @@
 """Where and how to reach storage: `StorageOptions` and one fsspec filesystem per URI.
 
 Local paths (`/a/b.mp4`, relative paths, `file:///a/b.mp4`) and `s3://bucket/key` (`s3a://`
-too) are supported; `memory://` for tests; `http(s)://` URLs are read by `storage.http`
+too) are supported; `memory://` for tests (never for output: `OUTPUT_PROTOCOLS`); `http(s)://` URLs are read by `storage.http`
 (urllib, no listing: `filesystem` gives fsspec's HTTP filesystem only for completeness). `s3://` uses s3fs with the options' endpoint URL,
 region, profile and anonymous flag. Credentials are never part of the options: botocore finds
 them in the standard places (AWS_* environment variables, shared credentials / config files
@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from vlbatch.operators.errors import ConfigError
 
 SUPPORTED_PROTOCOLS = ("file", "local", "s3", "s3a", "memory", "http", "https")  # http(s): storage/http.py
+# Where a run's output may go: the persistent filesystems of SUPPORTED_PROTOCOLS that a sink can
+# write (local paths, file://, s3:// and s3a://). Not memory:// (gone when the writer's process
+# exits: a run would report success and keep nothing), not http(s):// (read-only here).
+OUTPUT_PROTOCOLS = ("file", "local", "s3", "s3a")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,21 @@ def protocol_of(uri: str) -> str:
     from fsspec.core import split_protocol
 
     return split_protocol(uri)[0] or "file"
+
+
+def output_uri_problem(uri: str) -> str | None:
+    """None when a run's output may go to `uri` (`OUTPUT_PROTOCOLS`); else a message naming output.uri."""
+    protocol = protocol_of(uri)
+    if protocol in OUTPUT_PROTOCOLS:
+        return None
+    return (f"output.uri: {protocol}:// ({uri[:200]!r}) is not a persistent filesystem vlbatch writes; use a local "
+            "folder, file:// or s3://")
+
+
+def check_output_uri(uri: str) -> None:
+    """`ConfigError` when a run's output may not go to `uri` (`output_uri_problem`)."""
+    if (why := output_uri_problem(uri)) is not None:
+        raise ConfigError(why)
 
 
 def filesystem(uri: str, storage: StorageOptions = DEFAULT_STORAGE):

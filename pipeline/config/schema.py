@@ -258,8 +258,9 @@ class ResourcesConfig(_Section):
 
 
 class OutputConfig(_Section):
-    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, or "
-                                                    "s3://); files go to <uri>/<run_id>/")
+    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, file:// "
+                                                    "or s3://; nothing else: memory:// and http(s):// are "
+                                                    "refused); files go to <uri>/<run_id>/")
     run_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
@@ -269,6 +270,17 @@ class OutputConfig(_Section):
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
+
+    @field_validator("uri")
+    @classmethod
+    def _persistent(cls, v: str) -> str:
+        # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
+        from vlbatch.operators.storage.options import output_uri_problem
+
+        why = output_uri_problem(v)
+        if why is not None:
+            raise ValueError(why.removeprefix("output.uri: "))
+        return v
 
     @field_validator("run_id")
     @classmethod
