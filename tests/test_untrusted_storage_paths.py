@@ -210,7 +210,7 @@ def test_a_good_image_beside_a_trickling_one_still_gets_its_row(trickle, tmp_pat
     from vlbatch.pipeline.stages import DecodeStage
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
-                           "storage": {"retries": 0, "http_total_timeout_s": 1, "http_min_bytes_per_s": 0}})
+                           "storage": {"retries": 0, "http_total_timeout_s": 3, "http_min_bytes_per_s": 0}})
     rows = [expand(f"{trickle}/body.png", "image", None, cfg.task), expand(f"{trickle}/good.png", "image", None,
                                                                           cfg.task)]
     out = from_table(DecodeStage(cfg)(to_table(rows, MediaTask)), Decoded)

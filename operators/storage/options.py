@@ -31,7 +31,10 @@ class StorageOptions:
     endpoint_url: S3-compatible endpoint (MinIO, moto, a regional endpoint); None = AWS default.
     region: bucket region; anonymous: unsigned requests for public buckets; profile: a named
     AWS profile. max_attempts: tries in all for transient errors; backoff_s / backoff_max_s:
-    exponential backoff base and cap; connect_timeout_s / read_timeout_s: per request.
+    exponential backoff base and cap; connect_timeout_s / read_timeout_s: per request (read: per
+    socket read). http(s) only (`storage/http.py`): http_total_timeout_s, the whole response's
+    deadline (scaled up by max_bytes: `http.response_deadline_s`); http_min_bytes_per_s (0: none)
+    over each http_rate_window_s of a body.
     """
 
     endpoint_url: str | None = None
@@ -43,12 +46,18 @@ class StorageOptions:
     backoff_max_s: float = 10.0
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    http_total_timeout_s: float = 300.0
+    http_min_bytes_per_s: float = 65536.0
+    http_rate_window_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError(f"storage max_attempts must be at least 1, got {self.max_attempts}")
         if self.backoff_s < 0 or self.backoff_max_s < 0:
             raise ConfigError("storage backoff_s and backoff_max_s must not be negative")
+        if self.http_total_timeout_s <= 0 or self.http_rate_window_s <= 0 or self.http_min_bytes_per_s < 0:
+            raise ConfigError("storage http_total_timeout_s and http_rate_window_s must be positive, "
+                              "http_min_bytes_per_s not negative")
 
     def fsspec_kwargs(self, protocol: str) -> dict:
         """Keyword arguments for `fsspec.filesystem(protocol, ...)`."""

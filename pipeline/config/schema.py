@@ -306,13 +306,21 @@ class StorageConfig(_Section):
     anonymous: bool = False
     retries: int = Field(5, ge=0, le=50)
     http_per_host: int = Field(8, ge=1, description="http(s) media requests in flight per host, per decode actor")
+    http_total_timeout_s: float = Field(
+        300.0, gt=0.0, description="an http(s) medium's whole response (headers and body) must arrive within "
+                                   "max(this, the medium's max_bytes / http_min_bytes_per_s) seconds, else a "
+                                   "StorageError row")
+    http_min_bytes_per_s: float = Field(
+        65536.0, ge=0.0, description="an http(s) body slower than this over a 30 s window (counted from its "
+                                     "start) is a StorageError row (0 = no minimum rate)")
 
     def options(self):
         """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
         from vlbatch.operators.storage import StorageOptions
 
         return StorageOptions(endpoint_url=self.endpoint_url, region=self.region, anonymous=self.anonymous,
-                              max_attempts=self.retries + 1)
+                              max_attempts=self.retries + 1, http_total_timeout_s=self.http_total_timeout_s,
+                              http_min_bytes_per_s=self.http_min_bytes_per_s)
 
 
 class ResumeConfig(_Section):
