@@ -193,6 +193,16 @@ def test_read_http_ends_a_trickling_response_with_storage_error(trickle, path, o
     assert ("http_min_bytes_per_s" if path == "/body" else "http_total_timeout_s") in str(e.value)
 
 
+@pytest.mark.timeout(120)
+def test_headers_have_the_unscaled_deadline(trickle):
+    from vlbatch.operators.storage.http import read_http
+
+    # the whole response may take ~10^6 s (max_bytes at the minimum rate), the headers only 1 s
+    storage = StorageOptions(max_attempts=1, read_timeout_s=5, http_total_timeout_s=1, http_min_bytes_per_s=1000)
+    with pytest.raises(StorageError, match="no response headers within 1 s"):
+        read_http(f"{trickle}/headers", storage, max_bytes=1 << 30)
+
+
 def test_the_deadline_scales_with_max_bytes():
     from vlbatch.operators.storage.http import response_deadline_s
 

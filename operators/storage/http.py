@@ -6,13 +6,14 @@
   (capped at `RETRY_AFTER_MAX_S`); then `StorageError`. 404 / 403 / 410 and other 4xx are
   permanent: `MediaError` at once. `max_bytes` is enforced on `Content-Length` before the body
   and while streaming it (at most `max_bytes + 1` bytes are read): `InputError`.
-  Time: `storage.read_timeout_s` bounds each socket read; a response trickling in faster than
-  that never trips it, so two more rules end it (then the attempt is transient, retried, and
+  Time: `storage.read_timeout_s` bounds each socket read; a response whose bytes trickle in
+  more often than that never trips it, so two more rules end it (then the attempt is transient, retried, and
   `StorageError` after the last: the medium's row, the batch goes on):
-  * the whole response, headers and body, has a deadline of `response_deadline_s` =
-    max(http_total_timeout_s, max_bytes / http_min_bytes_per_s): a body of max_bytes at the
-    minimum rate always fits. `_Deadline` is a timer that shuts the response's sockets down when
-    it passes, so a read blocked on a header line or a body chunk returns at once;
+  * the headers must arrive within `http_total_timeout_s`, and the whole response within
+    `response_deadline_s` = max(http_total_timeout_s, max_bytes / http_min_bytes_per_s): a body
+    of max_bytes at the minimum rate always fits. `_Deadline` is a timer that shuts the
+    response's sockets down when time is up, so a read blocked on a header line or a body
+    chunk returns at once;
   * the body must arrive at `http_min_bytes_per_s` (0: no minimum) or faster over each window of
     `http_rate_window_s` seconds counted from the body's start (tumbling windows, checked as
     each read returns: the body is read with `read1`, one socket read at a time).
@@ -116,25 +117,39 @@ def response_deadline_s(storage: StorageOptions, max_bytes: int | None) -> float
 
 class _Deadline:
     """One response's deadline: a timer thread that shuts down every socket the response opened
-    (`watch`, from `_Watched*Connection.connect`) when `seconds` pass; `expired` says it did.
-    A read blocked on a shut socket returns at once (an error, or an early end of data: so the
-    reader checks `expired` after every read)."""
+    (`watch`, from `_Watched*Connection.connect`) when time is up; `expired` / `why` say it did.
+    Two steps: the headers within `head_s` (`http_total_timeout_s`: never scaled, a header is
+    small), then the whole response within `seconds` of the start. A read blocked on a shut
+    socket returns at once (an error, or an early end of data: the reader checks `expired`
+    after every read)."""
 
     def __init__(self, seconds: float, storage: StorageOptions):
-        self.seconds, self.expired = seconds, False
-        self.why = (f"no whole response within {seconds:g} s (storage.http_total_timeout_s="
-                    f"{storage.http_total_timeout_s:g}, scaled by max_bytes / http_min_bytes_per_s)")
+        self.seconds, self.head_s = seconds, min(seconds, storage.http_total_timeout_s)
+        self.expired, self.why = False, None
+        self._total = storage.http_total_timeout_s
+        self._start = time.monotonic()
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
+        self._headers_in = self._closed = False
+        self._timer = self._arm(self.head_s, self._at_head)
+
+    def _arm(self, seconds: float, then) -> threading.Timer:
+        timer = threading.Timer(seconds, then)
+        timer.daemon = True
+        return timer
 
     def __enter__(self) -> _Deadline:
         self._timer.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            self._timer.cancel()
+
+    def headers_in(self) -> None:
+        with self._lock:
+            self._headers_in = True
 
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
@@ -143,9 +158,21 @@ class _Deadline:
         if late:
             _shut(sock)
 
-    def _fire(self) -> None:
+    def _at_head(self) -> None:
         with self._lock:
-            self.expired = True
+            rest = self.seconds - (time.monotonic() - self._start)
+            if self._closed or (self._headers_in and rest > 0):
+                if not self._closed:  # the headers came in time: the body's turn
+                    self._timer = self._arm(rest, self._fire)
+                    self._timer.start()
+                return
+        self._fire(f"no response headers within {self.head_s:g} s (storage.http_total_timeout_s={self._total:g})")
+
+    def _fire(self, why: str | None = None) -> None:
+        with self._lock:
+            self.why = why or (f"no whole response within {self.seconds:g} s (storage.http_total_timeout_s="
+                               f"{self._total:g}, scaled by max_bytes / http_min_bytes_per_s)")
+            self.expired = True  # after `why`: a reader that sees it expired finds the reason
             socks = list(self._socks)
         for sock in socks:
             _shut(sock)
@@ -300,6 +327,7 @@ def read_http(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes:
         with (limiter.slot(uri) if limiter is not None else _nothing()):
             with _Deadline(response_deadline_s(storage, max_bytes), storage) as deadline:
                 with _open_once(uri, storage, deadline) as resp:
+                    deadline.headers_in()
                     return _body(resp, uri, storage, max_bytes, limit_name, deadline)
 
     return _retrying(once, uri, storage)
