@@ -56,6 +56,19 @@ def test_checkpoint_keys_that_leave_the_folder_are_refused_before_any_download(c
     assert not [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
 
 
+def test_checkpoint_folder_markers_are_not_names(ckpt_bucket, tmp_path):
+    """Empty `name/` objects (a console's "create folder") are folders, not files named ''."""
+    from vlbatch.operators.storage.checkpoint_cache import fetch_checkpoint
+
+    client, prefix = ckpt_bucket.client(), "ckpt-markers"
+    for key, body in ((f"{prefix}/", b""), (f"{prefix}/sub/", b""), (f"{prefix}/sub/a.txt", b"a"),
+                      (f"{prefix}/config.json", b"{}")):
+        client.put_object(Bucket="issue48-ckpt", Key=key, Body=body)
+    opts = StorageOptions(endpoint_url=ckpt_bucket.endpoint_url, region="us-east-1", max_attempts=1)
+    got = Path(fetch_checkpoint(f"s3://issue48-ckpt/{prefix}", opts, str(tmp_path / "cache")).path)
+    assert (got / "sub" / "a.txt").read_bytes() == b"a" and (got / "config.json").read_bytes() == b"{}"
+
+
 def test_checkpoint_index_shard_names_are_checked_before_any_download(ckpt_bucket, tmp_path):
     from vlbatch.operators.storage.checkpoint_cache import fetch_checkpoint
 

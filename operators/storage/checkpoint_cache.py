@@ -63,8 +63,8 @@ def _listing(fs, path: str, uri: str, storage: StorageOptions) -> dict[str, dict
     found = with_retries(lambda: fs.find(path, detail=True), what=f"listing {uri}", storage=storage)
     out = {}
     for full, info in sorted(found.items()):
-        if info.get("type", "file") != "file":
-            continue
+        if info.get("type", "file") != "file" or (full.endswith("/") and int(info.get("size") or 0) == 0):
+            continue  # a folder, or an empty `name/` folder marker (what consoles write): no file
         rel = full[len(path) + 1:] if full.startswith(path + "/") else full
         if (why := relative_name_problem(rel)) is not None:
             raise ConfigError(f"model.path: the object {printable(full)!r} under {uri!r} {why}; a checkpoint's keys "
