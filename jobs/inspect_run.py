@@ -90,7 +90,9 @@ def resolve_run(target: str, endpoint_url: str | None = None) -> RunRef:
 def _run_dir(uri: str, storage: StorageOptions) -> str:
     """`uri` if it holds part files; else its one sub-folder that does."""
     from vlbatch.operators.sink.parquet import PART_PREFIX
+    from vlbatch.operators.storage.options import check_output_uri
 
+    check_output_uri(uri)  # the places a run can be written to, and nothing else (never an http(s) probe)
     fs, path = filesystem(uri, storage)
     if not fs.exists(path):
         raise ConfigError(f"{uri}: no such run directory or config file")

@@ -15,9 +15,10 @@ second, one line per problem naming the field:
   read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
 - `model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA (`device_problems`).
 
-An s3:// (or other remote) `model.path` is checked by reading its config.json alone (the
-architecture and the tensor-parallel split); its other files are the download's business
-(`operators/storage/checkpoint_cache.py`).
+An s3:// (or other remote) `model.path` is checked by reading its config.json (the architecture
+and the tensor-parallel split) and by the download's own name checks (one listing: object keys
+and the index's shard names stay inside the folder, `checkpoint_cache.check_names`); its other
+files are the download's business (`operators/storage/checkpoint_cache.py`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import json
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, VlbatchError
+from vlbatch.operators.storage.names import printable, relative_name_problem
 from vlbatch.pipeline.config import JobConfig, is_local
 from vlbatch.pipeline.resources import check_fit, fit_defaults, fit_problems, problems_error
 
@@ -51,9 +53,16 @@ def _weights_problem(root: Path) -> str | None:
         data, why = _read_json(index, INDEX_FILE)
         if why:
             return why
-        shards = sorted({str(f) for f in (data.get("weight_map") or {}).values()})
+        weight_map = data.get("weight_map") or {}
+        if not isinstance(weight_map, dict):
+            return f"{INDEX_FILE}: weight_map is not a mapping of tensor names to shard files"
+        shards = sorted({str(f) for f in weight_map.values()})
         if not shards:
             return f"{INDEX_FILE} names no shard files"
+        unsafe = [f"{printable(str(f))!r} {why}" for f in sorted(set(weight_map.values()), key=str)
+                  if (why := relative_name_problem(f)) is not None]
+        if unsafe:  # untrusted names: never joined to the folder unchecked
+            return f"{INDEX_FILE} names shard files outside the checkpoint folder: {'; '.join(unsafe[:4])}"
         missing = [s for s in shards if not (root / s).is_file()]
         return f"{INDEX_FILE} names shard files that are missing: {missing}" if missing else None
     if (root / "model.safetensors").is_file():
@@ -126,6 +135,12 @@ def _remote_problems(config: JobConfig) -> list[str]:
         return [f"model.path: {uri} is not readable JSON ({e})"]
     if not isinstance(raw, dict):
         return [f"model.path: {uri} is not a JSON object"]
+    from vlbatch.operators.storage.checkpoint_cache import check_names
+
+    try:  # keys and shard names that would leave the download folder
+        check_names(config.model.path, config.storage.options())
+    except VlbatchError as e:
+        return [str(e) if str(e).startswith("model.path") else f"model.path: {e}"]
     return _architecture(raw, uri, config)
 
 

@@ -34,6 +34,7 @@ from torch import nn
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.model.config import ModelConfig
 from vlbatch.operators.model.model import Qwen35Model
+from vlbatch.operators.storage.names import printable, relative_name_problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # the names configs use
 
@@ -68,6 +69,12 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: weight_map is not a mapping of tensor names to shard files")
+        for shard in sorted(set(weight_map.values()), key=str):  # untrusted: never joined unchecked
+            if (why := relative_name_problem(shard)) is not None:
+                raise CheckpointError(f"{index} names the shard {printable(str(shard))!r}, which {why}; shard "
+                                      "names must be files inside the checkpoint folder")
         missing = sorted({f for f in weight_map.values() if not (root / f).is_file()})
         if missing:
             raise CheckpointError(f"{index} names shard files that are missing: {missing}")

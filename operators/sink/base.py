@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import vlbatch.operators.errors as errors_mod
 from vlbatch.operators.sink.ids import KEY, IdIndex, id_keys
 from vlbatch.operators.sink.schema import STATUS_OK
-from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions
+from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, check_output_uri
 
 INDEX_COLUMNS = ["id", "status", "error_type"]
 
@@ -137,6 +137,7 @@ class Sink(ABC):
     """One run's output (contract in the module docstring)."""
 
     def __init__(self, uri: str, storage: StorageOptions = DEFAULT_STORAGE):
+        check_output_uri(uri)  # persistent filesystems only (storage/options.OUTPUT_PROTOCOLS): never memory://
         self.uri, self.storage = uri, storage
 
     @abstractmethod

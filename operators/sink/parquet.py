@@ -72,7 +72,7 @@ from vlbatch.operators.sink.ids import IdIndex, id_keys
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, with_retries
 from vlbatch.operators.storage.io import TMP_MARK
-from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, with_protocol
+from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, check_output_uri, with_protocol
 
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
@@ -137,6 +137,7 @@ class ParquetSink(Sink):
     and the run directory's path inside it; `uri` is made absolute (local paths)."""
 
     def __init__(self, uri: str, storage: StorageOptions = DEFAULT_STORAGE, schema: pa.Schema = OUTPUT_SCHEMA):
+        check_output_uri(uri)  # before any filesystem is made (the base checks it again, for every sink)
         fs, root = filesystem(uri, storage)
         super().__init__(with_protocol(uri, root), storage)
         self.fs, self.root = fs, root

@@ -29,6 +29,7 @@ import stat
 import uuid
 
 from vlbatch.operators.errors import InputError, MediaError, StorageError, VlbatchError
+from vlbatch.operators.storage.names import check_no_nul
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, describe, with_retries
 
@@ -41,12 +42,14 @@ def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes
     """All bytes of the object or file at `uri`, at most `max_bytes` (None: no limit).
 
     Raises `MediaError` (permanent: not found, denied, a directory, a symlink loop, not a
-    regular file), `InputError` (over `max_bytes`; the message names `limit_name`) or
+    regular file), `InputError` (over `max_bytes`, the message naming `limit_name`; a NUL byte
+    in `uri`) or
     `StorageError` (transient failures outlasted every attempt, or an unclassified failure).
     `limiter`: an `http.HostLimiter` for http(s):// URLs (None: no per-host limit).
     """
     from vlbatch.operators.storage.http import is_http, read_http
 
+    check_no_nul(uri)  # bad input (InputError, permanent), whatever the scheme: never a retried StorageError
     if is_http(uri):
         return read_http(uri, storage, max_bytes=max_bytes, limit_name=limit_name, limiter=limiter)
     fs, path = filesystem(uri, storage)

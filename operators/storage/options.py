@@ -1,7 +1,7 @@
 """Where and how to reach storage: `StorageOptions` and one fsspec filesystem per URI.
 
 Local paths (`/a/b.mp4`, relative paths, `file:///a/b.mp4`) and `s3://bucket/key` (`s3a://`
-too) are supported; `memory://` for tests; `http(s)://` URLs are read by `storage.http`
+too) are supported; `memory://` for tests (never for output: `OUTPUT_PROTOCOLS`); `http(s)://` URLs are read by `storage.http`
 (urllib, no listing: `filesystem` gives fsspec's HTTP filesystem only for completeness). `s3://` uses s3fs with the options' endpoint URL,
 region, profile and anonymous flag. Credentials are never part of the options: botocore finds
 them in the standard places (AWS_* environment variables, shared credentials / config files
@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from vlbatch.operators.errors import ConfigError
 
 SUPPORTED_PROTOCOLS = ("file", "local", "s3", "s3a", "memory", "http", "https")  # http(s): storage/http.py
+# Where a run's output may go: the persistent filesystems of SUPPORTED_PROTOCOLS that a sink can
+# write (local paths, file://, s3:// and s3a://). Not memory:// (gone when the writer's process
+# exits: a run would report success and keep nothing), not http(s):// (read-only here).
+OUTPUT_PROTOCOLS = ("file", "local", "s3", "s3a")
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,10 @@ class StorageOptions:
     endpoint_url: S3-compatible endpoint (MinIO, moto, a regional endpoint); None = AWS default.
     region: bucket region; anonymous: unsigned requests for public buckets; profile: a named
     AWS profile. max_attempts: tries in all for transient errors; backoff_s / backoff_max_s:
-    exponential backoff base and cap; connect_timeout_s / read_timeout_s: per request.
+    exponential backoff base and cap; connect_timeout_s / read_timeout_s: per request (read: per
+    socket read). http(s) only (`storage/http.py`): http_total_timeout_s, the whole response's
+    deadline (scaled up by max_bytes: `http.response_deadline_s`); http_min_bytes_per_s (0: none)
+    over each http_rate_window_s of a body.
     """
 
     endpoint_url: str | None = None
@@ -39,12 +46,18 @@ class StorageOptions:
     backoff_max_s: float = 10.0
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    http_total_timeout_s: float = 300.0
+    http_min_bytes_per_s: float = 65536.0
+    http_rate_window_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError(f"storage max_attempts must be at least 1, got {self.max_attempts}")
         if self.backoff_s < 0 or self.backoff_max_s < 0:
             raise ConfigError("storage backoff_s and backoff_max_s must not be negative")
+        if self.http_total_timeout_s <= 0 or self.http_rate_window_s <= 0 or self.http_min_bytes_per_s < 0:
+            raise ConfigError("storage http_total_timeout_s and http_rate_window_s must be positive, "
+                              "http_min_bytes_per_s not negative")
 
     def fsspec_kwargs(self, protocol: str) -> dict:
         """Keyword arguments for `fsspec.filesystem(protocol, ...)`."""
@@ -76,6 +89,21 @@ def protocol_of(uri: str) -> str:
     from fsspec.core import split_protocol
 
     return split_protocol(uri)[0] or "file"
+
+
+def output_uri_problem(uri: str) -> str | None:
+    """None when a run's output may go to `uri` (`OUTPUT_PROTOCOLS`); else a message naming output.uri."""
+    protocol = protocol_of(uri)
+    if protocol in OUTPUT_PROTOCOLS:
+        return None
+    return (f"output.uri: {protocol}:// ({uri[:200]!r}) is not a persistent filesystem vlbatch writes; use a local "
+            "folder, file:// or s3://")
+
+
+def check_output_uri(uri: str) -> None:
+    """`ConfigError` when a run's output may not go to `uri` (`output_uri_problem`)."""
+    if (why := output_uri_problem(uri)) is not None:
+        raise ConfigError(why)
 
 
 def filesystem(uri: str, storage: StorageOptions = DEFAULT_STORAGE):

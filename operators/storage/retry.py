@@ -53,7 +53,8 @@ def with_retries(fn: Callable[[], T], *, what: str, storage: StorageOptions = DE
 
 
 def classify(e: BaseException) -> str:
-    """'permanent', 'transient' or 'unknown' for an exception from fsspec / s3fs / botocore / aiohttp."""
+    """'permanent', 'transient' or 'unknown' for an exception from fsspec / s3fs / botocore / aiohttp.
+    A name the OS refuses (`ValueError: embedded null byte`) is permanent: no retry can fix it."""
     chain, seen = [], set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -61,6 +62,8 @@ def classify(e: BaseException) -> str:
         e = e.__cause__ or e.__context__
     for x in chain:
         if isinstance(x, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            return "permanent"
+        if isinstance(x, ValueError) and "null byte" in str(x):  # the OS's "embedded null byte": a bad name
             return "permanent"
         if type(x) is OSError and x.errno in _PERMANENT_ERRNOS:
             return "permanent"

@@ -261,8 +261,9 @@ class ResourcesConfig(_Section):
 
 
 class OutputConfig(_Section):
-    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, or "
-                                                    "s3://); files go to <uri>/<run_id>/")
+    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, file:// "
+                                                    "or s3://; nothing else: memory:// and http(s):// are "
+                                                    "refused); files go to <uri>/<run_id>/")
     run_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
@@ -272,6 +273,17 @@ class OutputConfig(_Section):
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
+
+    @field_validator("uri")
+    @classmethod
+    def _persistent(cls, v: str) -> str:
+        # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
+        from vlbatch.operators.storage.options import output_uri_problem
+
+        why = output_uri_problem(v)
+        if why is not None:
+            raise ValueError(why.removeprefix("output.uri: "))
+        return v
 
     @field_validator("run_id")
     @classmethod
@@ -297,13 +309,21 @@ class StorageConfig(_Section):
     anonymous: bool = False
     retries: int = Field(5, ge=0, le=50)
     http_per_host: int = Field(8, ge=1, description="http(s) media requests in flight per host, per decode actor")
+    http_total_timeout_s: float = Field(
+        300.0, gt=0.0, description="an http(s) medium's whole response (headers and body) must arrive within "
+                                   "max(this, the medium's max_bytes / http_min_bytes_per_s) seconds, else a "
+                                   "StorageError row")
+    http_min_bytes_per_s: float = Field(
+        65536.0, ge=0.0, description="an http(s) body slower than this over a 30 s window (counted from its "
+                                     "start) is a StorageError row (0 = no minimum rate)")
 
     def options(self):
         """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
         from vlbatch.operators.storage import StorageOptions
 
         return StorageOptions(endpoint_url=self.endpoint_url, region=self.region, anonymous=self.anonymous,
-                              max_attempts=self.retries + 1)
+                              max_attempts=self.retries + 1, http_total_timeout_s=self.http_total_timeout_s,
+                              http_min_bytes_per_s=self.http_min_bytes_per_s)
 
 
 class ResumeConfig(_Section):
