@@ -186,6 +186,7 @@ def test_null_and_missing_media_are_error_rows_with_their_line_numbers(tmp_path)
     assert [t.error_type for t in errors] == ["InputError"] * 3
     for t, n, what in zip(errors, (14, 15, 16), ("missing", "null", "empty"), strict=True):
         assert f"line {n}" in t.error_message and what in t.error_message, t.error_message
+    assert errors[2].media_uri == ""  # an error row keeps the manifest's value
     assert len({t.ids[0] for t in tasks}) == len(tasks)
     # ordinary rows keep the ids they always had
     assert tasks[0].ids == (request_id(str(tmp_path / "i0.png"), 0, cfg.task.prompt),)
@@ -243,3 +244,20 @@ def test_the_final_line_names_dropped_duplicates():
     assert "49 duplicate requests dropped" in summary_line(s)
     assert "duplicate" not in summary_line(SimpleNamespace(**{**vars(s), "duplicates_dropped": 0}))
 
+
+
+def test_inspect_previews_no_media_the_run_refused_to_read(tmp_path):
+    """`vlbatch inspect --html` thumbnails the sampled and error rows' media on the inspecting
+    machine: a media the run refused as an `InputError` (a remote manifest's file:// entry) must
+    not be read there either."""
+    from vlbatch.jobs.inspect_html import preview_media
+
+    secret = tmp_path / "secret.png"
+    refused = {"media_uri": f"file://{secret}", "media_type": "image", "status": "error",
+               "error_type": "InputError", "error_message": "a remote manifest ..."}
+    blank_q = {"media_uri": "/m/a.png", "media_type": "image", "status": "error", "error_type": "InputError"}
+    ok = {"media_uri": "/m/a.png", "media_type": "image", "status": "ok", "error_type": None}
+    rep = SimpleNamespace(sample=[refused, ok, blank_q], error_media={"InputError": [refused, blank_q]})
+    read, not_read = preview_media(rep, max_thumbs=10)
+    assert read == {"/m/a.png": "image"}  # another row of that media ran: it is previewed
+    assert not_read == {f"file://{secret}"}

@@ -192,7 +192,7 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
 
     c = cfg.input.columns
     cols = _Columns(c.media, c.media_type, c.questions, keep)
-    good, bad = [], []
+    good, bad, blank = [], [], {}  # blank: line -> an empty media value, kept as the manifest has it ("" stays "")
     for ln in lines:
         if ln.error is not None:
             bad.append((ln.number, ln.error))
@@ -201,6 +201,8 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
             good.append((ln.number, _row(ln, cols, cfg.input.format)))
         except InputError as e:
             bad.append((ln.number, str(e)))
+            m = ln.values.get(c.media)
+            blank[ln.number] = m if isinstance(m, str) and not m.strip() else None
     kept = None
     if keep is not None and good:
         kept, misfits = _keep_columns(good, keep, cfg.input.format)
@@ -217,7 +219,7 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
         table.update({f.name: pa.array([], f.type) for f in keep if f.name not in table})
     out = normalise(pa.table(table), cfg, base_uri, keep=keep)
     if bad:
-        errors = manifest_table(len(bad), media_uri=[None] * len(bad), identity=[f"{file_uri}#L{n}" for n, _ in bad],
+        errors = manifest_table(len(bad), media_uri=[blank.get(n) for n, _ in bad], identity=[f"{file_uri}#L{n}" for n, _ in bad],
                                 error=[f"manifest {file_uri} line {n}: {msg}" for n, msg in bad])
         order = sorted(range(len(good) + len(bad)), key=lambda i: good[i][0] if i < len(good) else bad[i - len(good)][0])
         out = pa.concat_tables([out, errors]).take(pa.array(order, pa.int64()))
