@@ -121,7 +121,10 @@ def test_glob_follows_no_symlink_out_of_its_root(tmp_path, pattern):
     assert rows[str(root / "a.png")] is None
     if not pattern:
         assert rows[str(root / "sub" / "in.png")] is None
-    followed = GlobSource(_cfg(tmp_path, uri, "glob", input={"follow_symlinks": True})).manifest().to_pylist()
+    follow = _cfg(tmp_path, uri, "glob", input={"follow_symlinks": True})
+    followed = GlobSource(follow).manifest().to_pylist()
+    # a run that follows links is another run (its refused rows are not resumed), the default's id is unchanged
+    assert follow.resolved_run_id() != _cfg(tmp_path, uri, "glob").resolved_run_id()
     assert all(r["error"] is None for r in followed) and link in [r["media_uri"] for r in followed]
 
 

@@ -378,7 +378,8 @@ class JobConfig(_Section):
         basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
         for how in ("engine", "tensor_parallel_size", "expert_parallel"):  # how the model runs, not what it answers
             basis["model"].pop(how, None)
-        basis["input"].pop("follow_symlinks", None)  # which files are read, not how they are answered
+        if not self.input.follow_symlinks:  # the default: run ids made before the field existed stay
+            basis["input"].pop("follow_symlinks", None)  # (on: links are read that a default run refused)
         for how in ("decoder", "decode_device"):  # every decoder returns the same frames (tests/test_media_torchcodec.py)
             basis["video"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
