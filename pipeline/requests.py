@@ -185,10 +185,9 @@ def _expand_records(records: Iterable[tuple], task: TaskConfig) -> list[MediaTas
         rows = expand_rows(*rec[:3], task, *rec[3:])
         keep = rec[6] if len(rec) > 6 else None
         if keep is not None and any(first_keep.get(rid, keep) != keep for r in rows for rid in r.ids):
-            key = rec[0] if len(rec) <= 4 or rec[4] is None else rec[4]
-            fields = list(rec[3:]) + [None] * (4 - len(rec[3:]))
-            fields[1] = f"{key}\x1ekeep:{digest(keep)}"  # identity: what the ids hash
-            rows = expand_rows(*rec[:3], task, *fields)
+            media_bytes, identity, error = rec[3:6]  # a record with keep has all seven fields
+            key = f"{rec[0] if identity is None else identity}\x1ekeep:{digest(keep)}"  # what the ids hash
+            rows = expand_rows(*rec[:3], task, media_bytes, key, error, keep)
         for r in rows:
             for rid in r.ids:
                 first_keep.setdefault(rid, keep)
