@@ -54,20 +54,38 @@ document.body.dataset.thumbs=im.length;});"""
 e = html.escape
 
 
+def preview_media(rep: RunReport, max_thumbs: int) -> tuple[dict[str, str | None], set[str]]:
+    """({uri: media_type} to preview, {uris never read}) of the sampled rows and the error examples,
+    at most `max_thumbs` previewed. A media whose every row here is an `InputError` was refused by the
+    run before reading (a remote manifest's local file, a link out of a glob's root, over a size
+    limit): this machine does not read it either."""
+    media = list(rep.sample) + [m for ms in rep.error_media.values() for m in ms]
+    read_by_run = {r.get("media_uri") for r in media if r.get("error_type") != "InputError"}
+    seen: dict[str, str | None] = {}
+    refused: set[str] = set()
+    for r in media:
+        uri = r.get("media_uri")
+        if not uri or uri in seen or uri in refused:
+            continue
+        if uri not in read_by_run:
+            refused.add(uri)
+        elif len(seen) < max_thumbs:
+            seen[uri] = r.get("media_type")
+    return seen, refused
+
+
 def write_html(rep: RunReport, path: str | Path, opts: ThumbOptions | None = None, *, max_thumbs: int = 200) -> Path:
     """Thumbnails of the sampled rows' and the error examples' media (at most `max_thumbs`), then the page."""
     # a preview gives up sooner than a run: 2 attempts, 10 s to connect
     storage = replace(rep.ref.storage, max_attempts=min(2, rep.ref.storage.max_attempts),
                       connect_timeout_s=min(10.0, rep.ref.storage.connect_timeout_s))
     opts = opts or ThumbOptions(storage=storage, sampling=rep.ref.sampling, media_column=rep.ref.media_column)
-    media = [(r.get("media_uri"), r.get("media_type")) for r in rep.sample]
-    media += [(m["media_uri"], m["media_type"]) for ms in rep.error_media.values() for m in ms]
-    seen: dict[str, str | None] = {}
-    for uri, kind in media:
-        if uri and uri not in seen and len(seen) < max_thumbs:
-            seen[uri] = kind
+    seen, refused = preview_media(rep, max_thumbs)
+    thumbs = thumbnails(seen.items(), opts)
+    thumbs.update({u: Thumb(note="InputError: refused by the run before reading, not read here either")
+                   for u in refused})
     out = Path(path)
-    out.write_text(render(rep, thumbnails(seen.items(), opts)), encoding="utf-8")
+    out.write_text(render(rep, thumbs), encoding="utf-8")
     return out
 
 

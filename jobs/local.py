@@ -41,12 +41,15 @@ def summary_exit_code(summary: Any) -> int:
 
 
 def summary_line(summary: Any) -> str:
-    """The run's last line: rows ok / error / skipped (committed before), where, how long."""
+    """The run's last line: rows ok / error / skipped (committed before), duplicate requests dropped
+    (every manifest row accounted for), where, how long."""
     done = dict(summary.processed_by_status)
     ok, err = done.pop("ok", 0), done.pop("error", 0)
     other = "".join(f", {n} {k}" for k, n in sorted(done.items()))
+    dropped = getattr(summary, "duplicates_dropped", None) or 0
+    dup = f", {dropped} duplicate requests dropped (identical to an earlier manifest row)" if dropped else ""
     line = (f"[vlbatch] done: {ok} ok, {err} error{other}, {summary.requests_skipped} skipped "
-            f"(already committed) -> {summary.output_dir.rstrip('/')}/ in {summary.elapsed_s:.1f}s")
+            f"(already committed){dup} -> {summary.output_dir.rstrip('/')}/ in {summary.elapsed_s:.1f}s")
     if summary.exceeded_error_fraction:
         line += (f"; error share {summary.error_fraction:.0%} > max_error_fraction "
                  f"{summary.max_error_fraction:.0%}: failed")

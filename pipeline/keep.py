@@ -59,3 +59,15 @@ def decode(blobs: list[bytes | None], repeats: list[int], schema: pa.Schema) -> 
         one = ipc.open_stream(pa.py_buffer(blob)).read_all().cast(schema)
         parts.append(one.take(pa.array([0] * n, pa.int64())))
     return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def digest(blob: bytes) -> str:
+    """16 hex chars naming one row's kept values (an `encode` blob): sha256 of their JSON (sorted keys,
+    non-JSON values as text), so it is the values', not the IPC encoding's (stable across pyarrow
+    versions). What sets apart the request ids of one media's rows whose kept values differ."""
+    import hashlib
+    import json
+
+    values = ipc.open_stream(pa.py_buffer(blob)).read_all().to_pylist()
+    text = json.dumps(values, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

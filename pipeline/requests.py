@@ -12,6 +12,14 @@ questions) becomes an error row (`InputError`) with one request, never a silent 
 keeps the manifest's value (null stays null, "" stays ""). An empty or whitespace-only
 question is an `InputError` request of its own (the media's other questions run).
 
+Rows of one media whose `input.columns.keep` values differ are separate rows (one output row per
+manifest row, each with its own kept values): within a block the first keeps the ordinary id, and
+a later one whose kept values differ from those already seen under that id hashes the media's key
+plus its kept values' digest (`keep.digest`): deterministic for a given manifest, so resume finds
+them again, and no other row's id changes. Rows with the same kept values are identical requests.
+
+Paths reach here normalised (`sources/cells.resolve`: `./a.png` and `a.png` are one media).
+
 Identical requests (same id: same media uri, request index and prompt) run once:
 `drop_duplicates` keeps the first and counts the rest. The set of ids it remembers is the
 caller's: the runner keeps one per expansion batch (one Ray Data block of the manifest), so
@@ -158,9 +166,30 @@ def expand_all(records: Iterable[tuple], task: TaskConfig,
     """[(uri, media_type, questions[, media_bytes, identity, error, keep])] -> (pending MediaTasks,
     duplicate requests dropped). `done`: the committed ids (an `IdIndex` is looked up once for
     the whole block, vectorised)."""
-    rows = [r for rec in records for r in expand_rows(*rec[:3], task, *rec[3:])]
+    rows = _expand_records(records, task)
     if isinstance(done, IdIndex):
         ids = [rid for r in rows for rid in r.ids]
         done = {rid for rid, hit in zip(ids, done.contains_many(ids), strict=True) if hit} if len(done) else set()
     rows = (pending(r, done) for r in rows)
     return drop_duplicates((r for r in rows if r is not None), set())
+
+
+def _expand_records(records: Iterable[tuple], task: TaskConfig) -> list[MediaTask]:
+    """Each record's MediaTasks; a record whose ids were already seen with other kept values gets
+    ids of its own (module docstring), so no manifest row's kept values are lost to a duplicate."""
+    from vlbatch.pipeline.keep import digest
+
+    first_keep: dict[str, bytes | None] = {}  # id -> the kept values of the first row that had it
+    out: list[MediaTask] = []
+    for rec in records:
+        rows = expand_rows(*rec[:3], task, *rec[3:])
+        keep = rec[6] if len(rec) > 6 else None
+        if keep is not None and any(first_keep.get(rid, keep) != keep for r in rows for rid in r.ids):
+            media_bytes, identity, error = rec[3:6]  # a record with keep has all seven fields
+            key = f"{rec[0] if identity is None else identity}\x1ekeep:{digest(keep)}"  # what the ids hash
+            rows = expand_rows(*rec[:3], task, media_bytes, key, error, keep)
+        for r in rows:
+            for rid in r.ids:
+                first_keep.setdefault(rid, keep)
+        out.extend(rows)
+    return out

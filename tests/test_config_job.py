@@ -40,7 +40,7 @@ def test_errors_name_every_bad_field_and_allowed_values():
         validate_config(bad)
     msg = str(e.value)
     assert "model.dtype" in msg and "'float32', 'bfloat16' or 'float16'" in msg
-    assert "input.fromat" in msg and "allowed: columns, format, limit, uri" in msg
+    assert "input.fromat" in msg and "allowed: columns, follow_symlinks, format, limit, uri" in msg
     assert "video:" in msg and "either fps or num_frames" in msg
     assert "resources.model" in msg and "min_actors" in msg
     assert "sampling.temperature" in msg

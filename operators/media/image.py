@@ -57,8 +57,9 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as e:
         raise MediaError(f"image rejected as a decompression bomb: {stable_message(str(e))}") from e
     except UnidentifiedImageError as e:  # its text names the file object, a per-run address
-        raise MediaError(f"bytes are not a decodable image ({len(data)} bytes starting "
-                         f"{bytes(data[:8]).hex()}): no image format recognises them") from e
+        # the size only: the bytes are the file's (a remote manifest's or a link's target), never quoted
+        raise MediaError(f"bytes are not a decodable image ({len(data)} bytes): no image format "
+                         "recognises them") from e
     except (OSError, SyntaxError, ValueError) as e:
         raise MediaError(f"bytes are not a decodable image ({len(data)} bytes): {stable_message(str(e))}") from e
     w, h = img.size

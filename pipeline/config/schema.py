@@ -120,6 +120,8 @@ class InputConfig(_Section):
     format: SourceChoice = sources_pkg.SOURCES.default
     columns: InputColumns = InputColumns()
     limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
+    follow_symlinks: bool = Field(False, description="format=glob: read a symlink that leads out of the glob's "
+                                                     "folder (by default its row is an InputError, never read)")
 
 
 class TaskConfig(_Section):
@@ -316,6 +318,20 @@ class StorageConfig(_Section):
     http_min_bytes_per_s: float = Field(
         65536.0, ge=0.0, description="an http(s) body slower than this over a 30 s window (counted from its "
                                      "start) is a StorageError row (0 = no minimum rate)")
+    allow_schemes: tuple[str, ...] = Field(
+        (), description="schemes a remote manifest (s3://, http(s)://) may name besides its own kind of storage, "
+                        "e.g. [https] for an s3 manifest of web images; 'file' lets it name local files")
+
+    @field_validator("allow_schemes")
+    @classmethod
+    def _known_schemes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from vlbatch.operators.storage.options import SUPPORTED_PROTOCOLS
+
+        unknown = [s for s in v if s.lower() not in SUPPORTED_PROTOCOLS]
+        if unknown:
+            raise ValueError(f"unknown scheme {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(SUPPORTED_PROTOCOLS)}")
+        return tuple(s.lower() for s in v)
 
     def options(self):
         """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
@@ -385,6 +401,8 @@ class JobConfig(_Section):
         basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
         for how in ("engine", "tensor_parallel_size", "expert_parallel"):  # how the model runs, not what it answers
             basis["model"].pop(how, None)
+        if not self.input.follow_symlinks:  # the default: run ids made before the field existed stay
+            basis["input"].pop("follow_symlinks", None)  # (on: links are read that a default run refused)
         for how in ("decoder", "decode_device"):  # every decoder returns the same frames (tests/test_media_torchcodec.py)
             basis["video"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()

@@ -8,7 +8,10 @@ into that row's `error` (an `InputError` row), never a failed block.
   local manifest: a local path (`..` allowed, as in any local path). A remote manifest
   (`s3://bucket/prefix`, `http(s)://host/path`): the same scheme and bucket / host, the path
   normalised there; `..` past the bucket's or host's root is refused, and nothing becomes a
-  local path (a leading '/' is the bucket's / host's root, as in a URL).
+  local path (a leading '/' is the bucket's / host's root, as in a URL). A full URI in a remote
+  manifest names media of the manifest's own storage (s3 / s3a; http / https) or a scheme of
+  `storage.allow_schemes`: never a local file unless `file` is allowed. Local paths and web URLs
+  lose their `.` / `..` segments (`./a.png` and `a.png` are one media, one id).
 - `questions(cell)`: a questions cell -> list of strings (a list, a JSON list in a string, one
   question as a string, or a scalar), None when missing.
 - `check_text(value, what)`: every string in `value` is valid Unicode (a lone surrogate from
@@ -50,22 +53,70 @@ def split_base(base: str) -> tuple[str, str, str]:
     return scheme.lower(), f"{scheme}://{netloc}", path.strip("/")
 
 
-def resolve(uri, base: str) -> str | None:
-    """Manifest-relative media path -> absolute (module docstring); null and "" stay as they are."""
+FAMILIES = {"file": "file", "local": "file", "s3": "s3", "s3a": "s3", "http": "http", "https": "http"}
+
+
+def _family(scheme: str) -> str:
+    """The kind of storage a scheme reaches: local files, S3, the web (http and https); else itself."""
+    return FAMILIES.get(scheme.lower(), scheme.lower())
+
+
+def resolve(uri, base: str, allow: tuple[str, ...] = ()) -> str | None:
+    """Manifest-relative media path -> absolute (module docstring); null and "" stay as they are.
+    A full URI in a remote manifest must be of the manifest's kind of storage (`_family`) or a
+    scheme of `allow` (`storage.allow_schemes`), else `InputError`: a remote manifest never names a
+    local file. Local paths and http(s) URLs are normalised (`.` / `..` segments): one media, one id."""
     if uri is None:
         return None
     uri = str(uri)
-    if not uri.strip() or "://" in uri:
+    if not uri.strip():
         return uri
     scheme, root, path = split_base(base)
+    if "://" in uri:
+        return _full_uri(uri, scheme, root, allow)
     if scheme == "file":
-        return uri if uri.startswith("/") else posixpath.normpath(posixpath.join(path, uri))
+        return posixpath.normpath(uri if uri.startswith("/") else posixpath.join(path, uri))
     rel = uri.lstrip("/") if uri.startswith("/") else posixpath.join(path, uri)
     norm = posixpath.normpath(rel) if rel else ""
     if norm == ".." or norm.startswith("../"):
         raise InputError(f"media path {uri!r} climbs above {root}/ (the manifest's bucket or host): "
                          "a relative path stays inside it; give a full URI to read elsewhere")
     return f"{root}/{'' if norm == '.' else norm}"
+
+
+def _full_uri(uri: str, base_scheme: str, root: str, allow: tuple[str, ...]) -> str:
+    """A full media URI of a manifest whose folder has `base_scheme` (the rule: `resolve`), normalised
+    where that names the same media: a local path's and a web URL's dot segments (an S3 key is
+    opaque: 's3://b/./a' is its own key)."""
+    scheme, rest = uri.split("://", 1)
+    fam = _family(scheme)
+    if base_scheme != "file" and fam != _family(base_scheme) and scheme.lower() not in allow:
+        where = "a local file" if fam == "file" else f"{scheme}:// media"
+        raise InputError(f"media {uri!r}: a remote manifest ({root}/) may name only media of its own storage "
+                         f"({base_scheme}://), not {where}; storage.allow_schemes: [{scheme.lower()}] allows it")
+    if fam == "file":
+        return f"{scheme}://{_dot_free(rest)}" if rest.startswith("/") else uri
+    if fam == "http" and "/" in rest:
+        netloc, _, tail = rest.partition("/")
+        path, sep, query = _split_query(tail)
+        return f"{scheme}://{netloc}{_dot_free('/' + path)}{sep}{query}"
+    return uri
+
+
+def _dot_free(path: str) -> str:
+    """`path` without `.` / `..` segments, a trailing '/' kept (only when it has such segments:
+    every other path, ids included, stays byte for byte)."""
+    parts = path.split("/")
+    if "." not in parts and ".." not in parts:
+        return path
+    norm = posixpath.normpath(path)
+    return norm + "/" if path.endswith("/") and norm != "/" else norm
+
+
+def _split_query(tail: str) -> tuple[str, str, str]:
+    """('a/b', '?', 'x=1#f') of 'a/b?x=1#f': the path, then the query / fragment as they were."""
+    cut = min((i for i in (tail.find("?"), tail.find("#")) if i >= 0), default=len(tail))
+    return tail[:cut], tail[cut:cut + 1], tail[cut + 1:]
 
 
 def questions(q) -> list[str] | None:
@@ -131,7 +182,8 @@ def normalise(table: pa.Table, cfg, base_uri: str, *, file_uri: str | None = Non
                          f"columns are: {', '.join(table.column_names)}")
     n = table.num_rows
     errors: list[str | None] = [None] * n
-    uris, data, identity = _media(table.column(cols.media), base_uri, file_uri, row_offset, errors)
+    allow = cfg.storage.allow_schemes
+    uris, data, identity = _media(table.column(cols.media), base_uri, file_uri, row_offset, errors, allow)
     mtype = [cell(m) for m in table.column(cols.media_type).to_pylist()] \
         if cols.media_type in table.column_names else [None] * n
     mtype = [None if m is None else str(m) for m in mtype]
@@ -151,6 +203,8 @@ def normalise(table: pa.Table, cfg, base_uri: str, *, file_uri: str | None = Non
     else:
         qs = [None] * n
     extra = {} if data is None else {"media_bytes": data, "identity": identity}
+    if data is None and row_offset is not None:
+        extra["identity"] = _name_missing(uris, file_uri or base_uri, row_offset, cols.media, errors)
     if keep is not None:
         extra["keep"] = encode_keep(select_keep(table, keep, f"manifest {file_uri or base_uri}"))
     if any(e is not None for e in errors):
@@ -158,15 +212,29 @@ def normalise(table: pa.Table, cfg, base_uri: str, *, file_uri: str | None = Non
     return manifest_table(n, media_uri=uris, media_type=mtype, questions=qs, **extra)
 
 
+def _name_missing(uris: list, where: str, row_offset: int, column: str, errors: list) -> list:
+    """Identities of a URI block's rows: `<file>#<row>` for a null / empty media (each its own
+    `InputError` row, never one id for all of them; `errors` gains the row number), else None."""
+    ids: list[str | None] = []
+    for i, u in enumerate(uris):
+        if u is None or not u.strip():
+            ids.append(f"{where}#{row_offset + i}")
+            errors[i] = errors[i] or (f"manifest {where} row {row_offset + i} (from 0): column {column!r} "
+                                      f"is {'null' if u is None else 'empty'} (input.columns.media)")
+        else:
+            ids.append(None)
+    return ids
+
+
 def _media(col: pa.ChunkedArray, base_uri: str, file_uri: str | None, row_offset: int | None,
-           errors: list) -> tuple[list, list | None, list | None]:
+           errors: list, allow: tuple[str, ...] = ()) -> tuple[list, list | None, list | None]:
     """(media URIs, embedded bytes or None, identities or None) of the media column: a string column of URIs, a
     binary column of bytes, or a struct of `bytes` and `path` (Hugging Face `datasets` Image /
     Video). Embedded media without a path are named `<file>#<row>`. A path that cannot be
     resolved keeps the manifest's value, its row an error (`errors`)."""
     def resolved(u):
         try:
-            return resolve(u, base_uri)
+            return resolve(u, base_uri, allow)
         except InputError as e:
             return e
 

@@ -29,7 +29,7 @@ from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.sources.base import Source, limit, task_pool
 from vlbatch.pipeline.sources.cells import _holds_uris, normalise
-from vlbatch.pipeline.sources.text import is_text_file, read_text_files
+from vlbatch.pipeline.sources.text import is_text_file, read_text_files, sample_schema
 
 __all__ = ["ManifestSource", "normalise", "parquet_files"]
 
@@ -125,7 +125,7 @@ class ManifestSource(Source):
 
     def keep_schema(self) -> pa.Schema | None:
         """The kept columns' types from the first manifest file: the Parquet schema, or the types
-        pyarrow infers from the first block of a JSONL / CSV file."""
+        pyarrow infers from the good lines of a JSONL / CSV file's first `text.SAMPLE_LINES`."""
         names = self.cfg.input.columns.keep
         if not names:
             return None
@@ -182,18 +182,14 @@ def _open_file(uri: str, storage):
 
 
 def _first_schema(uri: str, fmt: str, storage) -> pa.Schema:
+    """The first file's schema: Parquet's footer; JSONL / CSV: inferred from its good lines
+    (`text.sample_schema`: a bad line never fails the job here)."""
+    if fmt != "parquet":
+        return sample_schema(uri, fmt, storage)
+    import pyarrow.parquet as pq
+
     with _open_file(uri, storage) as f:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(f).schema_arrow
-        if fmt == "jsonl":
-            import pyarrow.json as pj
-
-            return pj.open_json(f).schema
-        import pyarrow.csv as pcsv
-
-        return pcsv.open_csv(f).schema
+        return pq.ParquetFile(f).schema_arrow
 
 
 def parquet_files(fs, path: str, uri: str, retried) -> list[str]:

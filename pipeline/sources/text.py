@@ -9,7 +9,8 @@ failed), and its readers fail a whole file on one bad line. Here the driver list
 
 One bad line is one `InputError` row, never a failed job: its `identity` is
 `<file>#L<line>` (the request ids hash it; line numbers count from 1), `media_uri` null, the
-message names the file, the line and what is wrong: not UTF-8, not JSON, JSON that is not an
+message names the file, the line and what is wrong: a missing, null or empty media (each
+line its own row, never one id for all of them), not UTF-8, not JSON, JSON that is not an
 object (an array, a number), a cell of the wrong type, a lone surrogate (`\\ud800` escapes are
 refused, never dropped or replaced), a line over `MAX_LINE_BYTES`. Blank lines are skipped.
 CSV: the first row names the columns; an empty questions cell is a missing one (CSV has no null).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -139,7 +141,10 @@ def _row(line: Line, cols: _Columns, fmt: str) -> tuple:
     """(media, media_type, questions, keep values) of a good line; `InputError` for a bad cell."""
     v = line.values
     media, mtype = cell(v.get(cols.media)), cell(v.get(cols.media_type)) if cols.media_type else None
-    if media is not None and not isinstance(media, str):
+    if media is None or (isinstance(media, str) and not media.strip()):  # its own row, named by its line
+        what = "missing" if cols.media not in v else "null" if media is None else "empty"
+        raise InputError(f"column {cols.media!r} is {what} (input.columns.media)")
+    if not isinstance(media, str):
         raise InputError(f"column {cols.media!r} is a {type(media).__name__}, not a string (a media URI)")
     if mtype is not None and not isinstance(mtype, str):
         raise InputError(f"column {cols.media_type!r} is a {type(mtype).__name__}, not a string")
@@ -187,7 +192,7 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
 
     c = cfg.input.columns
     cols = _Columns(c.media, c.media_type, c.questions, keep)
-    good, bad = [], []
+    good, bad, blank = [], [], {}  # blank: line -> an empty media value, kept as the manifest has it ("" stays "")
     for ln in lines:
         if ln.error is not None:
             bad.append((ln.number, ln.error))
@@ -196,6 +201,8 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
             good.append((ln.number, _row(ln, cols, cfg.input.format)))
         except InputError as e:
             bad.append((ln.number, str(e)))
+            m = ln.values.get(c.media)
+            blank[ln.number] = m if isinstance(m, str) and not m.strip() else None
     kept = None
     if keep is not None and good:
         kept, misfits = _keep_columns(good, keep, cfg.input.format)
@@ -212,11 +219,66 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
         table.update({f.name: pa.array([], f.type) for f in keep if f.name not in table})
     out = normalise(pa.table(table), cfg, base_uri, keep=keep)
     if bad:
-        errors = manifest_table(len(bad), media_uri=[None] * len(bad), identity=[f"{file_uri}#L{n}" for n, _ in bad],
+        errors = manifest_table(len(bad), media_uri=[blank.get(n) for n, _ in bad], identity=[f"{file_uri}#L{n}" for n, _ in bad],
                                 error=[f"manifest {file_uri} line {n}: {msg}" for n, msg in bad])
         order = sorted(range(len(good) + len(bad)), key=lambda i: good[i][0] if i < len(good) else bad[i - len(good)][0])
         out = pa.concat_tables([out, errors]).take(pa.array(order, pa.int64()))
     return out
+
+
+SAMPLE_LINES = 1000  # lines of the first file whose good rows give the kept columns' types (`sample_schema`)
+
+
+def sample_schema(uri: str, fmt: str, storage) -> pa.Schema:
+    """The columns of a JSONL / CSV manifest file and their types, as pyarrow's reader infers them,
+    from the good rows among its first `SAMPLE_LINES` lines: a bad line is an error row when it is
+    read, never a failed job here (pyarrow's readers fail on one). JSONL values whose types clash
+    across lines: the first non-null value's type (the others become error rows as they are read)."""
+    with _open(uri, storage) as f:
+        if fmt == "jsonl":
+            rows = [ln.values for ln in itertools.islice(jsonl_lines(f), SAMPLE_LINES) if ln.error is None]
+            return _json_schema(rows)
+        good = [ln.values for ln in itertools.islice(csv_lines(f, _delimiter(uri)), SAMPLE_LINES)
+                if ln.error is None and _utf8(ln.values)]
+    import pyarrow.csv as pcsv
+
+    buf = io.StringIO()  # the good rows as one clean CSV (each row's cells are a prefix of the header)
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in good for k in r)))
+    w.writeheader()
+    w.writerows(good)
+    return pcsv.read_csv(io.BytesIO(buf.getvalue().encode())).schema
+
+
+def _utf8(values: dict) -> bool:
+    try:
+        check_text(list(values.values()), "a cell")
+    except InputError:
+        return False
+    return True
+
+
+def _json_schema(rows: list[dict]) -> pa.Schema:
+    import pyarrow.json as pj
+
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    try:
+        return pj.read_json(io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())).schema
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    fields = []
+    for n in names:  # a clash: column by column, the first non-null value's type where the column clashes
+        values = [r[n] for r in rows if n in r]
+        try:
+            typ = pj.read_json(io.BytesIO("".join(json.dumps({n: v}) + "\n" for v in values).encode())).schema[0].type
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            first = next(v for v in values if v is not None)
+            typ = pj.read_json(io.BytesIO(json.dumps({n: first}).encode())).schema[0].type
+        fields.append(pa.field(n, typ))
+    return pa.schema(fields)
+
+
+def _delimiter(uri: str) -> str:
+    return "\t" if uri.split("?", 1)[0].removesuffix(".gz").endswith(".tsv") else ","
 
 
 def read_text_files(batch: pa.Table, *, cfg, base_uri: str, keep: pa.Schema | None = None) -> Iterator[pa.Table]:
@@ -227,7 +289,7 @@ def read_text_files(batch: pa.Table, *, cfg, base_uri: str, keep: pa.Schema | No
             if cfg.input.format == "jsonl":
                 lines = jsonl_lines(f)
             else:
-                lines = csv_lines(f, "\t" if uri.split("?", 1)[0].removesuffix(".gz").endswith(".tsv") else ",")
+                lines = csv_lines(f, _delimiter(uri))
             chunk: list[Line] = []
             for ln in lines:
                 chunk.append(ln)
