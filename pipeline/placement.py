@@ -83,12 +83,20 @@ def report_start_failure(handle, stage: str, exc: BaseException) -> None:
     cause = f"{type(exc).__name__}: {stable_message(' '.join(str(exc).split()))}"[:500]
     trace = "".join(traceback.format_exception(exc))[-8000:]
     where = (stage, ctx.get_node_id(), ray.util.get_node_ip_address(), cause, isinstance(exc, ConfigError), trace)
-    for failure in (StartFailure(*where, exc), StartFailure(*where)):  # without the error if it does not pickle
+    for failure in (StartFailure(*where, _bare(exc)), StartFailure(*where)):  # without it if it does not pickle
         try:
             ray.get(handle.record.remote(failure), timeout=REPORT_TIMEOUT_S)
             return
         except Exception as e:  # noqa: BLE001 - the actor's own error still fails or degrades the run
             log.warning("could not report a failed start: %s: %s", type(e).__name__, e)
+
+
+def _bare(exc: BaseException) -> BaseException:
+    """`exc` without its traceback and chain (what it holds may not pickle), for the run's failure chain."""
+    try:
+        return type(exc)(*exc.args)
+    except Exception:  # noqa: BLE001 - a constructor of other arguments: the type and message only
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def reporting(cls: type, handle) -> type:
@@ -119,7 +127,7 @@ def check_left(stage: str, failures: list[StartFailure], need: dict, nodes: list
     no live node in `nodes` (`ray.nodes()`) that fits `need` where `stage` has not failed."""
     fatal = next((f for f in failures if f.fatal), None)
     if fatal is not None:
-        raise ActorStartError(stage, fatal.line(), fatal.trace) from fatal.error
+        raise ActorStartError(stage, fatal.line(), fatal.trace, config=True) from fatal.error
     failed = {f.node_id for f in failures}
     if not any(n.get("Alive") and n["NodeID"] not in failed and _fits(n.get("Resources", {}), need) for n in nodes):
         raise ActorStartError(stage, f"{stage} failed to start on every node that can hold it: "

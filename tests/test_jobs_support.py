@@ -283,3 +283,25 @@ def wait_nodes(head: RayHead, n: int, timeout_s: float = 400.0) -> None:
             logs = "\n".join(f"{p.name}: {p.read_text()[-1500:]}" for p in head.temp_dir.glob("*.log"))
             raise RuntimeError(f"{n} Ray nodes not alive after {timeout_s}s\n{logs}")
         time.sleep(0.5)
+
+
+def start_workers(head: RayHead, specs: dict[str, dict]) -> dict[str, RayWorkerNode]:
+    """Worker nodes `{name: RayWorkerNode.start keywords}` joined one at a time (raylets started at once
+    on a loaded machine time out registering), each started again once if it exits while joining."""
+    nodes: dict[str, RayWorkerNode] = {}
+    try:
+        for name, kw in specs.items():
+            for attempt in range(2):
+                node = RayWorkerNode.start(head, name=f"{name}-{attempt}", **kw)
+                deadline = time.monotonic() + 400
+                while node.proc.poll() is None and alive_nodes(head) < len(nodes) + 2 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                if node.proc.poll() is None:
+                    break
+            nodes[name] = node
+        wait_nodes(head, len(specs) + 1)
+    except BaseException:
+        for node in nodes.values():
+            node.kill()
+        raise
+    return nodes

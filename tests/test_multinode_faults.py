@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_jobs_support import REPO, TEST_ENV, RayHead, RayWorkerNode, read_output, wait_nodes
+from test_jobs_support import REPO, TEST_ENV, RayHead, RayWorkerNode, read_output, start_workers, wait_nodes
 from test_pipeline_progress import _Gate, _pngs
 
 pytestmark = pytest.mark.slow
@@ -36,13 +36,12 @@ GATED = 2  # the last media: answered only after the kill
 @pytest.fixture
 def three_nodes():
     head = RayHead.start(num_cpus=2)
-    workers = []
+    workers = {}
     try:
-        workers = [RayWorkerNode.start(head, num_cpus=1, num_gpus=1, name=f"w{i}") for i in range(2)]
-        wait_nodes(head, 3)
-        yield head, workers
+        workers = start_workers(head, {f"w{i}": {"num_cpus": 1, "num_gpus": 1} for i in range(2)})
+        yield head, list(workers.values())
     finally:
-        for w in workers:
+        for w in workers.values():
             w.kill()
         head.stop()
 
@@ -147,11 +146,10 @@ def one_bad_node(tmp_path, s3_server):
     head = RayHead.start(num_cpus=2)
     nodes = {}
     try:
-        nodes["good"] = RayWorkerNode.start(head, num_cpus=1, num_gpus=1, name="good",
-                                            env={**aws, "VLBATCH_CACHE": str(tmp_path / "cache")})
-        nodes["bad"] = RayWorkerNode.start(head, num_cpus=1, num_gpus=1, name="bad",
-                                           env={**aws, "VLBATCH_CACHE": str(tmp_path / "not-a-folder" / "cache")})
-        wait_nodes(head, 3)
+        nodes = start_workers(head, {
+            "good": {"num_cpus": 1, "num_gpus": 1, "env": {**aws, "VLBATCH_CACHE": str(tmp_path / "cache")}},
+            "bad": {"num_cpus": 1, "num_gpus": 1,
+                    "env": {**aws, "VLBATCH_CACHE": str(tmp_path / "not-a-folder" / "cache")}}})
         yield head, nodes, aws
     finally:
         for w in nodes.values():
