@@ -151,6 +151,19 @@ def node_options(handle, stage: str, need: dict) -> Callable[[], dict]:
     return options
 
 
+def map_stage(ds, cls: type, failures, **kw):
+    """`ds.map_batches(cls, **kw)`; with the run's `failures` actor, the class reports a failed start and
+    the pool keeps new actors off the nodes where one failed (`reporting`, `node_options`)."""
+    if failures is None:
+        return ds.map_batches(cls, **kw)
+    import warnings
+
+    with warnings.catch_warnings():  # Ray 2.60 (pinned) warns that ray_remote_args_fn goes in 2.64
+        warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.*")
+        return ds.map_batches(reporting(cls, failures), ray_remote_args_fn=node_options(failures, cls.__name__, kw),
+                              **kw)
+
+
 def failed_lines(handle) -> list[str]:
     """Each failed start as one line (`StartFailure.line`), for the run's summary."""
     import ray

@@ -220,6 +220,7 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.placement import map_stage
     from vlbatch.pipeline.replica import replica_resources
     from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
     from vlbatch.pipeline.write_stage import WriteStage
@@ -234,7 +235,7 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
         return kw
 
     def stage(ds, cls, kwargs, batch_size, resources):
-        return _map(ds, cls, failures, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
+        return map_stage(ds, cls, failures, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
                     **resources)
 
     check_cpus_fit(cfg, ray.cluster_resources().get("CPU", 0.0), fixed_size=cfg.ray.address is None)
@@ -258,21 +259,6 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
                replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
                                                  max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))
     return stage(ds, WriteStage, write_kw, r.write.batch_size, pool(r.write))
-
-
-def _map(ds, cls, failures, **kw):
-    """`ds.map_batches(cls, **kw)`; with the run's `failures` actor, the class reports a failed start and
-    the pool keeps new actors off the nodes where one failed (pipeline/placement.py)."""
-    if failures is None:
-        return ds.map_batches(cls, **kw)
-    import warnings
-
-    from vlbatch.pipeline.placement import node_options, reporting
-
-    with warnings.catch_warnings():  # Ray 2.60 (pinned) warns that ray_remote_args_fn goes in 2.64
-        warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.*")
-        return ds.map_batches(reporting(cls, failures), ray_remote_args_fn=node_options(failures, cls.__name__, kw),
-                              **kw)
 
 
 def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
