@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_SETUP_FAILED, EXIT_USAGE
-from vlbatch.operators.errors import ConfigError, VlbatchError
+from vlbatch.operators.errors import ActorStartError, ConfigError, VlbatchError
 
 # "pkg.mod.SomeError: message" (the last line of a Python traceback); group 1 the dotted name
 _EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?:: (.*))?$")
@@ -93,14 +93,17 @@ def describe(exc: BaseException, config, log_path: Path) -> Failure:
     """The line and exit code for `exc`, raised by the run (see the module docstring); the full
     exception with Ray's text is appended to `log_path`."""
     text = "".join(traceback.format_exception(exc))
+    text += "".join(f"\n{e.stage}'s failed starts:\n{e.detail}" for e in _chain(exc) if getattr(e, "detail", ""))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as f:
         f.write(text)
     what, is_config = cause(exc)
-    names = [n for e in _chain(exc) for n in _STAGE.findall(str(e))]
+    is_config = is_config or any(getattr(e, "config", False) is True for e in _chain(exc) if isinstance(e, ActorStartError))
+    started = [e.stage for e in _chain(exc) if isinstance(e, ActorStartError)]  # no actor of a stage could start
+    names = started or [n for e in _chain(exc) for n in _STAGE.findall(str(e))]
     stage, field = STAGES.get(names[0], (names[0], None)) if names else (None, None)
-    init = any(getattr(e, "_actor_init_failed", False) or "error raised in its creation task" in str(e)
-               for e in _chain(exc))
+    init = bool(started) or any(getattr(e, "_actor_init_failed", False)
+                                or "error raised in its creation task" in str(e) for e in _chain(exc))
     where = "the run failed"
     if stage:
         where = f"the {stage} stage could not start" if init else f"the {stage} stage failed"

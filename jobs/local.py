@@ -31,7 +31,7 @@ from typing import Any
 from vlbatch.jobs.connect import RayTarget, connect, driver_stderr_path, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
 from vlbatch.jobs.scheduling import run_lock, submission_id
-from vlbatch.operators.errors import VlbatchError
+from vlbatch.operators.errors import ActorStartError, VlbatchError
 
 
 def summary_exit_code(summary: Any) -> int:
@@ -155,7 +155,8 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
             print(finish_interrupted(config, writers_gone=ours and target.address is None), flush=True)
         return stop.exit_code
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
-        if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch."):
+        if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch.") \
+                and not isinstance(e, ActorStartError):  # a stage's actors could not start: described below
             raise  # ours, raised here (ConfigError, ClusterUnreachableError): one line in jobs/commands.py
         # (Ray's RayTaskError of a UDF's ConfigError is an instance of it too, with Ray's traceback as text)
         failure = describe(e, config, error_log_path(job_name))

@@ -69,6 +69,20 @@ class ConfigError(VlbatchError):
     """Invalid job configuration; the message names the field."""
 
 
+class ActorStartError(VlbatchError):
+    """No actor of a stage (`stage`: its class name, e.g. ModelStage) can start: its start failed
+    with the job's own error (chained), or on every node that could hold one (pipeline/placement.py)."""
+
+    def __init__(self, stage: str, message: str, detail: str = "", config: bool = False):
+        super().__init__(message)
+        self.stage = stage
+        self.detail = detail  # the failed actors' own tracebacks (for the run's log file, not the terminal)
+        self.config = config  # the cause is a ConfigError (the job's own): a bad config's exit code
+
+    def __reduce__(self):
+        return type(self), (self.stage, str(self), self.detail, self.config)
+
+
 class SetupError(ConfigError):
     """The job's own setup is broken (the checkpoint's files, the device), not a medium: a stage
     raises it instead of writing an error row, so the run fails and nothing is committed for it."""

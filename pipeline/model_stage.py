@@ -16,6 +16,11 @@ from being built) map straight to the output columns (`_columns`).
 Errors: a request that cannot be built (bad shapes) is a permanent error row; an engine
 failure turns every request it held into a transient `EngineError` row (retried on
 resume), as does an exception from the backend for a whole call; rows in error pass through.
+Out of memory (torch's `OutOfMemoryError`, `MemoryError`: from the backend or as the engine
+loop's `Result.out_of_memory`) is not the requests' fault: the device's caches are freed and the
+requests that ran out are run again in two halves, recursively (`_run`); only a request that
+runs out alone becomes an `EngineError` row. Each split halves the batch, so a call makes at most
+about 2n engine batches for n requests.
 
 A call holds one Ray Data block (the runner maps the model stage with `batch_size=None`, so a
 task is one block and its rows are handed on when it returns; `runner.block_bytes` sizes blocks
@@ -112,14 +117,32 @@ class ModelStage:
         return to_table(out, Generated)
 
     def _run(self, rows: list[Prepared]) -> dict[str, object]:
-        """One engine batch; a backend exception becomes EngineError rows for all of it."""
+        """{request id: Result | error} for every request of `rows`: one engine batch, and the
+        requests of it that ran out of memory run again in two halves (recursively) after the
+        device's caches are freed; a request that runs out alone keeps its `EngineError`."""
+        results, oom = self._generate(rows)
+        if len(oom) <= 1:
+            return results
+        free_device_memory()
+        half = len(oom) // 2
+        for part in (oom[:half], oom[half:]):
+            results.update(self._run(_rows_of(part)))
+        return results
+
+    def _generate(self, rows: list[Prepared]) -> tuple[dict[str, object], list[tuple[Prepared, int]]]:
+        """One engine batch -> (its results, the (row, prompt index) of each request that ran out of
+        memory); a backend exception becomes EngineError results for all of it."""
         try:
-            return self.backend.generate(rows)
+            results = self.backend.generate(rows)
         except SetupError:  # the job's own setup (checkpoint, device): fails the run, never rows
             raise
         except Exception as e:  # the whole batch failed (OOM, device error): transient
             err = e if isinstance(e, VlbatchError) else EngineError(f"{type(e).__name__}: {e}")
-            return {rid: err for r in rows for rid in r.ids}
+            results = {rid: err for r in rows for rid in r.ids}
+            oom = _is_out_of_memory(e)
+            return results, [(r, i) for r in rows for i in range(len(r.ids)) if oom]
+        return results, [(r, i) for r in rows for i, rid in enumerate(r.ids)
+                         if getattr(results[rid], "out_of_memory", False)]
 
     def _base(self, r: Prepared) -> dict:
         return {"media_uri": r.media_uri, "media_type": r.media_type, "ids": r.ids,
@@ -141,6 +164,32 @@ class ModelStage:
         g = Generated(**self._base(r), visual_tokens=r.visual_tokens, model_s=model_s)
         return replace(g, **dict(zip(names, map(tuple, cols), strict=True)),
                        statuses=tuple("ok" if e is None else "error" for e in cols[6]))
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError))
+
+
+def free_device_memory() -> None:
+    """Before a retry after running out of memory: collect garbage and hand torch's cached CUDA
+    blocks back (a no-op on the CPU)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _rows_of(requests: list[tuple[Prepared, int]]) -> list[Prepared]:
+    """(row, prompt index) pairs -> one row per media holding only those prompts, in order."""
+    by_row: dict[int, tuple[Prepared, list[int]]] = {}
+    for row, i in requests:
+        by_row.setdefault(id(row), (row, []))[1].append(i)
+    return [row.only(tuple(idx)) for row, idx in by_row.values()]
 
 
 def _columns(o) -> tuple:

@@ -112,6 +112,17 @@ class Prepared(MediaTask):
         flat = self.spans[i]
         return tuple(zip(flat[0::2], flat[1::2], strict=True))
 
+    def only(self, keep: tuple[int, ...]) -> Prepared:
+        """The same media with only prompts `keep` (in that order): every per-prompt field taken at
+        those indices, `positions` cut to theirs; the media itself (pixels, grid, hash) shared."""
+        def pick(t: tuple) -> tuple:
+            return tuple(t[i] for i in keep) if t else t
+
+        pos = np.concatenate([self.prompt_positions(i) for i in keep], axis=1) if keep else self.positions[:, :0]
+        return replace(self, ids=pick(self.ids), request_indices=pick(self.request_indices), prompts=pick(self.prompts),
+                       input_ids=pick(self.input_ids), spans=pick(self.spans), rope_deltas=pick(self.rope_deltas),
+                       positions=pos)
+
 
 @dataclass(frozen=True)
 class Generated(MediaTask):

@@ -32,7 +32,9 @@ sink's `finish()` drops what the commits left behind (an empty `_tmp/`).
 Start-up refuses what would fail later: an output bucket that does not exist
 (`write_stage.check_output`, ConfigError naming output.uri; buckets are never created) and,
 on a local Ray of fixed size, actor pools that cannot all start (`check_cpus_fit`,
-ConfigError naming resources).
+ConfigError naming resources). An actor that fails to start on a node (a model replica whose
+checkpoint cache there is unwritable): its pool avoids that node and the run goes on
+(`RunSummary.failed_starts`), or stops in one line when no node is left (`pipeline/placement.py`).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
 from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
+from vlbatch.pipeline.placement import INIT_DEATHS
 from vlbatch.pipeline.progress import Progress
 from vlbatch.pipeline.timeline import Timeline
 from vlbatch.pipeline.write_stage import check_output, open_sink
@@ -92,6 +95,7 @@ class RunSummary:
     visual_tokens: int = 0  # this call, per request (a media asked 3 questions counts 3 times)
     token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
     timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
+    failed_starts: list = field(default_factory=list)  # "<Stage> on node IP (id): cause" per actor that failed to start
 
     @property
     def exceeded_error_fraction(self) -> bool:
@@ -123,6 +127,9 @@ def _init_ray(cfg: JobConfig) -> None:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+    # an actor that dies while starting is replaced (Ray Data's default, 0, fails the run at once): one
+    # that cannot start on a node is retried off that node (pipeline/placement.py)
+    ctx.max_consecutive_actor_init_deaths = INIT_DEATHS
     # A CPU-stage task emits its output (pixel values) in blocks of up to this size, and a
     # model task takes whole blocks: with Ray Data's default (128 MiB, ~100 media of a few
     # hundred visual tokens) the model stage took ~100 media per task and committed them only
@@ -205,12 +212,15 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
                 "resources.*.num_cpus or min_actors", what)
 
 
-def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, meter=None):
+def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None):
     """The lazy dataset of write stats rows (`source`: the run's `Source`; `run_dir`: the run's URI, where its
-    sink is; `meter`: the run's `Meter` actor the stages count into, pipeline/meter.py)."""
+    sink is; `meter`: the run's `Meter` actor the stages count into, pipeline/meter.py; `failures`: its
+    `StartFailures` actor: an actor that fails to start is reported there and its pool avoids that node,
+    pipeline/placement.py)."""
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.placement import map_stage
     from vlbatch.pipeline.replica import replica_resources
     from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
     from vlbatch.pipeline.write_stage import WriteStage
@@ -224,44 +234,44 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
             kw["memory"] = int(stage.memory_gb * 2**30)
         return kw
 
+    def stage(ds, cls, kwargs, batch_size, resources):
+        return map_stage(ds, cls, failures, fn_constructor_kwargs=kwargs, batch_size=batch_size, batch_format="pyarrow",
+                    **resources)
+
     check_cpus_fit(cfg, ray.cluster_resources().get("CPU", 0.0), fixed_size=cfg.ray.address is None)
-    write = {"fn_constructor_kwargs": {"cfg": cfg, "run_dir": run_dir, "run_id": run_id},
-             "batch_size": r.write.batch_size, "batch_format": "pyarrow", **pool(r.write)}
+    write_kw = {"cfg": cfg, "run_dir": run_dir, "run_id": run_id}
     if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
         from vlbatch.pipeline.scan import ScanStage  # (pipeline/scan.py; no write pool)
 
-        return tasks_ds.map_batches(ScanStage, fn_constructor_kwargs={**write["fn_constructor_kwargs"], "meter": meter},
-                                    batch_size=scan_batch_size(cfg, source), batch_format="pyarrow", **pool(r.preprocess))
+        return stage(tasks_ds, ScanStage, {**write_kw, "meter": meter}, scan_batch_size(cfg, source), pool(r.preprocess))
     stage_kw = {"cfg": cfg, "meter": meter}
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
-        ds = tasks_ds.map_batches(PrepareStage, fn_constructor_kwargs=stage_kw, batch_size=r.preprocess.batch_size,
-                                  batch_format="pyarrow", **pool(r.preprocess))
+        ds = stage(tasks_ds, PrepareStage, stage_kw, r.preprocess.batch_size, pool(r.preprocess))
     else:
-        ds = tasks_ds.map_batches(DecodeStage, fn_constructor_kwargs=stage_kw, batch_size=r.decode.batch_size,
-                                  batch_format="pyarrow", **pool(r.decode))
-        ds = ds.map_batches(PreprocessStage, fn_constructor_kwargs=stage_kw, batch_size=r.preprocess.batch_size,
-                            batch_format="pyarrow", **pool(r.preprocess))
+        ds = stage(tasks_ds, DecodeStage, stage_kw, r.decode.batch_size, pool(r.decode))
+        ds = stage(ds, PreprocessStage, stage_kw, r.preprocess.batch_size, pool(r.preprocess))
     # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
     gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/replica.py
     # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes).
     # Ray Data refuses batch_size=None for an operator that requests GPUs ("You must provide `batch_size`"):
     # there the model batch size, which the blocks are already sized to, gives about one call per block too.
-    ds = ds.map_batches(ModelStage, fn_constructor_kwargs=stage_kw, batch_size=None if not gpus else r.model.batch_size,
-                        batch_format="pyarrow",
-                        **replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
-                                                            max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))
-    return ds.map_batches(WriteStage, **write)
+    ds = stage(ds, ModelStage, stage_kw, None if not gpus else r.model.batch_size,
+               replica_resources(cfg, gpus, pool(r.model, enable_true_multi_threading=True,
+                                                 max_concurrent_calls_per_actor=r.model.max_concurrent_batches)))
+    return stage(ds, WriteStage, write_kw, r.write.batch_size, pool(r.write))
 
 
 def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
-                  known: int | None, timeline: Timeline) -> None:
+                  known: int | None, timeline: Timeline) -> list[str]:
     """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the stages'
     meter (and the expansion's tally until the total is known: `known` media read) and prints
-    progress at the configured interval meanwhile, committed rows or not."""
+    progress at the configured interval meanwhile, committed rows or not. -> the model start
+    failures the run went on without (`placement.failed_lines`)."""
     from vlbatch.pipeline.meter import Ticker, start_meter
+    from vlbatch.pipeline.placement import failed_lines, start_failures
 
-    meter = start_meter()
-    graph = build_graph(cfg, source, tasks_ds, sink.uri, run_id, meter=meter)
+    meter, failures = start_meter(), start_failures()
+    graph = build_graph(cfg, source, tasks_ds, sink.uri, run_id, meter=meter, failures=failures)
     progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
                        "starting the actors", sticky=cfg.task.mode != "scan")
     every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
@@ -270,6 +280,7 @@ def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress:
         for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
             progress.update(stats)
             timeline.update(stats)
+    return failed_lines(failures)
 
 
 def _open_run(cfg: JobConfig, run_uri: str):
@@ -316,9 +327,11 @@ def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
     progress = Progress(total=pending_n if pending_n is not None else plan.requests, stream=stream,
                         interval_s=cfg.ray.progress_interval_s,
                         expect_models=None if cfg.task.mode == "scan" else cfg.resources.model.min_actors)
-    timeline = Timeline()
+    timeline, failed = Timeline(), []
     if pending_n is None or pending_n:
-        _stream_graph(cfg, source, tasks_ds, sink, run_id, progress, tally, known, timeline)
+        failed = _stream_graph(cfg, source, tasks_ds, sink, run_id, progress, tally, known, timeline)
+    for line in failed:
+        _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
     progress.set_phase(None)
     policy = cfg.output.roll_policy()
     sealed = sink.seal(policy.target_rows, policy.target_bytes)  # what writers still held at the end
@@ -332,7 +345,7 @@ def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
     after = sink.index()
     summary = _summary(cfg, run_id, run_uri, progress, index, after, purged, dropped, pending_n,
                        elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand, graph_at=t_graph - t0,
-                       timeline=timeline)
+                       timeline=timeline, failed_starts=failed)
     log.debug("sealed %d parts at the end", len(sealed))
     sink.write_summary(summary.to_json())
     sink.finish()
@@ -362,7 +375,7 @@ def _say(stream, line: str) -> None:
 
 
 def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pending_n, *, elapsed, expand_s,
-             graph_at, timeline=None):
+             graph_at, timeline=None, failed_starts=()):
     total = sum(after.status_counts.values())
     errors = after.status_counts.get("error", 0)
     rates = progress.rates()
@@ -384,7 +397,7 @@ def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pen
         stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()},
         prompt_tokens=progress.prompt_tokens, visual_tokens=progress.visual_tokens,
         token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)},
-        timeline=timeline.to_json() if timeline is not None else {})
+        timeline=timeline.to_json() if timeline is not None else {}, failed_starts=list(failed_starts))
 
 
 def _hist_text(h: dict) -> str:

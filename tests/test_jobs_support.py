@@ -201,3 +201,107 @@ def read_output(run_dir: Path):
     for f in sorted(run_dir.glob("*.parquet")):
         rows += pq.read_table(f).to_pylist()
     return rows
+
+
+@dataclass
+class RayWorkerNode:
+    """A worker node (its own raylet, `ray start --address=GCS --block`) joined to a `RayHead`, in
+    its own process group: `kill()` SIGKILLs that group, so the raylet and every worker process it
+    started die at once, as when a machine is lost. `env`: extra environment of the raylet (and so
+    of its workers)."""
+
+    proc: subprocess.Popen
+    log_path: Path
+
+    @classmethod
+    def start(cls, head: RayHead, *, num_cpus: float, num_gpus: float = 0, env: dict | None = None,
+              name: str = "worker") -> RayWorkerNode:
+        (nm, om, agent_http, agent_grpc, rt_env, metrics) = free_ports(6)
+        cmd = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={head.gcs_address}", "--block",
+            f"--node-manager-port={nm}", f"--object-manager-port={om}",
+            f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={rt_env}", f"--metrics-export-port={metrics}",
+            f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", "--disable-usage-stats",
+        ]
+        full_env = dict(os.environ, **TEST_ENV, **(env or {}))
+        full_env.pop("RAY_ADDRESS", None)
+        log_path = head.temp_dir / f"{name}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the node
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        return cls(proc, log_path)
+
+    def pids(self, match: str) -> list[int]:
+        """This node's Ray worker processes (descendants of its `ray start`; Ray puts each worker in a
+        process group of its own) titled `ray::...match...`."""
+        parent, title = {}, {}
+        for d in os.listdir("/proc"):
+            try:
+                parent[int(d)] = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                title[int(d)] = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):
+                continue
+
+        def ours(pid: int) -> bool:
+            for _ in range(16):
+                if pid == self.proc.pid:
+                    return True
+                pid = parent.get(pid, 0)
+                if pid <= 1:
+                    return False
+            return False
+
+        return [p for p, t in title.items() if t.startswith("ray::") and match in t and ours(p)]
+
+    def kill(self) -> None:
+        """SIGKILL the node: its workers (found first: they leave the group) and its process group
+        (the raylet and its agents), then reap it."""
+        workers = self.pids("")
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)
+
+
+def alive_nodes(head: RayHead) -> int:
+    from ray.util.state import list_nodes
+
+    return sum(1 for n in list_nodes(address=head.dashboard_url, detail=False) if n.state == "ALIVE")
+
+
+def wait_nodes(head: RayHead, n: int, timeout_s: float = 400.0) -> None:
+    """Until `n` nodes are alive (a start-up wait, never a synchronisation of the test)."""
+    deadline = time.monotonic() + timeout_s
+    while alive_nodes(head) != n:
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"{p.name}: {p.read_text()[-1500:]}" for p in head.temp_dir.glob("*.log"))
+            raise RuntimeError(f"{n} Ray nodes not alive after {timeout_s}s\n{logs}")
+        time.sleep(0.5)
+
+
+def start_workers(head: RayHead, specs: dict[str, dict]) -> dict[str, RayWorkerNode]:
+    """Worker nodes `{name: RayWorkerNode.start keywords}` joined one at a time (raylets started at once
+    on a loaded machine time out registering), each started again once if it exits while joining."""
+    nodes: dict[str, RayWorkerNode] = {}
+    try:
+        for name, kw in specs.items():
+            for attempt in range(2):
+                node = RayWorkerNode.start(head, name=f"{name}-{attempt}", **kw)
+                deadline = time.monotonic() + 400
+                while node.proc.poll() is None and alive_nodes(head) < len(nodes) + 2 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                if node.proc.poll() is None:
+                    break
+            nodes[name] = node
+        wait_nodes(head, len(specs) + 1)
+    except BaseException:
+        for node in nodes.values():
+            node.kill()
+        raise
+    return nodes

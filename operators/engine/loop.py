@@ -26,8 +26,9 @@ Contract:
   wave's end, and a caller (a Ray task whose output is handed on only when it returns)
   held finished rows for most of the run (issue 33).
 - An exception from the engine fails every request in it at that moment (error type
-  `EngineError`, the message names the exception), resets the engine (`abort`) and the
-  loop goes on with later calls.
+  `EngineError`, the message names the exception; `Result.out_of_memory` when it was torch's
+  `OutOfMemoryError` or `MemoryError`, so the caller may retry in smaller batches), resets the
+  engine (`abort`) and the loop goes on with later calls.
 - `on_finished(n)` (optional): called on the loop thread with the number of requests each
   step finished, as they finish (progress counters; it must be cheap and must not raise).
 - `busy_s`: seconds spent in `Engine.step` so far (the engine's busy time; callers'
@@ -170,8 +171,11 @@ class EngineLoop:
 
     def _fail_all(self, exc: Exception, keep: list[_Call]) -> None:
         """Fail every request the engine holds; calls never submitted (`keep`, the queue) wait on."""
+        import torch
+
         self.engine.abort()
         message = f"engine failed: {type(exc).__name__}: {exc}"[:2000]
+        oom = isinstance(exc, (torch.OutOfMemoryError, MemoryError))
         with self._cond:
             self._queue = keep + self._queue
             waiting = {id(c) for c in self._queue}
@@ -180,6 +184,6 @@ class EngineLoop:
                     continue
                 del self._owner[rid]
                 req = next(r for r in call.requests if r.id == rid)
-                self._settle(call, Result.failed(req, message, "EngineError", Timings(0.0, 0.0, 0.0)))
+                self._settle(call, Result.failed(req, message, "EngineError", Timings(0.0, 0.0, 0.0), oom))
             self._cond.notify_all()
 

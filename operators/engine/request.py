@@ -153,6 +153,8 @@ class Result:
                 "error" (`error` says why, `error_type` names the vlbatch.operators.errors class;
                 the request could not run, nothing crashed).
     cached_tokens: prompt tokens served by the prefix cache.
+    out_of_memory: an error result of a step that ran out of memory (torch's OutOfMemoryError or
+                MemoryError): the request may fit in a smaller batch (the model stage retries it so).
     """
 
     id: str
@@ -167,10 +169,13 @@ class Result:
     timings: Timings
     error: str | None = None
     error_type: str | None = None  # vlbatch.operators.errors class name for error rows ("InputError": will fail again)
+    out_of_memory: bool = False
 
     @classmethod
-    def failed(cls, req: Request, message: str, error_type: str, timings: Timings) -> Result:
+    def failed(cls, req: Request, message: str, error_type: str, timings: Timings,
+               out_of_memory: bool = False) -> Result:
         """The error result of a request that produced nothing."""
         return cls(id=req.id, token_ids=(), text="", thinking=None, finish_reason="error",
                    prompt_tokens=req.prompt_len, visual_tokens=req.visual_tokens, generated_tokens=0,
-                   cached_tokens=0, timings=timings, error=message, error_type=error_type)
+                   cached_tokens=0, timings=timings, error=message, error_type=error_type,
+                   out_of_memory=out_of_memory)
