@@ -113,20 +113,30 @@ def checked(config: Any, cluster: Any) -> Any:
     return config
 
 
+def run_plan(config: Any, *, new_local: bool) -> tuple[Any, Any]:
+    """(the config to run, its `RunPlan`), before Ray starts: on a new local Ray (`new_local`) the plan
+    is checked against this machine first and its GPUs resolved there, so the plan line prints what
+    `vlbatch validate` prints; a joined cluster's plan is checked once connected."""
+    from vlbatch.pipeline.resources import local_cluster
+    from vlbatch.pipeline.startup import plan_run
+
+    cluster = local_cluster() if new_local else None
+    if cluster is not None:
+        config = checked(config, cluster)
+    return config, plan_run(config, cluster)  # the input count and the pools
+
+
 def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
     import ray
 
     from vlbatch.jobs.failures import describe
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
-    from vlbatch.pipeline.resources import joined_cluster, local_cluster
+    from vlbatch.pipeline.resources import joined_cluster
     from vlbatch.pipeline.runner import run_job
-    from vlbatch.pipeline.startup import plan_run
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
-    if ours and target.address is None:  # a new local Ray: the plan is checked before it starts
-        config = checked(config, local_cluster())
-    plan = plan_run(config)  # the input count and the pools, printed before Ray starts
+    config, plan = run_plan(config, new_local=ours and target.address is None)
     print(plan.line(), flush=True)
     try:
         with quiet_ray(job_name, verbose), stop_signals():
