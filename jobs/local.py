@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +131,18 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     import ray
 
     from vlbatch.jobs.failures import describe
+    from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
     from vlbatch.pipeline.resources import joined_cluster
     from vlbatch.pipeline.runner import run_job
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
-    config, plan = run_plan(config, new_local=ours and target.address is None)
+    new_local = ours and target.address is None
+    config, plan = run_plan(config, new_local=new_local)
     print(plan.line(), flush=True)
-    try:
-        with quiet_ray(job_name, verbose), stop_signals():
+    try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
+        with quiet_ray(job_name, verbose), stop_signals(), reaped_ray() if new_local else nullcontext():
             try:
                 if ours:
                     print("[vlbatch] starting Ray", flush=True)
@@ -159,7 +162,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                         ray.shutdown()
     except Interrupted as stop:
         with signals_ignored():
-            print(finish_interrupted(config, writers_gone=ours and target.address is None), flush=True)
+            print(finish_interrupted(config, writers_gone=new_local), flush=True)
         return stop.exit_code
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
         if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch."):

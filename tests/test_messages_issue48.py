@@ -229,3 +229,51 @@ def test_describe_names_a_full_disk_not_the_stream_end(tmp_path):
                              " (writing part-1.parquet)", "OSError: [Errno 28] No space left on device")
     line = describe(raised(plain), None, tmp_path / "log").line
     assert "OSError: [Errno 28] No space left on device" in line and "UDF failed" not in line, line
+
+
+# ---- a killed driver's processes: the reaper (jobs/reaper.py), without Ray ----
+
+DRIVER = """
+import subprocess, sys, time
+from vlbatch.jobs.reaper import reaped_ray
+with reaped_ray():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_reaper_ends_a_killed_drivers_children():
+    """A stand-in driver marks its session (`reaped_ray`) and starts a long-lived child, as `ray.init`
+    starts Ray's processes; SIGKILL the driver: the child goes (bounded poll, generous limit)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vlbatch.jobs.reaper import supported
+
+    if not supported():
+        pytest.skip("the reaper reads /proc (Linux)")
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
+    child = int(driver.stdout.readline())
+    try:
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 60
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "the driver's child outlived it"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
