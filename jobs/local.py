@@ -127,13 +127,26 @@ def run_plan(config: Any, *, new_local: bool) -> tuple[Any, Any]:
     return config, plan_run(config, cluster)  # the input count and the pools
 
 
+def joined_plan(config: Any, plan: Any, where: str) -> tuple[Any, Any]:
+    """A joined cluster, once connected: the plan checked against it; when that changes the plan line
+    (default pools sized down, the model's GPUs resolved there) a new one is printed, on that cluster."""
+    from vlbatch.pipeline.resources import joined_cluster
+    from vlbatch.pipeline.startup import plan_run, pools_text
+
+    cluster = joined_cluster(where)
+    config = checked(config, cluster)
+    if config != plan.cfg or pools_text(config, cluster) != pools_text(plan.cfg, plan.cluster):
+        plan = plan_run(config, cluster)
+        print(plan.line(), flush=True)
+    return config, plan
+
+
 def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
     import ray
 
     from vlbatch.jobs.failures import describe
     from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
-    from vlbatch.pipeline.resources import joined_cluster
     from vlbatch.pipeline.runner import run_job
 
     target = RayTarget.choose(address or config.ray.address)
@@ -150,12 +163,12 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                     arm()  # ray.init replaced our SIGTERM handler with its own
                     print(f"[vlbatch] ray: {where}", flush=True)
                     if target.address is not None:
-                        config = checked(config, joined_cluster(where))
+                        config, plan = joined_plan(config, plan, where)
                 else:
-                    config = checked(config, joined_cluster("the running Ray"))
+                    config, plan = joined_plan(config, plan, "the running Ray")
                 print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}",
                       flush=True)
-                summary = run_job(config, plan=plan if plan.cfg == config else None)  # None: it prints the new plan
+                summary = run_job(config, plan=plan)
             finally:
                 if ours:
                     with signals_ignored():
