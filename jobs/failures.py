@@ -5,7 +5,9 @@ a distinct exit code; Ray's detail (its tracebacks, hundreds of lines) goes to a
     divide linear_num_key_heads=3 (uneven splits are not supported); details: /tmp/vlbatch/job.error.log
 
 The cause is the innermost error: a `VlbatchError` in the exception's chain (Ray Data re-raises a
-UDF's exception with its cause), else the last exception line of Ray's text (an actor whose
+UDF's exception with its cause), else the last exception line of Ray's text that is not one of
+Ray's envelopes (`UserCodeException: UDF failed ...`; a streamed graph's `ObjectRefStreamEndOfStreamError` has
+no message at all), e.g. `StorageError: no space left on <folder>` from the write stage (an actor whose
 constructor raised reaches the driver as `ActorDiedError`, the constructor's traceback only in
 its message). Exit codes (jobs/errors.py): a `ConfigError` cause (the checkpoint, a kernel the
 device lacks: `SetupError`) is a bad config, 2; anything else that kept an actor from starting

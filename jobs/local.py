@@ -19,7 +19,8 @@ checks as `vlbatch validate` run (`pipeline/preflight.py`, `pipeline/resources.p
 checkpoint, and the pool plan against the cluster the run uses; pools the config leaves at
 their defaults are sized down to fit (one line says so). A run that fails inside Ray prints one
 line (`jobs/failures.py`: the cause, the field, exit 2 / 8 / 1) with the detail in a log file;
-SIGINT / SIGTERM end it with one line and exit 130 / 143 (`jobs/stops.py`).
+SIGINT / SIGTERM end it with one line and exit 130 / 143 (`jobs/stops.py`). The processes of a new
+local Ray end with the run however it ends, SIGKILL included (`jobs/reaper.py`).
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@
   CompleteMultipartUpload) straight to the final key. Local / POSIX: the bytes go to a unique
   temp name (`<name>.<32 hex>.vlbatch-tmp`, under `tmp_dir` or beside `path`: the mark by which
   a sink knows its own debris), then `os.replace` onto `path` (atomic within one filesystem). Other fsspec protocols: temp name + `mv`, atomic only where the store's
-  rename is. Each attempt of the retry loop writes a fresh temp name.
+  rename is. Each attempt of the retry loop writes a fresh temp name, and deletes it when it fails; a
+  full disk or quota (ENOSPC / EDQUOT) is `StorageError: no space left on <folder>` (not retried).
 """
 from __future__ import annotations
 
