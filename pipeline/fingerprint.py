@@ -27,7 +27,8 @@ from or go (input, output, resume) are not in it: resuming with more actors is t
 naming each changed field, old -> new, and the two ways on, unless
 `resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
 are kept and the change is recorded. `record_fingerprint(cfg)` writes the file (once per run,
-and again after an accepted change). A run folder from before fingerprints (rows, no file)
+and again after an accepted change) and, at every start, deletes what a failed one left of writing it
+(`drop_stale_temps`). A run folder from before fingerprints (rows, no file)
 is accepted with a warning and gets the file.
 """
 from __future__ import annotations
