@@ -5,7 +5,9 @@ a distinct exit code; Ray's detail (its tracebacks, hundreds of lines) goes to a
     divide linear_num_key_heads=3 (uneven splits are not supported); details: /tmp/vlbatch/job.error.log
 
 The cause is the innermost error: a `VlbatchError` in the exception's chain (Ray Data re-raises a
-UDF's exception with its cause), else the last exception line of Ray's text (an actor whose
+UDF's exception with its cause), else the last exception line of Ray's text that is not one of
+Ray's envelopes (`UserCodeException: UDF failed ...`; a streamed graph's `ObjectRefStreamEndOfStreamError` has
+no message at all), e.g. `StorageError: no space left on <folder>` from the write stage (an actor whose
 constructor raised reaches the driver as `ActorDiedError`, the constructor's traceback only in
 its message). Exit codes (jobs/errors.py): a `ConfigError` cause (the checkpoint, a kernel the
 device lacks: `SetupError`) is a bad config, 2; anything else that kept an actor from starting
@@ -61,15 +63,24 @@ def _is_config(name: str) -> bool:
         return False
 
 
+_WRAPPERS = ("RayTaskError", "ActorDiedError", "UserCodeException")  # Ray's envelopes, never the cause
+
+
 def _from_text(text: str) -> tuple[str, bool] | None:
-    """(`Type: message`, is a ConfigError) from the last exception line of a traceback text."""
+    """(`Type: message`, is a ConfigError) from a traceback text: its last exception line that is not one
+    of Ray's envelopes (`_WRAPPERS`: Ray prints a UDF's error, then "UserCodeException: UDF failed")."""
     lines = [_ANSI.sub("", ln).rstrip() for ln in text.splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         m = _EXC_LINE.match(lines[i])
-        if m and (i == 0 or not lines[i].startswith(" ")):
-            rest = [ln.strip() for ln in lines[i + 1:] if ln.strip()]
-            msg = "; ".join([m.group(2) or "", *rest]).strip("; ")
-            return f"{m.group(1).rsplit('.', 1)[-1]}: {msg}", _is_config(m.group(1))
+        if not m or (i and lines[i].startswith(" ")) or m.group(1).rsplit(".", 1)[-1].startswith(_WRAPPERS):
+            continue
+        rest = []
+        for ln in lines[i + 1:]:  # the message's own lines: up to the blank line that ends it
+            if not ln.strip():
+                break
+            rest.append(ln.strip())
+        msg = "; ".join([m.group(2) or "", *rest]).strip("; ")
+        return f"{m.group(1).rsplit('.', 1)[-1]}: {msg}", _is_config(m.group(1))
     return None
 
 
@@ -81,9 +92,9 @@ def cause(exc: BaseException) -> tuple[str, bool]:
         if isinstance(orig, VlbatchError):
             return f"{type(orig).__name__}: {'; '.join(ln.strip() for ln in str(orig).splitlines() if ln.strip())}", \
                 isinstance(orig, ConfigError)
-    for e in chain:
+    for e in chain:  # a streamed graph ends in Ray's ObjectRefStreamEndOfStreamError (empty): the text names why
         found = _from_text(str(e))
-        if found and found[0].split(":", 1)[0] not in ("RayTaskError", "ActorDiedError", "UserCodeException"):
+        if found:
             return found
     last = chain[-1]
     return f"{type(last).__name__}: {' '.join(str(last).split())}", False

@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlbatch.operators.errors import ConfigError, MediaError
+from vlbatch.operators.errors import ConfigError, MediaError, StorageError, VlbatchError
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions, filesystem, join, read_bytes
+from vlbatch.operators.storage.retry import describe, with_retries
 
 FINGERPRINT_NAME = "_fingerprint.json"  # the run's config fingerprint, beside the part files (when recorded)
 SUMMARY_NAME = "_summary.json"
@@ -94,7 +95,7 @@ def _run_dir(uri: str, storage: StorageOptions) -> str:
 
     check_output_uri(uri)  # the places a run can be written to, and nothing else (never an http(s) probe)
     fs, path = filesystem(uri, storage)
-    if not fs.exists(path):
+    if not reading(uri, storage, lambda: fs.exists(path)):
         raise ConfigError(f"{uri}: no such run directory or config file")
     names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(path, detail=False)]
     if any(n.startswith(PART_PREFIX) for n in names) or SUMMARY_NAME in names:
@@ -106,6 +107,25 @@ def _run_dir(uri: str, storage: StorageOptions) -> str:
     if runs:
         raise ConfigError(f"{uri} holds {len(runs)} runs ({', '.join(runs[:10])}); name one: {join(uri, runs[0])}")
     raise ConfigError(f"{uri}: no committed output (no part files) here or in its sub-folders")
+
+
+def reading(uri: str, storage: StorageOptions, fn):
+    """`fn()`, a storage call on the run `uri`, under the retry policy; a failure that is not ours
+    (botocore's NoCredentialsError, an unreachable endpoint, a denied bucket) becomes one
+    `StorageError` naming `uri` and the cause, never a traceback."""
+    hint = ""
+    if uri.startswith("s3://") and not storage.endpoint_url:
+        hint = ("; no endpoint was given, so this is AWS S3: for another S3-compatible store (MinIO, Ceph) "
+                "pass --endpoint-url (or inspect the job config: its storage.endpoint_url is used); "
+                "credentials come from the AWS environment (AWS_* variables, profiles)")
+    try:
+        return with_retries(fn, what=f"reading {uri}", storage=storage)
+    except StorageError as e:  # transient failures outlasted the retries (an unreachable endpoint)
+        raise StorageError(f"{e}{hint}") from e
+    except VlbatchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - fsspec / s3fs / botocore / OSError: one line, see above
+        raise StorageError(f"{uri}: cannot read the run ({describe(e)}){hint}") from e
 
 
 def _ls(fs, path: str) -> list[str]:
@@ -155,7 +175,7 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
     from vlbatch.operators.sink.parquet import ParquetSink
 
     sink = ParquetSink(ref.uri, ref.storage)
-    parts = sink.parts()
+    parts = reading(ref.uri, ref.storage, sink.parts)
     rep = RunReport(ref=ref, parts=len(parts), where=tuple(where), seed=seed)
     rng = np.random.default_rng(seed)
     kept: list[tuple[float, str, int]] = []  # (key, part, row) of the sample so far

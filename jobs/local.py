@@ -19,12 +19,14 @@ checks as `vlbatch validate` run (`pipeline/preflight.py`, `pipeline/resources.p
 checkpoint, and the pool plan against the cluster the run uses; pools the config leaves at
 their defaults are sized down to fit (one line says so). A run that fails inside Ray prints one
 line (`jobs/failures.py`: the cause, the field, exit 2 / 8 / 1) with the detail in a log file;
-SIGINT / SIGTERM end it with one line and exit 130 / 143 (`jobs/stops.py`).
+SIGINT / SIGTERM end it with one line and exit 130 / 143 (`jobs/stops.py`). The processes of a new
+local Ray end with the run however it ends, SIGKILL included (`jobs/reaper.py`).
 """
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -116,23 +118,48 @@ def checked(config: Any, cluster: Any) -> Any:
     return config
 
 
+def run_plan(config: Any, *, new_local: bool) -> tuple[Any, Any]:
+    """(the config to run, its `RunPlan`), before Ray starts: on a new local Ray (`new_local`) the plan
+    is checked against this machine first and its GPUs resolved there, so the plan line prints what
+    `vlbatch validate` prints; a joined cluster's plan is checked once connected."""
+    from vlbatch.pipeline.resources import local_cluster
+    from vlbatch.pipeline.startup import plan_run
+
+    cluster = local_cluster() if new_local else None
+    if cluster is not None:
+        config = checked(config, cluster)
+    return config, plan_run(config, cluster)  # the input count and the pools
+
+
+def joined_plan(config: Any, plan: Any, where: str) -> tuple[Any, Any]:
+    """A joined cluster, once connected: the plan checked against it; when that changes the plan line
+    (default pools sized down, the model's GPUs resolved there) a new one is printed, on that cluster."""
+    from vlbatch.pipeline.resources import joined_cluster
+    from vlbatch.pipeline.startup import plan_run, pools_text
+
+    cluster = joined_cluster(where)
+    config = checked(config, cluster)
+    if config != plan.cfg or pools_text(config, cluster) != pools_text(plan.cfg, plan.cluster):
+        plan = plan_run(config, cluster)
+        print(plan.line(), flush=True)
+    return config, plan
+
+
 def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
     import ray
 
     from vlbatch.jobs.failures import describe
+    from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
-    from vlbatch.pipeline.resources import joined_cluster, local_cluster
     from vlbatch.pipeline.runner import run_job
-    from vlbatch.pipeline.startup import plan_run
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
-    if ours and target.address is None:  # a new local Ray: the plan is checked before it starts
-        config = checked(config, local_cluster())
-    plan = plan_run(config)  # the input count and the pools, printed before Ray starts
+    new_local = ours and target.address is None
+    config, plan = run_plan(config, new_local=new_local)
     print(plan.line(), flush=True)
-    try:
-        with quiet_ray(job_name, verbose), stop_signals():
+    try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
+        with quiet_ray(job_name, verbose), stop_signals(), reaped_ray() if new_local else nullcontext():
             try:
                 if ours:
                     print("[vlbatch] starting Ray", flush=True)
@@ -140,19 +167,19 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                     arm()  # ray.init replaced our SIGTERM handler with its own
                     print(f"[vlbatch] ray: {where}", flush=True)
                     if target.address is not None:
-                        config = checked(config, joined_cluster(where))
+                        config, plan = joined_plan(config, plan, where)
                 else:
-                    config = checked(config, joined_cluster("the running Ray"))
+                    config, plan = joined_plan(config, plan, "the running Ray")
                 print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}",
                       flush=True)
-                summary = run_job(config, plan=plan if plan.cfg == config else None)  # None: it prints the new plan
+                summary = run_job(config, plan=plan)
             finally:
                 if ours:
                     with signals_ignored():
                         ray.shutdown()
     except Interrupted as stop:
         with signals_ignored():
-            print(finish_interrupted(config, writers_gone=ours and target.address is None), flush=True)
+            print(finish_interrupted(config, writers_gone=new_local), flush=True)
         return stop.exit_code
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
         if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch.") \

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import os
 import re
 from collections.abc import Iterator
@@ -110,18 +111,30 @@ def format_slot(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).strftime("%Y%m%dT%H%M")
 
 
+MAX_ID = 128  # output.run_id's limit (pipeline/config/schema.py): a slot's id is also its run id
+
+
 def submission_id(job_name: str, slot: str) -> str:
     """Deterministic Ray submission id for one slot of one job: ``vlb-<name>-<slot>``.
 
     Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``-`` so the id is
     safe in URLs, file names and Kubernetes labels' spirit; the same inputs always give
-    the same id.
+    the same id. An id over `MAX_ID` characters (a long ``--name``) keeps the slot and the
+    name's start, with a hash of the whole id between them (``vlb-<name...>-<12 hex>-<slot>``),
+    so it is still a valid run id and still one per name and slot.
     """
     name = _ID_UNSAFE.sub("-", job_name).strip("-")
     s = _ID_UNSAFE.sub("-", slot).strip("-")
     if not name or not s:
         raise SubmissionError(f"job name {job_name!r} and slot {slot!r} must contain letters or digits")
-    return f"vlb-{name}-{s}"[:200]
+    full = f"vlb-{name}-{s}"
+    if len(full) <= MAX_ID:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:12]
+    keep = MAX_ID - len("vlb---") - len(digest) - len(s)
+    if keep < 8:  # a slot that long: the hash stands for the rest
+        return f"{full[:MAX_ID - len(digest) - 1]}-{digest}"
+    return f"vlb-{name[:keep].rstrip('-')}-{digest}-{s}"
 
 
 def default_lock_dir() -> Path:

@@ -27,7 +27,8 @@ from or go (input, output, resume) are not in it: resuming with more actors is t
 naming each changed field, old -> new, and the two ways on, unless
 `resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
 are kept and the change is recorded. `record_fingerprint(cfg)` writes the file (once per run,
-and again after an accepted change). A run folder from before fingerprints (rows, no file)
+and again after an accepted change) and, at every start, deletes what a failed one left of writing it
+(`drop_stale_temps`). A run folder from before fingerprints (rows, no file)
 is accepted with a warning and gets the file.
 """
 from __future__ import annotations
@@ -36,11 +37,13 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import re
 import struct
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, MediaError
 from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, read_bytes
+from vlbatch.operators.storage.io import TMP_MARK
 from vlbatch.pipeline.config import JobConfig, is_local
 
 log = logging.getLogger("vlbatch.pipeline")
@@ -52,6 +55,7 @@ SAMPLE_BYTES = 1 << 16  # of each safetensors file's data: its first and last 64
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
                     "video_preprocessor_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+_OWN_TMP = re.compile(r"^" + re.escape(FINGERPRINT_NAME) + r"\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
 NOT_ANSWERS = {"sampling": {"max_prompt_tokens"}, "image": {"max_bytes"},
                "video": {"decode_timeout_s", "max_bytes", "decoder", "decode_device"}}
 
@@ -187,9 +191,30 @@ def check_fingerprint(cfg: JobConfig) -> dict:
     return changes
 
 
+def drop_stale_temps(cfg: JobConfig) -> None:
+    """Delete what an earlier start left of writing `_fingerprint.json` (`put_atomic`'s temp names
+    `_fingerprint.json.<32 hex>.vlbatch-tmp` beside it: a process killed, or a disk full, mid-write).
+    Only those names: anything else in the run folder stays. Runs of one run id never overlap (the
+    job's lock, the cluster's overlap guard), so no other writer's temp file is live here."""
+    fs, path, _ = _location(cfg)
+    if is_object_store(fs):  # one PUT there, no temp names
+        return
+    folder = path.rsplit("/", 1)[0]
+    if not fs.isdir(folder):
+        return
+    for name in fs.ls(folder, detail=False):
+        if _OWN_TMP.match(name.rsplit("/", 1)[-1]):
+            try:
+                fs.rm_file(name)
+            except FileNotFoundError:
+                pass
+    log.debug("checked %s for stale temp files", folder)
+
+
 def record_fingerprint(cfg: JobConfig, had_rows: bool = False) -> None:
     """Write the run's `_fingerprint.json` when it is missing or the config changed (accepted by
     `check_fingerprint`); `had_rows`: the run folder already held rows (warn when it had no file)."""
+    drop_stale_temps(cfg)
     old = stored(cfg)
     new = fingerprint(cfg)
     if old is not None and old["fingerprint"] == new:

@@ -238,8 +238,10 @@ def check_fit(cfg: JobConfig, cluster: Cluster) -> None:
 
 
 def plan_text(cfg: JobConfig, cluster: Cluster) -> str:
-    """One line: the pools and what they reserve against the cluster, e.g.
-    ``preprocess 1x0.86 CPU, write 1x0.21 CPU, model 1x0.86 CPU + read 0.05: 1.98 of 2 CPUs``."""
+    """One line: the pools, what they reserve (the figures the run's plan line prints:
+    `startup.pools_text` on the same cluster) and what the cluster has, e.g.
+    ``preprocess 1x0.86 CPU, write 1x0.21 CPU, model 1x0.86 CPU, input (manifest read) 1x0.05 CPU;
+    reserves 1.98 CPUs, 0 GPUs of 2 CPUs, 0 GPUs, 5.1 GiB on this machine``."""
     plan = pools(cfg, cluster)
     parts = []
     for p in plan:
@@ -247,5 +249,6 @@ def plan_text(cfg: JobConfig, cluster: Cluster) -> str:
             (f" {p.memory_bytes / GIB:g} GiB" if p.memory_bytes else "")
         parts.append(f"{p.field.removeprefix('resources.')} {p.actors}x{what}")
     cpus = sum(p.cpus * p.actors for p in plan)
-    return (f"{', '.join(parts)}: {cpus:.2f} of {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs, "
-            f"{cluster.memory_bytes / GIB:.1f} GiB on {cluster.where}")
+    gpus = sum(p.gpus * p.actors for p in plan)
+    return (f"{', '.join(parts)}; reserves {cpus:.2f} CPUs, {gpus:g} GPUs of {cluster.cpus:g} CPUs, "
+            f"{cluster.gpus:g} GPUs, {cluster.memory_bytes / GIB:.1f} GiB on {cluster.where}")

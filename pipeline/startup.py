@@ -25,22 +25,25 @@ class RunPlan:
     source: object  # the run's `Source` (pipeline/sources)
     media: int | None  # manifest rows / glob matches (input.limit applied); None: counted while read
     requests: int | None  # output rows when every media's request count is fixed by the config
+    cluster: object = None  # the `Cluster` (pipeline/resources) the plan was checked against; None: not yet
 
     def line(self) -> str:
         what = "input counted as it is read" if self.media is None else f"{self.media} media"
         if self.media is not None and self.requests is not None and self.requests != self.media:
             what += f" -> {self.requests} requests"
-        return f"[vlbatch] plan: {what} from {self.cfg.input.uri}; {pools_text(self.cfg)}"
+        return f"[vlbatch] plan: {what} from {self.cfg.input.uri}; {pools_text(self.cfg, self.cluster)}"
 
 
-def plan_run(cfg: JobConfig) -> RunPlan:
+def plan_run(cfg: JobConfig, cluster=None) -> RunPlan:
+    """The run's plan; `cluster`: the `Cluster` it runs on when known (a new local Ray), so the GPUs it
+    reserves are resolved as `vlbatch validate` resolves them (`resources.model_gpus`)."""
     from vlbatch.pipeline.expansion import requests_per_media
     from vlbatch.pipeline.sources import open_source
 
     source = open_source(cfg)
     media = source.count()
     k = requests_per_media(cfg)
-    return RunPlan(cfg, source, media, None if media is None or k is None else media * k)
+    return RunPlan(cfg, source, media, None if media is None or k is None else media * k, cluster)
 
 
 def _pool(name: str, stage, ranks: int = 1, gpus: float | None = None) -> tuple[str, float, float]:
@@ -53,10 +56,12 @@ def _pool(name: str, stage, ranks: int = 1, gpus: float | None = None) -> tuple[
             (gpus or 0.0) * stage.min_actors * ranks)
 
 
-def pools_text(cfg: JobConfig) -> str:
-    """The actor pools and what they reserve at min_actors (the manifest read's CPUs included),
-    as configured (a cluster without GPUs runs the model on CPU: `runner.model_gpus`)."""
+def pools_text(cfg: JobConfig, cluster=None) -> str:
+    """The actor pools and what they reserve at min_actors (the manifest read's CPUs included). On a
+    known `cluster` the model's GPUs as the run resolves them there (`device: auto` without a GPU: 0,
+    `resources.model_gpus`: the figure `vlbatch validate` prints); else as configured."""
     from vlbatch.pipeline.expansion import STREAMED_EXPAND
+    from vlbatch.pipeline.resources import model_gpus
 
     r = cfg.resources
     if cfg.task.mode == "scan":
@@ -64,7 +69,8 @@ def pools_text(cfg: JobConfig) -> str:
     else:
         pools = [_pool("decode+preprocess", r.preprocess)] if r.fuse_cpu_stages else \
             [_pool("decode", r.decode), _pool("preprocess", r.preprocess)]
-        pools += [_pool("model", r.model, cfg.model.tensor_parallel_size, r.model.num_gpus), _pool("write", r.write)]
+        gpus = r.model.num_gpus if cluster is None else model_gpus(cfg, cluster)
+        pools += [_pool("model", r.model, cfg.model.tensor_parallel_size, gpus), _pool("write", r.write)]
     cpus = sum(p[1] for p in pools) + STREAMED_EXPAND["num_cpus"]
     gpus = sum(p[2] for p in pools)
     return f"pools: {', '.join(p[0] for p in pools)}; reserves {cpus:.2f} CPUs, {gpus:g} GPUs"

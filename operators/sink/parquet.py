@@ -86,6 +86,8 @@ SUMMARY_NAME = "_summary.json"
 STAGED_NAME = re.compile(r"^[^/]+/part-[0-9a-f]{24}\.parquet$")
 _OWN_TMP = re.compile(r"^part-[0-9a-f]{24}\.parquet\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
 
+_SUMMARY_TMP = re.compile(r"^" + re.escape(SUMMARY_NAME) + r"\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
+
 
 def is_ours(rel: str) -> bool:
     """Whether `rel` (a path under `_tmp/`) is a file this sink writes there."""
@@ -149,7 +151,16 @@ class ParquetSink(Sink):
     def prepare(self) -> None:
         if not is_object_store(self.fs):  # s3fs's makedirs would create a missing bucket
             self._retry(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {self.root}")
+            self._clean_summary_temps()
         self._clean(join(self.root, TMP_DIR))
+
+    def _clean_summary_temps(self) -> None:
+        """Delete `_summary.json`'s temp files left beside it by a writer killed mid-write (`put_atomic`
+        writes them there, not under `_tmp/`); only that name and mark (`_SUMMARY_TMP`)."""
+        names = self._retry(lambda: self.fs.ls(self.root, detail=False), f"listing {self.root}")
+        for path in names:
+            if _SUMMARY_TMP.match(path.rsplit("/", 1)[-1]):
+                self._retry(lambda p=path: self.fs.rm_file(p), f"deleting {path}")
 
     def _clean(self, folder: str) -> None:
         """Delete the files under `folder` (`_tmp/` or a folder in it) that this sink writes there (`is_ours`), then the folders

@@ -19,10 +19,12 @@
   CompleteMultipartUpload) straight to the final key. Local / POSIX: the bytes go to a unique
   temp name (`<name>.<32 hex>.vlbatch-tmp`, under `tmp_dir` or beside `path`: the mark by which
   a sink knows its own debris), then `os.replace` onto `path` (atomic within one filesystem). Other fsspec protocols: temp name + `mv`, atomic only where the store's
-  rename is. Each attempt of the retry loop writes a fresh temp name.
+  rename is. Each attempt of the retry loop writes a fresh temp name, and deletes it when it fails; a
+  full disk or quota (ENOSPC / EDQUOT) is `StorageError: no space left on <folder>` (not retried).
 """
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -34,6 +36,7 @@ from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, f
 from vlbatch.operators.storage.retry import classify, describe, with_retries
 
 STREAM_BUFFER = 8 << 20  # bytes per ranged request of `open_input` (sequential reads)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: one line naming the folder
 TMP_MARK = ".vlbatch-tmp"  # `put_atomic`'s temp names: `<name>.<32 hex>.vlbatch-tmp` (what cleanup may delete)
 
 
@@ -185,17 +188,32 @@ def _put_once(fs, path: str, data: bytes, tmp_dir: str | None) -> None:
         return
     name = path.rsplit("/", 1)[-1]
     tmp_name = f"{name}.{uuid.uuid4().hex}{TMP_MARK}"
-    if tmp_dir is None:
-        tmp = f"{path}.{uuid.uuid4().hex}{TMP_MARK}"
-    else:
-        tmp = join(tmp_dir, tmp_name)
-        fs.makedirs(tmp_dir, exist_ok=True)
-    with fs.open(tmp, "wb") as f:
-        f.write(data)
-    if _is_local(fs):
-        os.replace(tmp, path)
-    else:
-        fs.mv(tmp, path)
+    folder = (path.rsplit("/", 1)[0] or "/") if tmp_dir is None else tmp_dir  # where the bytes go
+    tmp = f"{path}.{uuid.uuid4().hex}{TMP_MARK}" if tmp_dir is None else join(tmp_dir, tmp_name)
+    try:
+        if tmp_dir is not None:
+            fs.makedirs(tmp_dir, exist_ok=True)
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        if _is_local(fs):
+            os.replace(tmp, path)
+        else:
+            fs.mv(tmp, path)
+    except BaseException as e:
+        _drop(fs, tmp)  # a failed write leaves no debris (a killed process's is the next start's: sinks' prepare)
+        if isinstance(e, OSError) and e.errno in _DISK_FULL:
+            raise StorageError(f"no space left on {folder} (writing {name}, {len(data)} bytes): "
+                               f"free space there, then rerun to resume") from e
+        raise
+
+
+def _drop(fs, tmp: str) -> None:
+    """Delete `tmp` if it is there; a failure to delete is not the caller's error."""
+    try:
+        if fs.exists(tmp):
+            fs.rm_file(tmp)
+    except OSError:
+        pass
 
 
 def put_atomic(fs, path: str, data: bytes, storage: StorageOptions = DEFAULT_STORAGE, *,
