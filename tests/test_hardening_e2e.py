@@ -147,14 +147,16 @@ class PeakRss:
                 self.peaks[pid] = (hwm, name)
 
 
-def _expected_rows(kinds, request_id) -> dict:
-    """request id -> (media_uri, status, error type) for every request the manifest's kept rows ask."""
+def _expected_rows(kinds, request_id, manifest) -> dict:
+    """request id -> (media_uri, status, error type) for every request the manifest's kept rows ask;
+    a line with no media value is named by its line (`<manifest>#L<n>`), each its own request."""
     expected = {}
-    for row, status, etype in kinds:
+    for line, (row, status, etype) in enumerate(kinds, start=1):
         if status == "dropped":
             continue
+        identity = row["media_uri"] if row["media_uri"] else f"{manifest}#L{line}"
         for k, q in enumerate(row.get("qs") or ["Describe."]):
-            rid = request_id(row["media_uri"], k, q)
+            rid = request_id(identity, k, q)
             assert rid not in expected
             expected[rid] = (row["media_uri"], status, etype)
     return expected
@@ -198,7 +200,7 @@ def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
     rows = ParquetSink(str(tmp_path / "out" / "bad")).read().to_pylist()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "a request was written twice"
-    expected = _expected_rows(kinds, request_id)
+    expected = _expected_rows(kinds, request_id, manifest)
     assert sorted(ids) == sorted(expected)  # exactly one row per distinct request
     for r in rows:
         uri, status, etype = expected[r["id"]]
