@@ -81,10 +81,10 @@ class StartFailures:
 def start_failures():
     """A new `StartFailures` actor for one run, on the driver's node (no CPU)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(num_cpus=0, scheduling_strategy=here)(StartFailures).remote()
+    from vlbatch.pipeline.meter import driver_node
+
+    return ray.remote(num_cpus=0, scheduling_strategy=driver_node())(StartFailures).remote()
 
 
 def report_start_failure(handle, stage: str, exc: BaseException) -> None:

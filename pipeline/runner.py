@@ -49,6 +49,7 @@ from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
 from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
+from vlbatch.pipeline.meter import driver_node
 from vlbatch.pipeline.placement import INIT_DEATHS
 from vlbatch.pipeline.progress import Progress
 from vlbatch.pipeline.scan import scan_line
@@ -263,10 +264,9 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
 
 def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
                   known: int | None, timeline: Timeline) -> list[str]:
-    """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the stages'
-    meter (and the expansion's tally until the total is known: `known` media read) and prints
-    progress at the configured interval meanwhile, committed rows or not. -> the start failures the
-    run went on without (`placement.failed_lines`); every node of a pool lost: `watching_nodes`."""
+    """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
+    tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
+    start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
     from vlbatch.pipeline.meter import Ticker, start_meter
     from vlbatch.pipeline.placement import RunPlacement, failed_lines, start_failures, watching_nodes
 
@@ -365,7 +365,7 @@ def _expansion(source, done, plan, stream):
         tasks_ds = expanded(source, ray.put(done)).materialize()
         pending_n, dropped = count_pending(tasks_ds)
         return tasks_ds, pending_n, dropped, None, None
-    tally = ray.remote(num_cpus=0)(Tally).remote()
+    tally = ray.remote(num_cpus=0, scheduling_strategy=driver_node())(Tally).remote()  # asked until the end
     return expanded(source, done, **STREAMED_EXPAND, tally=tally), None, None, tally, plan.media
 
 

@@ -138,13 +138,28 @@ def test_worker_node_killed_mid_run_job_finishes_on_the_other(three_nodes, tiny_
     assert got == want, "the answers of a clean run"
 
 
-def _kill_all_when_committed(run_dir: Path, nodes: list[RayWorkerNode], run: subprocess.Popen, gate: _Gate,
-                             record: dict) -> None:
-    """SIGKILL every node in `nodes` once >= 1 row is committed and each holds a model actor; then open the gate."""
+HELPERS = ("Meter", "Tally", "StartFailures")  # the run's own small actors, which the driver asks until the end
+
+
+def _helper_nodes(head: RayHead) -> dict:
+    """{class name: "head" or "worker"} of the run's alive helper actors (Ray's state API)."""
+    from ray.util.state import list_actors, list_nodes
+
+    head_id = next(n.node_id for n in list_nodes(address=head.dashboard_url) if n.is_head_node)
+    return {a.class_name: "head" if a.node_id == head_id else "worker"
+            for a in list_actors(address=head.dashboard_url, filters=[("state", "=", "ALIVE")])
+            if a.class_name in HELPERS}
+
+
+def _kill_all_when_committed(head: RayHead, run_dir: Path, nodes: list[RayWorkerNode], run: subprocess.Popen,
+                             gate: _Gate, record: dict) -> None:
+    """SIGKILL every node in `nodes` once >= 1 row is committed and each holds a model actor (noting where
+    the run's helper actors are first); then open the gate."""
     deadline = time.monotonic() + 600  # a hung run only, never a synchronisation
     try:
         while time.monotonic() < deadline and run.poll() is None:
             if _committed(run_dir) >= 1 and all(n.pids("ModelStage") for n in nodes):
+                record["helpers"] = _helper_nodes(head)
                 for n in nodes:
                     n.kill()
                 record["committed_at_kill"] = _committed(run_dir)
@@ -170,7 +185,7 @@ def test_every_model_node_lost_mid_run_ends_the_run_in_one_line(three_nodes, tin
     record: dict = {}
     try:
         run = start_run(cfg, head, "lost", tmp_path / "lost.json")
-        killer = threading.Thread(target=_kill_all_when_committed, args=(run_dir, workers, run, gate, record),
+        killer = threading.Thread(target=_kill_all_when_committed, args=(head, run_dir, workers, run, gate, record),
                                   daemon=True)
         killer.start()
         try:
@@ -183,6 +198,8 @@ def test_every_model_node_lost_mid_run_ends_the_run_in_one_line(three_nodes, tin
     finally:
         gate.close()
     assert record.get("killed"), f"the nodes were never killed: {record}\n{text[-4000:]}"
+    # the driver asks its helper actors until the run ends: they live on its node, never on a node that may be lost
+    assert record["helpers"] == dict.fromkeys(HELPERS, "head"), record
     assert run.returncode == 8, text[-4000:]
     last = [ln for ln in text.splitlines() if ln.startswith("vlbatch: ")]
     assert len(last) == 1, text[-4000:]
