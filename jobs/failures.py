@@ -11,7 +11,8 @@ no message at all), e.g. `StorageError: no space left on <folder>` from the writ
 constructor raised reaches the driver as `ActorDiedError`, the constructor's traceback only in
 its message). Exit codes (jobs/errors.py): a `ConfigError` cause (the checkpoint, a kernel the
 device lacks: `SetupError`) is a bad config, 2; anything else that kept an actor from starting
-(model or processor load, an s3 download, out of memory) is `EXIT_SETUP_FAILED`, 8; any other
+(model or processor load, an s3 download, out of memory) or every node that could hold a stage's
+actor lost mid-run (`NodesLostError`: "the model stage lost its nodes") is `EXIT_SETUP_FAILED`, 8; any other
 failure of the run is 1.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_SETUP_FAILED, EXIT_USAGE
-from vlbatch.operators.errors import ActorStartError, ConfigError, VlbatchError
+from vlbatch.operators.errors import ActorStartError, ConfigError, NodesLostError, VlbatchError
 
 # "pkg.mod.SomeError: message" (the last line of a Python traceback); group 1 the dotted name
 _EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?:: (.*))?$")
@@ -118,6 +119,8 @@ def describe(exc: BaseException, config, log_path: Path) -> Failure:
     where = "the run failed"
     if stage:
         where = f"the {stage} stage could not start" if init else f"the {stage} stage failed"
+    if stage and any(isinstance(e, NodesLostError) for e in _chain(exc)):  # mid-run: its nodes are gone
+        where = f"the {stage} stage lost its nodes"
     if field and config is not None:
         section, key = field.split(".")
         where += f" ({field}={getattr(getattr(config, section), key)})"

@@ -83,6 +83,11 @@ class ActorStartError(VlbatchError):
         return type(self), (self.stage, str(self), self.detail, self.config)
 
 
+class NodesLostError(ActorStartError):
+    """Every node that could hold a stage's actor was lost mid-run and none came back within the
+    grace period (`ray.node_loss_timeout_s`, pipeline/placement.py): the run stops (exit 8)."""
+
+
 class SetupError(ConfigError):
     """The job's own setup is broken (the checkpoint's files, the device), not a medium: a stage
     raises it instead of writing an error row, so the run fails and nothing is committed for it."""

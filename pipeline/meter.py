@@ -78,11 +78,21 @@ class MeterClient:
         self.flush()
 
 
+def driver_node():
+    """A scheduling strategy pinning an actor to the driver's node: the run's own small actors (`Meter`,
+    the expansion's `Tally`, `placement.StartFailures`), which the driver asks until the run ends, so a
+    lost worker node never takes them (left to Ray, a 0-CPU actor may land on any node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def start_meter():
-    """A new `Meter` actor for one run (no CPU: it runs beside full actor pools)."""
+    """A new `Meter` actor for one run, on the driver's node (no CPU: it runs beside full actor pools)."""
     import ray
 
-    return ray.remote(num_cpus=0)(Meter).remote()
+    return ray.remote(num_cpus=0, scheduling_strategy=driver_node())(Meter).remote()
 
 
 class Ticker:

@@ -18,15 +18,28 @@ one line and a non-zero exit, jobs/failures.py) when
 - no live node that could hold the stage's actor (its CPUs, GPUs, memory as Ray counts them, in
   total) is left where that stage has not failed: nothing could ever start (exit 8). A cluster
   that might add nodes later (an autoscaler) is not waited for.
+
+Nodes lost mid-run (not a failed start): Ray restarts an actor whose node died, and with no node
+left that could hold it the restart waits forever. `NodeLossCallback` (a Ray Data execution
+callback, run in Ray Data's own scheduling loop: no thread of ours) reads `ray.nodes()` at most
+every `every_s` and asks `watch_nodes`, per pool, whether a live node that fits its actor is
+left. When none has been for `ray.node_loss_timeout_s` (the grace that lets a node come back or
+an autoscaler add one) it raises `NodesLostError` (an `ActorStartError`: one line, exit 8), which
+ends the stream; the rows committed so far stay and a rerun resumes. No live node that fits
+means no live actor of that pool either (an actor lives on a node that holds its resources). A
+pool is watched only once such a node was seen: a cluster that starts without one may be
+waiting for an autoscaler, as before.
 """
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-from vlbatch.operators.errors import ActorStartError, ConfigError, stable_message
+from vlbatch.operators.errors import ActorStartError, ConfigError, NodesLostError, stable_message
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -68,10 +81,10 @@ class StartFailures:
 def start_failures():
     """A new `StartFailures` actor for one run, on the driver's node (no CPU)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(num_cpus=0, scheduling_strategy=here)(StartFailures).remote()
+    from vlbatch.pipeline.meter import driver_node
+
+    return ray.remote(num_cpus=0, scheduling_strategy=driver_node())(StartFailures).remote()
 
 
 def report_start_failure(handle, stage: str, exc: BaseException) -> None:
@@ -115,11 +128,13 @@ def reporting(cls: type, handle) -> type:
     return Reporting
 
 
+RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}  # map_batches' keyword -> Ray's resource
+
+
 def _fits(total: dict, need: dict) -> bool:
     """Whether a node with `total` resources (Ray's names) could hold one actor asking `need`
     (map_batches' num_cpus / num_gpus / memory)."""
-    names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
-    return all(total.get(names[k], 0.0) >= v for k, v in need.items() if k in names and v)
+    return all(total.get(RAY_NAMES[k], 0.0) >= v for k, v in need.items() if k in RAY_NAMES and v)
 
 
 def check_left(stage: str, failures: list[StartFailure], need: dict, nodes: list[dict]) -> None:
@@ -151,13 +166,26 @@ def node_options(handle, stage: str, need: dict) -> Callable[[], dict]:
     return options
 
 
-def map_stage(ds, cls: type, failures, **kw):
-    """`ds.map_batches(cls, **kw)`; with the run's `failures` actor, the class reports a failed start and
-    the pool keeps new actors off the nodes where one failed (`reporting`, `node_options`)."""
-    if failures is None:
+@dataclass(frozen=True)
+class RunPlacement:
+    """One run's placement on the driver: its `StartFailures` actor (`failures`) and each pool's actor
+    resources by stage (`needs`: {"ModelStage": {"num_cpus": 0.25, "num_gpus": 1}}, filled by
+    `map_stage` as the graph is built, watched by `watching_nodes`)."""
+
+    failures: object
+    needs: dict = field(default_factory=dict)
+
+
+def map_stage(ds, cls: type, placement: RunPlacement | None, **kw):
+    """`ds.map_batches(cls, **kw)`; with the run's `placement`, the class reports a failed start, the
+    pool keeps new actors off the nodes where one failed (`reporting`, `node_options`) and its
+    resources are recorded for the node-loss watch."""
+    if placement is None:
         return ds.map_batches(cls, **kw)
     import warnings
 
+    placement.needs[cls.__name__] = {k: kw[k] for k in RAY_NAMES if kw.get(k)}
+    failures = placement.failures
     with warnings.catch_warnings():  # Ray 2.60 (pinned) warns that ray_remote_args_fn goes in 2.64
         warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.*")
         return ds.map_batches(reporting(cls, failures), ray_remote_args_fn=node_options(failures, cls.__name__, kw),
@@ -169,3 +197,87 @@ def failed_lines(handle) -> list[str]:
     import ray
 
     return [f.line() for f in ray.get(handle.get.remote(), timeout=60)]
+
+
+def _need_text(need: dict) -> str:
+    """`{"num_gpus": 1, "num_cpus": 0.25}` -> "1 GPU, 0.25 CPU" (memory in GiB)."""
+    parts = [f"{need['num_gpus']:g} GPU" if need.get("num_gpus") else "",
+             f"{need['num_cpus']:g} CPU" if need.get("num_cpus") else "",
+             f"{need['memory'] / 2**30:g} GiB memory" if need.get("memory") else ""]
+    return ", ".join(p for p in parts if p) or "no resources"
+
+
+@dataclass(frozen=True)
+class NodeWatch:
+    """The node-loss watch of one pool between checks: `held` the live nodes ("IP (id8)") that could
+    hold its actor at the last check that found any (empty: none seen yet, so nothing is watched);
+    `lost_since` the check (monotonic s) that first found none of them left (None: one is alive)."""
+
+    held: tuple[str, ...] = ()
+    lost_since: float | None = None
+
+
+def watch_nodes(stage: str, need: dict, nodes: list[dict], watch: NodeWatch, now: float,
+                timeout_s: float) -> NodeWatch:
+    """One check of `stage`'s pool (actors asking `need`) against `nodes` (`ray.nodes()` now): the
+    next `NodeWatch`; `NodesLostError` when no live node that fits has been left for `timeout_s`."""
+    held = tuple(f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})" for n in nodes
+                 if n.get("Alive") and _fits(n.get("Resources", {}), need))
+    if held:
+        return NodeWatch(held)
+    if not watch.held:
+        return watch
+    since = now if watch.lost_since is None else watch.lost_since
+    if now - since >= timeout_s:
+        raise NodesLostError(stage, f"{stage} lost every node that can hold its actor ({_need_text(need)}): "
+                             f"{', '.join(watch.held)} gone and none came back within "
+                             f"ray.node_loss_timeout_s={timeout_s:g}s; committed rows are kept, rerun to resume")
+    return NodeWatch(watch.held, since)
+
+
+def node_loss_callback(needs: dict, timeout_s: float, every_s: float, clock=time.monotonic, nodes=None) -> type:
+    """A Ray Data execution callback class (instantiated by Ray Data's planner, no arguments) that
+    runs `watch_nodes` for every pool in `needs` at most every `every_s`, in Ray Data's scheduling
+    loop: its `NodesLostError` ends the stream (Ray Data raises it from the dataset's iterator).
+    `nodes`: what lists the cluster's nodes (`ray.nodes`; a test's list where no node can be lost)."""
+    import ray
+    from ray.data._internal.execution.execution_callback import ExecutionCallback  # Ray 2.60 (pinned)
+
+    list_nodes = nodes or ray.nodes
+
+    class NodeLossCallback(ExecutionCallback):
+        def __init__(self):
+            self.watches = {stage: NodeWatch() for stage in needs}
+            self.checked_at: float | None = None
+
+        def on_execution_step(self, executor) -> None:
+            now = clock()
+            if self.checked_at is not None and now - self.checked_at < every_s:
+                return
+            self.checked_at = now
+            try:
+                found = list_nodes()
+            except Exception as e:  # noqa: BLE001 - the GCS briefly unreachable: the next check decides
+                log.debug("node-loss check: listing the nodes failed: %s", e)
+                return
+            for stage, need in needs.items():
+                self.watches[stage] = watch_nodes(stage, need, found, self.watches[stage], now, timeout_s)
+
+    return NodeLossCallback
+
+
+@contextmanager
+def watching_nodes(graph, placement: RunPlacement, ray_cfg, nodes=None):
+    """`with watching_nodes(graph, placement, cfg.ray):` around iterating `graph`: its execution runs
+    the node-loss watch (`node_loss_callback`, `nodes` passed on) over `placement.needs`, with the
+    grace `ray.node_loss_timeout_s`, checked every `ray.progress_interval_s` (or the grace, if
+    shorter); the dataset's context is restored after."""
+    timeout_s = ray_cfg.node_loss_timeout_s
+    watch = node_loss_callback(placement.needs, timeout_s, min(ray_cfg.progress_interval_s, timeout_s), nodes=nodes)
+    ctx = graph.context
+    before = ctx.custom_execution_callback_classes
+    ctx.custom_execution_callback_classes = [*before, watch]
+    try:
+        yield
+    finally:
+        ctx.custom_execution_callback_classes = before

@@ -49,8 +49,10 @@ from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
 from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
+from vlbatch.pipeline.meter import driver_node
 from vlbatch.pipeline.placement import INIT_DEATHS
 from vlbatch.pipeline.progress import Progress
+from vlbatch.pipeline.scan import scan_line
 from vlbatch.pipeline.timeline import Timeline
 from vlbatch.pipeline.write_stage import check_output, open_sink
 
@@ -215,8 +217,7 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
 def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None):
     """The lazy dataset of write stats rows (`source`: the run's `Source`; `run_dir`: the run's URI, where its
     sink is; `meter`: the run's `Meter` actor the stages count into, pipeline/meter.py; `failures`: its
-    `StartFailures` actor: an actor that fails to start is reported there and its pool avoids that node,
-    pipeline/placement.py)."""
+    `RunPlacement`: failed starts and each pool's resources, pipeline/placement.py)."""
     import ray
 
     from vlbatch.pipeline.model_stage import ModelStage
@@ -263,24 +264,23 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
 
 def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress: Progress, tally,
                   known: int | None, timeline: Timeline) -> list[str]:
-    """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the stages'
-    meter (and the expansion's tally until the total is known: `known` media read) and prints
-    progress at the configured interval meanwhile, committed rows or not. -> the model start
-    failures the run went on without (`placement.failed_lines`)."""
+    """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
+    tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
+    start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
     from vlbatch.pipeline.meter import Ticker, start_meter
-    from vlbatch.pipeline.placement import failed_lines, start_failures
+    from vlbatch.pipeline.placement import RunPlacement, failed_lines, start_failures, watching_nodes
 
-    meter, failures = start_meter(), start_failures()
-    graph = build_graph(cfg, source, tasks_ds, sink.uri, run_id, meter=meter, failures=failures)
+    meter, placement = start_meter(), RunPlacement(start_failures())
+    graph = build_graph(cfg, source, tasks_ds, sink.uri, run_id, meter=meter, failures=placement)
     progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
                        "starting the actors", sticky=cfg.task.mode != "scan")
     every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
-    with Ticker(progress, meter, tally, known, every_s=every):
+    with Ticker(progress, meter, tally, known, every_s=every), watching_nodes(graph, placement, cfg.ray):
         # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
         for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
             progress.update(stats)
             timeline.update(stats)
-    return failed_lines(failures)
+    return failed_lines(placement.failures)
 
 
 def _open_run(cfg: JobConfig, run_uri: str):
@@ -365,7 +365,7 @@ def _expansion(source, done, plan, stream):
         tasks_ds = expanded(source, ray.put(done)).materialize()
         pending_n, dropped = count_pending(tasks_ds)
         return tasks_ds, pending_n, dropped, None, None
-    tally = ray.remote(num_cpus=0)(Tally).remote()
+    tally = ray.remote(num_cpus=0, scheduling_strategy=driver_node())(Tally).remote()  # asked until the end
     return expanded(source, done, **STREAMED_EXPAND, tally=tally), None, None, tally, plan.media
 
 
@@ -398,16 +398,3 @@ def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pen
         prompt_tokens=progress.prompt_tokens, visual_tokens=progress.visual_tokens,
         token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)},
         timeline=timeline.to_json() if timeline is not None else {}, failed_starts=list(failed_starts))
-
-
-def _hist_text(h: dict) -> str:
-    key = lambda k: 0 if k == "0" else int(k.split("-")[0])  # noqa: E731
-    return " ".join(f"{k}:{h[k]}" for k in sorted(h, key=key)) or "-"
-
-
-def scan_line(s: RunSummary) -> str:
-    """The scan's final line: totals and the token histograms."""
-    return (f"vlbatch scan: {s.requests_pending} requests, {s.processed_by_status.get('error', 0)} errors "
-            f"{dict(sorted(s.error_types.items()))}; prompt tokens {s.prompt_tokens}, visual tokens {s.visual_tokens}; "
-            f"prompt histogram {_hist_text(s.token_histogram.get('prompt', {}))}; "
-            f"visual histogram {_hist_text(s.token_histogram.get('visual', {}))}")

@@ -10,7 +10,8 @@ A clean run gives the reference answers. In the second run one worker node is SI
 raylet and every worker on it) once rows are committed and that node holds a model actor; the
 last media are served by a loopback HTTP server only after the kill, so the run is still going
 then on a machine of any speed. The job must finish on the remaining node with every request id
-exactly once and the clean run's answers.
+exactly once and the clean run's answers. When every GPU worker node is lost instead, the run
+stops in one line (exit 8) after `ray.node_loss_timeout_s`, its committed rows kept.
 """
 from __future__ import annotations
 
@@ -135,6 +136,80 @@ def test_worker_node_killed_mid_run_job_finishes_on_the_other(three_nodes, tiny_
     assert len(want) == MEDIA and all(v[0][0] == "ok" for v in want.values())
     assert {k: len(v) for k, v in got.items() if len(v) != 1} == {}, "every request id exactly once"
     assert got == want, "the answers of a clean run"
+
+
+HELPERS = ("Meter", "Tally", "StartFailures")  # the run's own small actors, which the driver asks until the end
+
+
+def _helper_nodes(head: RayHead) -> dict:
+    """{class name: "head" or "worker"} of the run's alive helper actors (Ray's state API)."""
+    from ray.util.state import list_actors, list_nodes
+
+    head_id = next(n.node_id for n in list_nodes(address=head.dashboard_url) if n.is_head_node)
+    return {a.class_name: "head" if a.node_id == head_id else "worker"
+            for a in list_actors(address=head.dashboard_url, filters=[("state", "=", "ALIVE")])
+            if a.class_name in HELPERS}
+
+
+def _kill_all_when_committed(head: RayHead, run_dir: Path, nodes: list[RayWorkerNode], run: subprocess.Popen,
+                             gate: _Gate, record: dict) -> None:
+    """SIGKILL every node in `nodes` once >= 1 row is committed and each holds a model actor (noting where
+    the run's helper actors are first); then open the gate."""
+    deadline = time.monotonic() + 600  # a hung run only, never a synchronisation
+    try:
+        while time.monotonic() < deadline and run.poll() is None:
+            if _committed(run_dir) >= 1 and all(n.pids("ModelStage") for n in nodes):
+                record["helpers"] = _helper_nodes(head)
+                for n in nodes:
+                    n.kill()
+                record["committed_at_kill"] = _committed(run_dir)
+                record["killed"] = True
+                return
+            time.sleep(0.05)
+    finally:
+        gate.open.set()
+
+
+def test_every_model_node_lost_mid_run_ends_the_run_in_one_line(three_nodes, tiny_ckpt, tmp_path):
+    """Both GPU worker nodes SIGKILLed mid-run (the head has no GPU, so no model actor can live
+    anywhere): after the grace `ray.node_loss_timeout_s` (3 s here) the run stops with one line
+    naming the model stage and the node loss, exit 8 (an actor could not start), never a wait for
+    a restart that cannot happen (before: a hang, failed here by the 300 s timeout). The rows
+    committed before the loss stay, each id once."""
+    head, workers = three_nodes
+    gate = _Gate(_pngs(MEDIA))
+    uris = [f"{gate.url}/{'gated/' if i >= MEDIA - GATED else ''}m{i}.png" for i in range(MEDIA)]
+    cfg = job_config(tmp_path, str(tiny_ckpt("dense")), uris,
+                     ray={"progress_interval_s": 0.5, "node_loss_timeout_s": 3})
+    run_dir = Path(cfg["output"]["uri"]) / "lost"
+    record: dict = {}
+    try:
+        run = start_run(cfg, head, "lost", tmp_path / "lost.json")
+        killer = threading.Thread(target=_kill_all_when_committed, args=(head, run_dir, workers, run, gate, record),
+                                  daemon=True)
+        killer.start()
+        try:
+            text, _ = run.communicate(timeout=300)  # a hang fails here, never passes
+        except subprocess.TimeoutExpired:
+            run.kill()
+            text, _ = run.communicate()
+            pytest.fail(f"the run did not end after its model nodes were lost: {record}\n{text[-4000:]}")
+        killer.join(timeout=30)
+    finally:
+        gate.close()
+    assert record.get("killed"), f"the nodes were never killed: {record}\n{text[-4000:]}"
+    # the driver asks its helper actors until the run ends: they live on its node, never on a node that may be lost
+    assert record["helpers"] == dict.fromkeys(HELPERS, "head"), record
+    assert run.returncode == 8, text[-4000:]
+    last = [ln for ln in text.splitlines() if ln.startswith("vlbatch: ")]
+    assert len(last) == 1, text[-4000:]
+    assert last[0].startswith("vlbatch: the model stage lost its nodes (model.path="), last[0]
+    assert "NodesLostError: ModelStage lost every node that can hold its actor (1 GPU, 0.25 CPU)" in last[0], last[0]
+    assert "ray.node_loss_timeout_s=3s" in last[0], last[0]
+    got = answers(run_dir)
+    assert {k: len(v) for k, v in got.items() if len(v) != 1} == {}, "every committed id once"
+    assert record["committed_at_kill"] <= len(got) < MEDIA, (record, len(got))  # the rows committed before stay
+    assert all(v[0][0] == "ok" for v in got.values()), got
 
 
 @pytest.fixture

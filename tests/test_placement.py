@@ -81,3 +81,95 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
                                    "to start on every node that can hold it: ModelStage on node "), failure.line
     assert "NotADirectoryError" in failure.line and "\n" not in failure.line
     assert "in __init__" in (tmp_path / "err.log").read_text()  # the actor's own traceback, in the file
+
+
+# Nodes lost mid-run (pipeline/placement.py: watch_nodes, node_loss_callback). The real cluster run is
+# tests/test_multinode_faults.py::test_every_model_node_lost_mid_run_ends_the_run_in_one_line.
+
+def _ray_node(node_id: str, gpus: float, alive: bool = True) -> dict:
+    return {**_node(node_id, gpus, alive), "NodeManagerAddress": f"10.0.0.{len(node_id)}"}
+
+
+def test_node_watch_arms_on_a_node_that_fits_and_stops_after_the_grace():
+    from vlbatch.operators.errors import NodesLostError
+    from vlbatch.pipeline.placement import NodeWatch, watch_nodes
+
+    need = {"num_cpus": 0.25, "num_gpus": 1}
+    up = [_ray_node("head", 0), _ray_node("worker-a", 1), _ray_node("worker-b", 1)]
+    down = [_ray_node("head", 0), _ray_node("worker-a", 1, alive=False), _ray_node("worker-b", 1, alive=False)]
+    # a cluster that never had a node that fits (an autoscaler may add one): not watched, never stopped
+    assert watch_nodes("ModelStage", need, down, NodeWatch(), 0.0, 5.0) == NodeWatch()
+    assert watch_nodes("ModelStage", need, down, NodeWatch(), 1e9, 5.0) == NodeWatch()
+    w = watch_nodes("ModelStage", need, up, NodeWatch(), 0.0, 5.0)
+    assert w.held == ("10.0.0.8 (worker-a)", "10.0.0.8 (worker-b)") and w.lost_since is None
+    lost = watch_nodes("ModelStage", need, down, w, 10.0, 5.0)  # the first check that finds none: the grace starts
+    assert lost == NodeWatch(w.held, 10.0)
+    assert watch_nodes("ModelStage", need, down, lost, 14.9, 5.0) == lost  # within the grace
+    back = watch_nodes("ModelStage", need, [*down, _ray_node("worker-c", 1)], lost, 14.9, 5.0)
+    assert back.lost_since is None and back.held == ("10.0.0.8 (worker-c)",)  # a node came back (or was added)
+    with pytest.raises(NodesLostError, match=r"ModelStage lost every node that can hold its actor \(1 GPU, 0.25 CPU\):"
+                                             r" 10.0.0.8 \(worker-a\), 10.0.0.8 \(worker-b\) gone and none came back "
+                                             r"within ray.node_loss_timeout_s=5s") as info:
+        watch_nodes("ModelStage", need, down, lost, 15.0, 5.0)
+    assert info.value.stage == "ModelStage" and isinstance(info.value, ActorStartError)
+    # a node that is alive but too small (no GPU, or less memory) does not hold the actor
+    big = {"num_cpus": 1, "memory": 8 << 30}
+    small = [{**_ray_node("worker-a", 1), "Resources": {"CPU": 4.0, "memory": float(4 << 30)}}]
+    armed = watch_nodes("ModelStage", big, [{**small[0], "Resources": {"CPU": 4.0, "memory": float(8 << 30)}}],
+                        NodeWatch(), 0.0, 1.0)
+    with pytest.raises(NodesLostError, match=r"\(1 CPU, 8 GiB memory\)"):
+        watch_nodes("ModelStage", big, small, watch_nodes("ModelStage", big, small, armed, 0.0, 1.0), 1.0, 1.0)
+
+
+def test_node_timeout_must_be_positive():
+    from vlbatch.pipeline.config import validate_config
+
+    base = {"model": {"path": "/m"}, "input": {"uri": "/m.parquet"}, "output": {"uri": "/out"}}
+    assert validate_config(base).ray.node_loss_timeout_s == 300.0
+    with pytest.raises(ConfigError, match="ray.node_loss_timeout_s"):
+        validate_config({**base, "ray": {"node_loss_timeout_s": 0}})
+
+
+def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path):
+    """The watch in a real Ray Data run: once the pool's nodes are gone past the grace, iterating the
+    dataset raises `NodesLostError` and `describe` makes it one line, exit 8, naming the stage and the
+    node loss. Mocked: only the node list (a one-node local Ray cannot lose a node; the real loss is the
+    multi-node test); the actors block, so the stream is still running whenever the watch decides."""
+    import threading
+
+    import ray
+
+    from vlbatch.jobs.failures import describe
+    from vlbatch.operators.errors import NodesLostError
+    from vlbatch.pipeline.config.schema import RayConfig
+    from vlbatch.pipeline.placement import RunPlacement, map_stage, start_failures, watching_nodes
+
+    class ModelStage:
+        def __call__(self, batch):
+            threading.Event().wait(600)  # a model call that never ends here (the run is stopped first)
+            return batch
+
+    listed = []
+
+    def nodes() -> list[dict]:  # a GPU node on the first listing, gone on every later one
+        listed.append(1)
+        return [_ray_node("head", 0), _ray_node("worker-a", 1, alive=len(listed) == 1)]
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        placement = RunPlacement(start_failures())
+        kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
+        ds = map_stage(ray.data.range(4), ModelStage, placement, **kw)
+        placement.needs["ModelStage"] = {"num_cpus": 0.25, "num_gpus": 1}  # as a GPU pool asks (none here)
+        grace = RayConfig(node_loss_timeout_s=0.5, progress_interval_s=0.1)
+        with watching_nodes(ds, placement, grace, nodes=nodes), pytest.raises(NodesLostError) as info:
+            for _ in ds.iter_batches(batch_size=None):
+                pass
+        assert ds.context.custom_execution_callback_classes == []  # the dataset's context restored
+    finally:
+        ray.shutdown()
+    failure = describe(info.value, None, tmp_path / "err.log")
+    assert failure.exit_code == 8
+    assert failure.line.startswith("vlbatch: the model stage lost its nodes: NodesLostError: ModelStage lost every "
+                                   "node that can hold its actor (1 GPU, 0.25 CPU): 10.0.0.8 (worker-a) gone"), failure.line
+    assert "\n" not in failure.line

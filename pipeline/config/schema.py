@@ -354,6 +354,10 @@ class RayConfig(_Section):
     address: str | None = Field(None, description="Ray (GCS) address to join; None = $RAY_ADDRESS, else a new local "
                                                   "Ray; 'auto' = the Ray already running on this machine")
     progress_interval_s: float = Field(10.0, gt=0.0, description="log line period when not on a terminal")
+    node_loss_timeout_s: float = Field(
+        300.0, gt=0.0, description="seconds a stage may go without any live node that could hold its actor (every "
+                                   "such node lost mid-run) before the run stops (exit 8; committed rows are kept): "
+                                   "time for a node to come back or an autoscaler to add one")
     block_mb: int = Field(
         16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes whole "
                                        "blocks, so smaller blocks reach the model and commit sooner (Ray's default: 128)")
