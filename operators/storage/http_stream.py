@@ -28,7 +28,7 @@ import threading
 import time
 
 from vlbatch.operators.errors import StorageError
-from vlbatch.operators.storage.http import _Deadline, _one_line, _open_once, _retrying
+from vlbatch.operators.storage.http import _Deadline, _one_line, _open_once, _retrying, _Transient
 from vlbatch.operators.storage.names import check_no_nul
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions
 
@@ -45,6 +45,10 @@ def open_http(uri: str, storage: StorageOptions = DEFAULT_STORAGE) -> io.Buffere
             deadline.__exit__(None, None, None)
             raise
         deadline.headers_in()
+        if deadline.expired:  # the socket was shut mid-headers: http.client takes that as their end
+            resp.close()
+            deadline.__exit__(None, None, None)
+            raise _Transient(deadline.why)
         return io.BufferedReader(_Body(resp, uri, storage, deadline))
 
     return _retrying(once, uri, storage)
@@ -74,7 +78,7 @@ class _Body(io.RawIOBase):
         try:
             data = self._resp.read1(len(b))
         except (OSError, http.client.HTTPException) as e:
-            raise self._failed(f"{type(e).__name__}: {e}") from None
+            raise self._failed(self._deadline.why if self._deadline.expired else f"{type(e).__name__}: {e}") from None
         finally:
             with self._lock:
                 self._waited_s += time.monotonic() - self._reading_since
