@@ -170,3 +170,21 @@ def test_a_shard_whose_headers_trickle_is_a_storage_error_row(tmp_path):
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
     (task,), _ = expand_all([tuple({"media_uri": shard, **row}.get(c) for c in COLUMNS)], cfg.task)
     assert task.error_type == "StorageError", task.error_message
+
+
+@pytest.mark.timeout(120)
+def test_a_paused_reader_is_not_a_slow_server(shards):
+    """Only time spent waiting on the server counts towards a window: a reader that stops reading
+    (Ray holding a block back) for many windows still gets the whole body."""
+    import time
+
+    from vlbatch.operators.storage.http_stream import open_http
+
+    storage = StorageOptions(max_attempts=1, read_timeout_s=30, http_min_bytes_per_s=1, http_rate_window_s=0.2)
+    with open_http(f"{shards}/good.tar", storage) as f:
+        head = f.read(512)
+        time.sleep(1.0)  # a pause of five windows with nothing read: wall-clock windows would see 0 B/s
+        body = head + f.read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as t:  # the whole shard (its mtimes are the server's own)
+        pngs = [t.extractfile(m).read() for m in t.getmembers() if m.name.endswith(".png")]
+    assert pngs == [_png(i) for i in range(3)]

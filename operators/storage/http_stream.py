@@ -26,6 +26,7 @@ import http.client
 import io
 import threading
 import time
+import weakref
 
 from vlbatch.operators.errors import StorageError
 from vlbatch.operators.storage.http import _Deadline, _one_line, _open_once, _retrying, _Transient
@@ -66,8 +67,9 @@ class _Body(io.RawIOBase):
         self._bytes, self._waited_s = 0, 0.0  # of the current window
         self._reading_since: float | None = None  # when the read in progress began
         self._done = threading.Event()
-        if storage.http_min_bytes_per_s > 0:
-            threading.Thread(target=self._watch, name="vlbatch-http-stream-rate", daemon=True).start()
+        if storage.http_min_bytes_per_s > 0:  # the thread holds the body weakly: an unclosed one is still freed
+            threading.Thread(target=_watch, args=(weakref.ref(self), self._done, storage.http_rate_window_s),
+                             name="vlbatch-http-stream-rate", daemon=True).start()
 
     def readable(self) -> bool:
         return True
@@ -93,22 +95,24 @@ class _Body(io.RawIOBase):
     def _failed(self, why: str | None) -> StorageError:
         return StorageError(f"reading {self._uri} failed mid-stream: {_one_line(why)}")
 
-    def _watch(self) -> None:
+    def judge(self) -> bool:
+        """One watchdog tick: a full window of waiting below the minimum rate fires the deadline
+        (True: the stream is ended); a window not yet full goes on."""
         window, floor = self._storage.http_rate_window_s, self._storage.http_min_bytes_per_s
-        while not self._done.wait(window):
-            with self._lock:
-                now = time.monotonic()
-                waited = self._waited_s + (0.0 if self._reading_since is None else now - self._reading_since)
-                if waited < window:
-                    continue  # the reader was mostly elsewhere: not a full window of waiting yet
-                rate = self._bytes / waited
-                self._bytes, self._waited_s = 0, 0.0
-                if self._reading_since is not None:
-                    self._reading_since = now
-            if rate < floor:
-                self._deadline.fire(f"body at {rate:.0f} B/s over {window:g} s of waiting, under "
-                                    f"storage.http_min_bytes_per_s={floor:g}")
-                return
+        with self._lock:
+            now = time.monotonic()
+            waited = self._waited_s + (0.0 if self._reading_since is None else now - self._reading_since)
+            if waited < window:
+                return False  # the reader was mostly elsewhere: not a full window of waiting yet
+            rate = self._bytes / waited
+            self._bytes, self._waited_s = 0, 0.0
+            if self._reading_since is not None:
+                self._reading_since = now
+        if rate >= floor:
+            return False
+        self._deadline.fire(f"body at {rate:.0f} B/s over {window:g} s of waiting, under "
+                            f"storage.http_min_bytes_per_s={floor:g}")
+        return True
 
     def close(self) -> None:
         if not self.closed:
@@ -116,3 +120,13 @@ class _Body(io.RawIOBase):
             self._deadline.__exit__(None, None, None)
             self._resp.close()
         super().close()
+
+
+def _watch(body: weakref.ref, done: threading.Event, window_s: float) -> None:
+    """The rate watchdog of one stream: `_Body.judge` every `window_s` until it ends the stream,
+    the stream is closed, or it is gone."""
+    while not done.wait(window_s):
+        live = body()
+        if live is None or live.judge():
+            return
+        del live  # no strong reference between ticks
