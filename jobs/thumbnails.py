@@ -116,7 +116,8 @@ def _guarded(fn) -> bytes | Thumb:
 
 
 def _open(uri: str, storage: StorageOptions):
-    from vlbatch.operators.storage.http import is_http, open_http
+    from vlbatch.operators.storage.http import is_http
+    from vlbatch.operators.storage.http_stream import open_http
 
     if is_http(uri):
         return open_http(uri, storage)

@@ -10,7 +10,8 @@ permanent failures (kept on resume) from transient ones (retried on resume).
 - `MediaTimeoutError`: decoding exceeded the configured time limit.
 - `InputError`: the request is well-formed data but violates a limit
   (aspect ratio over 200, zero fps, both fps and num_frames, over budget).
-- `StorageError`: object storage failed after retries (transient).
+- `StorageError`: object storage failed after retries (transient). A source row's `error` cell is
+  an `InputError` unless written by `transient_source_error` (`source_error` reads it back).
 - `EngineError`: the model stage failed for this request (transient by default).
 - `ConfigError`: a job config is invalid; names the field. Raised before work starts.
 - `SetupError`: a `ConfigError` found while the job's own setup runs (a checkpoint without a
@@ -97,3 +98,23 @@ def stable_message(text: str | None, limit: int = 2000) -> str | None:
     """`text` without object addresses (`<X object at 0x7f..>` -> `<X object>`), at most `limit`
     characters; None stays None. The same failure then reads the same in every run."""
     return None if text is None else _ADDRESS.sub("", text)[:limit]
+
+
+# A source's `error` cell (pipeline/sources/base.py MANIFEST_SCHEMA) is a string; one written by
+# `transient_source_error` starts with this mark (a control character no message of ours starts
+# with: cells begin with our own words or a URI) and is read back as a StorageError.
+_STORAGE_MARK = "\x1eStorageError\x1e"
+
+
+def transient_source_error(message: str) -> str:
+    """The `error` cell of a source row spoilt by a transient failure (a shard cut mid-stream):
+    `source_error` reads it back as a `StorageError` (retried on resume)."""
+    return _STORAGE_MARK + message
+
+
+def source_error(cell: str) -> VlbatchError:
+    """A source's `error` cell -> its error: `StorageError` when written by `transient_source_error`,
+    else `InputError` (bad input, permanent)."""
+    if cell.startswith(_STORAGE_MARK):
+        return StorageError(cell[len(_STORAGE_MARK):])
+    return InputError(cell)

@@ -33,7 +33,7 @@ import json
 from collections.abc import Collection, Iterable
 from dataclasses import replace
 
-from vlbatch.operators.errors import InputError
+from vlbatch.operators.errors import InputError, source_error
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
 from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.pipeline.config import TaskConfig
@@ -104,10 +104,11 @@ def expand_rows(media_uri: str | None, media_type: str | None, questions, task: 
     `InputError` row for its empty or whitespace-only questions, if any. A question's request index
     is its position in the manifest's list, so blanks never shift the others' ids. Request ids hash
     `identity` when the source gives one (a WebDataset key, a manifest line), else `media_uri`;
-    `error`: the source's own failure for this row (an `InputError` row)."""
+    `error`: the source's own failure for this row (an `InputError` row, a `StorageError` one when
+    the source marked it transient: `errors.source_error`)."""
     kind, err = _media_kind(media_uri, media_type)
     if error is not None:
-        kind, err = (kind if err is None else "unknown"), InputError(error)
+        kind, err = (kind if err is None else "unknown"), source_error(error)
     caption = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
     asked = [] if task.mode == "caption" else _questions(questions, task)
     blank = [i for i, q in enumerate(asked) if not q.strip()]

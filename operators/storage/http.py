@@ -21,8 +21,9 @@
   request. Redirects are followed to http(s):// only, at
   most `MAX_REDIRECTS` hops; a redirect elsewhere (ftp://, file://), a loop or too many hops
   is a permanent `MediaError` whose one-line message says so.
-- `open_http(uri, storage)`: a streaming response (WebDataset shards over http), its opening
-  retried as above (no whole-response deadline: a shard is a long stream).
+- `open_http` (a streaming body: WebDataset shards, JSONL manifests) lives in `http_stream.py`:
+  the same opening and headers deadline, a minimum rate over windows of waiting, no whole-response
+  deadline (its docstring says why).
 - `HostLimiter(per_host)`: at most `per_host` requests in flight per host; one per actor (the
   decode stage owns it), shared by its threads.
 """
@@ -119,12 +120,14 @@ class _Deadline:
     """One response's deadline: a timer thread that shuts down every socket the response opened
     (`watch`, from `_Watched*Connection.connect`) when time is up; `expired` / `why` say it did.
     Two steps: the headers within `head_s` (`http_total_timeout_s`: never scaled, a header is
-    small), then the whole response within `seconds` of the start. A read blocked on a shut
-    socket returns at once (an error, or an early end of data: the reader checks `expired`
+    small), then the whole response within `seconds` of the start (None: no whole-response
+    deadline, a stream's: `http_stream.py`, whose rate watchdog calls `fire`). A read blocked on a
+    shut socket returns at once (an error, or an early end of data: the reader checks `expired`
     after every read)."""
 
-    def __init__(self, seconds: float, storage: StorageOptions):
-        self.seconds, self.head_s = seconds, min(seconds, storage.http_total_timeout_s)
+    def __init__(self, seconds: float | None, storage: StorageOptions):
+        total = storage.http_total_timeout_s
+        self.seconds, self.head_s = seconds, total if seconds is None else min(seconds, total)
         self.expired, self.why = False, None
         self._total = storage.http_total_timeout_s
         self._start = time.monotonic()
@@ -160,13 +163,19 @@ class _Deadline:
 
     def _at_head(self) -> None:
         with self._lock:
-            rest = self.seconds - (time.monotonic() - self._start)
+            if self.seconds is None and (self._closed or self._headers_in):
+                return  # a stream: no whole-response deadline
+            rest = (self.seconds or 0.0) - (time.monotonic() - self._start)
             if self._closed or (self._headers_in and rest > 0):
                 if not self._closed:  # the headers came in time: the body's turn
                     self._timer = self._arm(rest, self._fire)
                     self._timer.start()
                 return
         self._fire(f"no response headers within {self.head_s:g} s (storage.http_total_timeout_s={self._total:g})")
+
+    def fire(self, why: str) -> None:
+        """Time is up for another reason (`why`): the sockets are shut as at the deadline."""
+        self._fire(why)
 
     def _fire(self, why: str | None = None) -> None:
         with self._lock:
@@ -331,11 +340,6 @@ def read_http(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes:
                     return _body(resp, uri, storage, max_bytes, limit_name, deadline)
 
     return _retrying(once, uri, storage)
-
-
-def open_http(uri: str, storage: StorageOptions = DEFAULT_STORAGE):
-    """A streaming response for `uri` (read it with `.read(n)`; close it)."""
-    return _retrying(lambda: _open_once(uri, storage), uri, storage)
 
 
 @contextmanager

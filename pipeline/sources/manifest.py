@@ -24,7 +24,8 @@ import ray
 
 from vlbatch.operators.errors import ConfigError, MediaError, StorageError
 from vlbatch.operators.storage import filesystem, open_input, with_retries
-from vlbatch.operators.storage.http import is_http, open_http, read_http
+from vlbatch.operators.storage.http import is_http, read_http
+from vlbatch.operators.storage.http_stream import open_http
 from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.sources.base import Source, limit, task_pool

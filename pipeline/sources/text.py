@@ -3,7 +3,7 @@
 Ray Data's `read_json` refuses a filesystem with `lines=True` (every remote JSONL manifest
 failed), and its readers fail a whole file on one bad line. Here the driver lists the files
 (`text_files`) and function tasks read them (`read_text_files`): http(s):// as one streamed GET
-(`storage.http.open_http`, redirects checked there), local / s3:// as `open_input` streams
+(`storage.http_stream.open_http`, redirects checked there), local / s3:// as `open_input` streams
 (ranged reads, each retried); `.gz` files are decompressed. Each file gives blocks of at most
 `BLOCK_LINES` rows in file order (bounded memory), normalised by `manifest.normalise`.
 
@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.storage import filesystem, open_input
-from vlbatch.operators.storage.http import is_http, open_http
+from vlbatch.operators.storage.http import is_http
+from vlbatch.operators.storage.http_stream import open_http
 from vlbatch.pipeline.sources.base import manifest_table
 from vlbatch.pipeline.sources.cells import cell, check_text, questions
 

@@ -5,7 +5,7 @@ WebDataset users write (`shards/train-{000000..000127}.tar`, also `{a,b}`; expan
 zero padding kept), or one shard; local, s3:// or http(s):// (http(s): braces only, no
 listing). The shards are listed in the driver (sorted within each brace expansion) and each
 is read by one task, as a stream (`tarfile` mode `r|*`: never whole in memory; http(s) shards
-through `storage.http.open_http`, others through `storage.open_input`).
+through `storage.http_stream.open_http`, others through `storage.open_input`).
 
 Samples follow the WebDataset convention: consecutive members sharing a *key* (the member's
 path up to the first '.' of its file name) form a sample, the rest of the name is the member's
@@ -23,7 +23,10 @@ sample is an `InputError` row, the member skipped in the stream), kept text memb
 Errors are rows, not task failures: a sample without a media member, a member that cannot be
 read (a corrupt header) and a shard that ends early (truncated) give `error` rows
 (`InputError`) for what they spoil: the sample being read, or the shard itself when nothing
-could be read from it.
+could be read from it. The samples before stay; the rest of the shard gives no rows. A shard
+that cannot be opened after the storage retries, or whose stream fails mid-way (an http(s)
+shard under `http_min_bytes_per_s`, a reset: `http_stream.py`), ends the same way but as a
+`StorageError` row (transient: a resume reads the shard again and retries that sample).
 """
 from __future__ import annotations
 
@@ -35,9 +38,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import ray
 
-from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.errors import ConfigError, StorageError, transient_source_error
 from vlbatch.operators.storage import filesystem, open_input, with_retries
-from vlbatch.operators.storage.http import is_http, open_http
+from vlbatch.operators.storage.http import is_http
+from vlbatch.operators.storage.http_stream import open_http
 from vlbatch.operators.storage.options import with_protocol
 from vlbatch.pipeline.sources.base import Source, limit, manifest_table, task_pool
 
@@ -195,15 +199,25 @@ def read_shard(shard: str, storage, keep: tuple[str, ...] = (), limits: MemberLi
                 key = k
                 data = _member(tar, info, shard, ext, keep, limits)
                 members[ext] = b"" if data is None else data  # an unread member: named in messages only
+    except StorageError as e:  # the shard could not be opened, or its stream failed (http: too slow)
+        yield _cut(shard, key, transient_source_error(f"{_what(key)} not read: {e}"))
+        return
     except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error) as e:
-        what = f"sample {key!r}" if key is not None else "the shard"
-        yield {"media_uri": f"{shard}#{key}" if key is not None else shard, "identity": key,
-               "error": f"{shard}: truncated or corrupt tar at {what} ({type(e).__name__}: {e})", "kept": {}}
+        yield _cut(shard, key, f"{shard}: truncated or corrupt tar at {_what(key)} ({type(e).__name__}: {e})")
         return
     if key is not None:
         yield _sample(shard, key, members, keep)
     elif seen == 0:
         yield {"media_uri": shard, "error": f"{shard}: no samples (empty shard)", "kept": {}}
+
+
+def _what(key: str | None) -> str:
+    return f"sample {key!r}" if key is not None else "the shard"
+
+
+def _cut(shard: str, key: str | None, error: str) -> dict:
+    """The row of a shard that ended early: the sample being read (`key`), or the shard itself."""
+    return {"media_uri": f"{shard}#{key}" if key is not None else shard, "identity": key, "error": error, "kept": {}}
 
 
 def _sample(shard: str, key: str, members: dict, keep: tuple[str, ...]) -> dict:
