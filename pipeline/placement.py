@@ -20,19 +20,24 @@ one line and a non-zero exit, jobs/failures.py) when
   that might add nodes later (an autoscaler) is not waited for.
 
 Nodes lost mid-run (not a failed start): Ray restarts an actor whose node died, and with no node
-left that could hold it the restart waits forever. `NodeLossCallback` (a Ray Data execution
-callback, run in Ray Data's own scheduling loop: no thread of ours) reads `ray.nodes()` at most
-every `every_s` and asks `watch_nodes`, per pool, whether a live node that fits its actor is
-left. When none has been for `ray.node_loss_timeout_s` (the grace that lets a node come back or
-an autoscaler add one) it raises `NodesLostError` (an `ActorStartError`: one line, exit 8), which
-ends the stream; the rows committed so far stay and a rerun resumes. No live node that fits
+left that could hold it the restart waits forever. `watching_nodes` runs a daemon thread beside
+the driver's loop over the stream (public Ray APIs only) that reads `ray.nodes()` every `every_s`
+and asks `watch_nodes`, per pool, whether a live node that fits its actor is left. When none has
+been for `ray.node_loss_timeout_s` (the grace that lets a node come back or an autoscaler add one)
+it interrupts the main thread as Ctrl-C would (`_thread.interrupt_main`: the stream's iterator
+closes and Ray Data shuts its executor down, the path every stop already takes) and the block
+raises `NodesLostError` in place of the interrupt (an `ActorStartError`: one line, exit 8); the
+rows committed so far stay and a rerun resumes. A caller off the main thread cannot be
+interrupted: there the watch is off (logged). No live node that fits
 means no live actor of that pool either (an actor lives on a node that holds its resources). A
 pool is watched only once such a node was seen: a cluster that starts without one may be
 waiting for an autoscaler, as before.
 """
 from __future__ import annotations
 
+import _thread
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -235,49 +240,63 @@ def watch_nodes(stage: str, need: dict, nodes: list[dict], watch: NodeWatch, now
     return NodeWatch(watch.held, since)
 
 
-def node_loss_callback(needs: dict, timeout_s: float, every_s: float, clock=time.monotonic, nodes=None) -> type:
-    """A Ray Data execution callback class (instantiated by Ray Data's planner, no arguments) that
-    runs `watch_nodes` for every pool in `needs` at most every `every_s`, in Ray Data's scheduling
-    loop: its `NodesLostError` ends the stream (Ray Data raises it from the dataset's iterator).
-    `nodes`: what lists the cluster's nodes (`ray.nodes`; a test's list where no node can be lost)."""
-    import ray
-    from ray.data._internal.execution.execution_callback import ExecutionCallback  # Ray 2.60 (pinned)
+class _NodeLossThread(threading.Thread):
+    """Every `every_s`: `watch_nodes` for each pool in `needs`; on a loss, `lost` is set and the main
+    thread interrupted (once; never after `stop`). `nodes` lists the cluster's nodes (`ray.nodes`)."""
 
-    list_nodes = nodes or ray.nodes
+    def __init__(self, needs: dict, timeout_s: float, every_s: float, nodes):
+        super().__init__(name="vlbatch-node-watch", daemon=True)
+        self.needs, self.timeout_s, self.every_s, self.nodes = needs, timeout_s, every_s, nodes
+        self.lost: NodesLostError | None = None
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
 
-    class NodeLossCallback(ExecutionCallback):
-        def __init__(self):
-            self.watches = {stage: NodeWatch() for stage in needs}
-            self.checked_at: float | None = None
-
-        def on_execution_step(self, executor) -> None:
-            now = clock()
-            if self.checked_at is not None and now - self.checked_at < every_s:
-                return
-            self.checked_at = now
+    def run(self) -> None:
+        watches = {stage: NodeWatch() for stage in self.needs}
+        while not self._stopped.wait(self.every_s):
             try:
-                found = list_nodes()
+                found = self.nodes()
             except Exception as e:  # noqa: BLE001 - the GCS briefly unreachable: the next check decides
                 log.debug("node-loss check: listing the nodes failed: %s", e)
+                continue
+            try:
+                for stage, need in list(self.needs.items()):
+                    watches[stage] = watch_nodes(stage, need, found, watches.get(stage, NodeWatch()),
+                                                 time.monotonic(), self.timeout_s)
+            except NodesLostError as e:
+                with self._lock:
+                    if not self._stopped.is_set():
+                        self.lost = e
+                        _thread.interrupt_main()  # SIGINT's handler in the main thread: the stream stops
                 return
-            for stage, need in needs.items():
-                self.watches[stage] = watch_nodes(stage, need, found, self.watches[stage], now, timeout_s)
 
-    return NodeLossCallback
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
 
 
 @contextmanager
-def watching_nodes(graph, placement: RunPlacement, ray_cfg, nodes=None):
-    """`with watching_nodes(graph, placement, cfg.ray):` around iterating `graph`: its execution runs
-    the node-loss watch (`node_loss_callback`, `nodes` passed on) over `placement.needs`, with the
-    grace `ray.node_loss_timeout_s`, checked every `ray.progress_interval_s` (or the grace, if
-    shorter); the dataset's context is restored after."""
+def watching_nodes(placement: RunPlacement, ray_cfg, nodes=None):
+    """`with watching_nodes(placement, cfg.ray):` around the main thread's loop over the stream: the
+    node-loss watch (module docstring) over `placement.needs`, with the grace
+    `ray.node_loss_timeout_s`, checked every `ray.progress_interval_s` (or the grace, if shorter);
+    `nodes` lists the nodes (default `ray.nodes`; a test's list where no node can be lost)."""
+    if threading.current_thread() is not threading.main_thread():
+        log.warning("run_job off the main thread: the node-loss watch is off (it stops the run by interrupting "
+                    "the main thread)")
+        yield
+        return
+    import ray
+
     timeout_s = ray_cfg.node_loss_timeout_s
-    watch = node_loss_callback(placement.needs, timeout_s, min(ray_cfg.progress_interval_s, timeout_s), nodes=nodes)
-    ctx = graph.context
-    before = ctx.custom_execution_callback_classes
-    ctx.custom_execution_callback_classes = [*before, watch]
+    watch = _NodeLossThread(placement.needs, timeout_s, min(ray_cfg.progress_interval_s, timeout_s),
+                            nodes or ray.nodes)
+    watch.start()
     try:
         yield
+    except BaseException:  # the interrupt (KeyboardInterrupt, or the CLI's Interrupted): the loss, if it was ours
+        if watch.lost is not None:
+            raise watch.lost from None
+        raise
     finally:
-        ctx.custom_execution_callback_classes = before
+        watch.stop()

@@ -275,7 +275,7 @@ def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress:
     progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
                        "starting the actors", sticky=cfg.task.mode != "scan")
     every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
-    with Ticker(progress, meter, tally, known, every_s=every), watching_nodes(graph, placement, cfg.ray):
+    with Ticker(progress, meter, tally, known, every_s=every), watching_nodes(placement, cfg.ray):
         # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
         for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
             progress.update(stats)

@@ -83,7 +83,7 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
     assert "in __init__" in (tmp_path / "err.log").read_text()  # the actor's own traceback, in the file
 
 
-# Nodes lost mid-run (pipeline/placement.py: watch_nodes, node_loss_callback). The real cluster run is
+# Nodes lost mid-run (pipeline/placement.py: watch_nodes, watching_nodes). The real cluster run is
 # tests/test_multinode_faults.py::test_every_model_node_lost_mid_run_ends_the_run_in_one_line.
 
 def _ray_node(node_id: str, gpus: float, alive: bool = True) -> dict:
@@ -162,10 +162,9 @@ def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path
         ds = map_stage(ray.data.range(4), ModelStage, placement, **kw)
         placement.needs["ModelStage"] = {"num_cpus": 0.25, "num_gpus": 1}  # as a GPU pool asks (none here)
         grace = RayConfig(node_loss_timeout_s=0.5, progress_interval_s=0.1)
-        with watching_nodes(ds, placement, grace, nodes=nodes), pytest.raises(NodesLostError) as info:
+        with pytest.raises(NodesLostError) as info, watching_nodes(placement, grace, nodes=nodes):
             for _ in ds.iter_batches(batch_size=None):
                 pass
-        assert ds.context.custom_execution_callback_classes == []  # the dataset's context restored
     finally:
         ray.shutdown()
     failure = describe(info.value, None, tmp_path / "err.log")

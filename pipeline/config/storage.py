@@ -1,0 +1,91 @@
+"""The job config's sections for where data lives: `output` (the sink's folder, an allow-list of
+persistent filesystems) and `storage` (object storage and http(s) options, their limits)."""
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from vlbatch.operators import sink as sink_pkg
+from vlbatch.pipeline.choices import registry_choice
+from vlbatch.pipeline.config.section import Section as _Section
+
+SinkChoice = registry_choice(sink_pkg, "SINKS")
+
+
+class OutputConfig(_Section):
+    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, file:// "
+                                                    "or s3://; nothing else: memory:// and http(s):// are "
+                                                    "refused); files go to <uri>/<run_id>/")
+    run_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
+    )
+    part_mb: float | None = Field(32.0, gt=0.0, description="a writer publishes a part file once it holds this many "
+                                                            "MiB of rows (Arrow size; the zstd file is smaller)")
+    part_rows: int | None = Field(None, ge=1, description="... or this many rows (None: by size only)")
+    commit_interval_s: float = Field(
+        120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
+    format: SinkChoice = sink_pkg.SINKS.default
+
+    @field_validator("uri")
+    @classmethod
+    def _persistent(cls, v: str) -> str:
+        # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
+        from vlbatch.operators.storage.options import output_uri_problem
+
+        why = output_uri_problem(v)
+        if why is not None:
+            raise ValueError(why.removeprefix("output.uri: "))
+        return v
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_inside(cls, v: str | None) -> str | None:
+        # '.' / '..' pass the pattern but name output.uri itself or its parent: the run's files would mix
+        # with other runs', or land (and be cleaned up) beside the output folder
+        if v in (".", ".."):
+            raise ValueError(f"{v!r} is not a folder inside output.uri (it names output.uri itself or the "
+                             "folder above it); use a name such as 'run-1'")
+        return v
+
+    def roll_policy(self):
+        """The writers' `RollPolicy` (vlbatch.operators.sink.rolling)."""
+        from vlbatch.operators.sink.rolling import RollPolicy
+
+        return RollPolicy(target_bytes=None if self.part_mb is None else int(self.part_mb * 2**20),
+                          target_rows=self.part_rows, interval_s=self.commit_interval_s)
+
+
+class StorageConfig(_Section):
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
+    region: str | None = None
+    anonymous: bool = False
+    retries: int = Field(5, ge=0, le=50)
+    http_per_host: int = Field(8, ge=1, description="http(s) media requests in flight per host, per decode actor")
+    http_total_timeout_s: float = Field(
+        300.0, gt=0.0, description="an http(s) medium's whole response (headers and body) must arrive within "
+                                   "max(this, the medium's max_bytes / http_min_bytes_per_s) seconds, else a "
+                                   "StorageError row")
+    http_min_bytes_per_s: float = Field(
+        65536.0, ge=0.0, description="an http(s) body slower than this over a 30 s window (a streamed shard: 30 s "
+                                     "of waiting on the server) is a StorageError row (0 = no minimum rate)")
+    allow_schemes: tuple[str, ...] = Field(
+        (), description="schemes a remote manifest (s3://, http(s)://) may name besides its own kind of storage, "
+                        "e.g. [https] for an s3 manifest of web images; 'file' lets it name local files")
+
+    @field_validator("allow_schemes")
+    @classmethod
+    def _known_schemes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from vlbatch.operators.storage.options import SUPPORTED_PROTOCOLS
+
+        unknown = [s for s in v if s.lower() not in SUPPORTED_PROTOCOLS]
+        if unknown:
+            raise ValueError(f"unknown scheme {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(SUPPORTED_PROTOCOLS)}")
+        return tuple(s.lower() for s in v)
+
+    def options(self):
+        """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
+        from vlbatch.operators.storage import StorageOptions
+
+        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region, anonymous=self.anonymous,
+                              max_attempts=self.retries + 1, http_total_timeout_s=self.http_total_timeout_s,
+                              http_min_bytes_per_s=self.http_min_bytes_per_s)
