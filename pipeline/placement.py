@@ -24,7 +24,7 @@ left that could hold it the restart waits forever. `watching_nodes` runs a daemo
 the driver's loop over the stream (public Ray APIs only) that reads `ray.nodes()` every `every_s`
 and asks `watch_nodes`, per pool, whether a live node that fits its actor is left. When none has
 been for `ray.node_loss_timeout_s` (the grace that lets a node come back or an autoscaler add one)
-it interrupts the main thread as Ctrl-C would (`_thread.interrupt_main`: the stream's iterator
+it interrupts the main thread as Ctrl-C would (SIGINT to that thread: the stream's iterator
 closes and Ray Data shuts its executor down, the path every stop already takes) and the block
 raises `NodesLostError` in place of the interrupt (an `ActorStartError`: one line, exit 8); the
 rows committed so far stay and a rerun resumes. A caller off the main thread cannot be
@@ -35,8 +35,8 @@ waiting for an autoscaler, as before.
 """
 from __future__ import annotations
 
-import _thread
 import logging
+import signal
 import threading
 import time
 import traceback
@@ -267,7 +267,9 @@ class _NodeLossThread(threading.Thread):
                 with self._lock:
                     if not self._stopped.is_set():
                         self.lost = e
-                        _thread.interrupt_main()  # SIGINT's handler in the main thread: the stream stops
+                        # a real SIGINT to the main thread (its handler: KeyboardInterrupt, or the CLI's Interrupted):
+                        # it also wakes a wait blocked in a lock, which `_thread.interrupt_main` would not
+                        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
                 return
 
     def stop(self) -> None:
