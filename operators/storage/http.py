@@ -194,7 +194,9 @@ def _shut(sock: socket.socket) -> None:
         pass  # already closed: nothing blocks on it
 
 
-class _WatchedHTTPConnection(http.client.HTTPConnection):
+class _Watched:
+    """A connection class mixin: its socket (the TLS one for https) goes under `deadline` once connected."""
+
     def __init__(self, *args, deadline: _Deadline, **kwargs):
         super().__init__(*args, **kwargs)
         self._deadline = deadline
@@ -204,14 +206,12 @@ class _WatchedHTTPConnection(http.client.HTTPConnection):
         self._deadline.watch(self.sock)
 
 
-class _WatchedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args, deadline: _Deadline, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._deadline = deadline
+class _WatchedHTTPConnection(_Watched, http.client.HTTPConnection):
+    pass
 
-    def connect(self):
-        super().connect()
-        self._deadline.watch(self.sock)
+
+class _WatchedHTTPSConnection(_Watched, http.client.HTTPSConnection):
+    pass
 
 
 class _WatchedHTTP(urllib.request.HTTPHandler):
