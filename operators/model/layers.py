@@ -5,7 +5,7 @@
 - `GatedRMSNorm`: DeltaNet output norm, `(x / rms(x)) * w * silu(z)` (scale `w` itself,
   initialised to 1, not zero-centred).
   Both: on CPU float32 one compiled pass per row (`ops/norm_cpu.py`); elsewhere the torch
-  forms `rms_norm_torch` / `gated_rms_norm_torch` (the twins).
+  forms `rms_norm_torch` / `gated_rms_norm_torch` (the twins, in `ops/norm.py`).
 - `SwiGLU`: `down(act(gate(x)) * up(x))`, the dense FFN and the MoE shared expert.
 - `embedding`: an `nn.Embedding` built without its random initialisation.
 - `fuse_linears`: the load-time transform that lets several projections of one input run
@@ -23,6 +23,7 @@ from torch import nn
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.model.ops import norm_cpu
+from vlbatch.operators.model.ops.norm import gated_rms_norm_torch, rms_norm_torch
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -62,13 +63,6 @@ class RMSNorm(nn.Module):
         return rms_norm_torch(x, self.weight, self.eps)
 
 
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`RMSNorm` in torch ops (every device and dtype): x [..., D], weight [D] -> [..., D]."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (h * (1.0 + weight.float())).to(x.dtype)
-
-
 class GatedRMSNorm(nn.Module):
     """Per-head RMSNorm then SiLU gate: x, z [..., D] -> [..., D]."""
 
@@ -81,13 +75,6 @@ class GatedRMSNorm(nn.Module):
         if norm_cpu.usable(x, z, self.weight):
             return norm_cpu.gated_rms_norm_cpu(x, z, self.weight, self.eps)
         return gated_rms_norm_torch(x, z, self.weight, self.eps)
-
-
-def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`GatedRMSNorm` in torch ops (every device and dtype): x, z [..., D], weight [D] -> [..., D]."""
-    h = x.float()
-    h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * h * F.silu(z.float())).to(x.dtype)
 
 
 def fuse_linears(module: nn.Module, linears: list[nn.Linear]) -> None:

@@ -134,7 +134,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
             model.mtp_weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     model = model.eval().requires_grad_(False).fuse_projections().use_delta_kernels(kernels)
     if torch.device(device).type == "cpu" and torch_dtype(dtype) == torch.float32:  # where the CPU ops apply
-        from vlbatch.operators.model.ops import warm_up_cpu
+        from vlbatch.operators.model.ops.warm_up import warm_up_cpu
 
         warm_up_cpu()
     text = model.config.text

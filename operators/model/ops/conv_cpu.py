@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from numba import njit
 
-from vlbatch.operators.model.ops import cpu_float32
+from vlbatch.operators.model.ops.cpu import cpu_float32
 
 usable = cpu_float32  # CPU float32 tensors, any strides (the kernels read numpy views)
 

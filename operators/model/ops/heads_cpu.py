@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from vlbatch.operators.model.ops import cpu_float32
+from vlbatch.operators.model.ops.cpu import cpu_float32
 
 
 def qk_heads_torch(qk: torch.Tensor, n_k: int, n_v: int, d_k: int, scale: float,

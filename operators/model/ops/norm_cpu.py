@@ -1,6 +1,6 @@
 """RMSNorm and the DeltaNet gated RMSNorm on the CPU as one compiled pass per row (numba).
 
-Same contracts as `layers.rms_norm_torch` / `layers.gated_rms_norm_torch`, the torch forms
+Same contracts as `norm.rms_norm_torch` / `norm.gated_rms_norm_torch`, the torch forms
 beside them (the twins; every other device and dtype takes them). The torch forms make
 ~5 passes over [T, D] (square, mean, scale, weight, cast), each a fresh tensor; here a
 row (2 KiB at D = 512: L1) is read twice and written once:
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from numba import njit
 
-from vlbatch.operators.model.ops import cpu_float32
+from vlbatch.operators.model.ops.cpu import cpu_float32
 
 usable = cpu_float32  # CPU float32 tensors, any strides (the kernels read numpy views)
 

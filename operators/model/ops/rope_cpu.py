@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from numba import njit
 
-from vlbatch.operators.model.layers import rms_norm_torch
-from vlbatch.operators.model.ops import cpu_float32
+from vlbatch.operators.model.ops.cpu import cpu_float32
+from vlbatch.operators.model.ops.norm import rms_norm_torch
 from vlbatch.operators.model.rope import apply_partial_rope
 
 
