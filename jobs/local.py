@@ -24,6 +24,7 @@ local Ray end with the run however it ends, SIGKILL included (`jobs/reaper.py`).
 """
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -176,6 +177,9 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
             finally:
                 if ours:
                     with signals_ignored():
+                        # a stopped stream's iterator can sit in a reference cycle; Ray Data's __del__ shuts its
+                        # executor down and needs Ray: collect it now, not after ray.shutdown (a traceback then)
+                        gc.collect()
                         ray.shutdown()
     except Interrupted as stop:
         with signals_ignored():
