@@ -277,3 +277,73 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+HIDDEN = """
+import subprocess, sys, time
+from vlbatch.jobs.reaper import reaped_ray
+with reaped_ray():
+    inner = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={}); print(c.pid, flush=True); time.sleep(600)"
+    parent = subprocess.Popen([sys.executable, "-c", inner], stdout=subprocess.PIPE, text=True)
+    print(parent.pid, parent.stdout.readline().strip(), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_reaper_ends_a_process_whose_mark_is_hidden():
+    """A grandchild started with an empty environment (as a process whose title overwrote its mark reads
+    in /proc) under a marked parent still alive: found through the tree at EOF."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vlbatch.jobs.reaper import supported
+
+    if not supported():
+        pytest.skip("the reaper reads /proc (Linux)")
+    driver = subprocess.Popen([sys.executable, "-c", HIDDEN], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in driver.stdout.readline().split()]
+    try:
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a process of the session outlived the driver"
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_noted_processes_are_reaped_after_their_parent_died():
+    """`watch`'s notes: a process without the mark, noted while its parent (the driver stand-in) lived,
+    is reaped after that parent's death made it the init process's child; an unnoted one is not."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vlbatch.jobs import reaper
+
+    if not reaper.supported():
+        pytest.skip("the reaper reads /proc (Linux)")
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={}, start_new_session=True); print(c.pid, flush=True); time.sleep(600)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={})
+    child = int(parent.stdout.readline())
+    try:
+        noted = reaper._family(reaper._scan("none"), frozenset({(parent.pid, reaper._scan("none")[parent.pid].start)}))
+        assert reaper.session_pids("none") == []  # nothing marked: without the notes nothing is found
+        parent.kill()
+        parent.wait()
+        reaper.reap("none", noted, grace_s=5)
+        deadline = time.monotonic() + 30
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -8,68 +8,26 @@ that holds the last image until the test lets it go, so the run is certainly sti
 in that read) when the test, having seen a first part file committed, sends the signal."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from held_http import held_manifest
 from test_jobs_support import REPO, TEST_ENV, read_output
 
 N_FREE = 10  # images served at once; the held one comes after them in the manifest
 
 
-class _Server:
-    """Serves `root`; GET /hold.png waits until `release` is set."""
-
-    def __init__(self, root):
-        self.release = threading.Event()
-        release = self.release
-
-        class Handler(SimpleHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
-                if self.path == "/hold.png":
-                    release.wait(600)
-                super().do_GET()
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        self.httpd.handle_error = lambda request, address: None  # a reader killed mid-body (the stopped run)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture()
 def held_job(tmp_path, tiny_ckpt):
-    import numpy as np
-    from PIL import Image
-
-    media = tmp_path / "media"
-    media.mkdir()
-    names = [f"img{i:02d}.png" for i in range(N_FREE)] + ["hold.png"]
-    for i, name in enumerate(names):
-        Image.fromarray((np.random.default_rng(i).random((40, 48, 3)) * 255).astype("uint8")).save(media / name)
-    server = _Server(media)
-    (tmp_path / "manifest.jsonl").write_text("".join(
-        json.dumps({"media_uri": f"{server.url}/{n}", "media_type": "image"}) + "\n" for n in names))
+    manifest, server = held_manifest(tmp_path, N_FREE)
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"""model: {{path: {tiny_ckpt('dense')}, dtype: float32, device: cpu}}
-input: {{uri: {tmp_path / 'manifest.jsonl'}, format: jsonl}}
+input: {{uri: {manifest}, format: jsonl}}
 sampling: {{max_tokens: 4}}
 image: {{max_pixels: 12544}}
 resources:

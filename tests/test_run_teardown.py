@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from held_http import held_manifest
 from test_jobs_support import REPO, TEST_ENV, write_job
 
 PAGE = 4096
@@ -87,14 +88,19 @@ def _session_pids(mark: str) -> dict[int, str]:
 
 def test_a_killed_driver_leaves_no_process_of_its_ray_session(tmp_path, tiny_ckpt):
     """SIGKILL the driver once it said its model actor is ready (gate on output: by then Ray's dashboard
-    and runtime-env agents run), then wait (a bounded poll) until no process of its Ray session remains.
+    and runtime-env agents run), while it waits on a held HTTP read (so it cannot have finished), then
+    wait (a bounded poll) until no process of its Ray session remains. The agents' titles (setproctitle)
+    overwrite the start of their environment's memory, the reaper's mark with it at times: they are
+    found through the process tree (jobs/reaper.py).
     Today Ray's `ray::DashboardAgent` and `ray::RuntimeEnvAgent` outlive it by about a minute: when their
     raylet dies they first report it through the GCS, dead too, and wait out Ray's GCS timeout. The limit
     (30 s) is generous for the reaper (SIGTERM, 5 s grace, SIGKILL) and below that minute. The session is
     the one under the run's own RAY_TMPDIR."""
     if not Path("/proc/self/environ").exists():
         pytest.skip("needs /proc (Linux) to find the session's processes")
-    cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=32, max_tokens=32, write_batch=2)
+    cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=1, write_batch=2)
+    manifest, server = held_manifest(tmp_path, 2)  # the run waits on hold.png until the test ends: it cannot
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "wd" / "manifest.jsonl"), str(manifest)))  # finish first
     ray_tmp = tempfile.mkdtemp(prefix="vlbk-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     out = (tmp_path / "stdout.log").open("w")
     driver = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock", "--name",
@@ -128,4 +134,5 @@ def test_a_killed_driver_leaves_no_process_of_its_ray_session(tmp_path, tiny_ckp
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         out.close()
+        server.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
