@@ -66,9 +66,9 @@ def test_a_full_disk_says_no_space_left_on_the_folder(tmp_path, tiny_ckpt, small
     assert not list(small_fs.rglob("*.vlbatch-tmp"))  # the failed write took its temp file with it
 
 
-def _session_pids(mark: str) -> dict[int, str]:
-    """{pid: name} of the live processes whose environment or command line holds `mark` (the run's
-    RAY_TMPDIR): every process of its Ray session inherits the driver's environment."""
+def _procs() -> dict[int, tuple[int, int, bytes, bytes]]:
+    """{pid: (ppid, start time, environment, command line)} of the live processes (zombies left out: a
+    zombie holds nothing, its parent has not reaped it yet)."""
     found = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -76,14 +76,31 @@ def _session_pids(mark: str) -> dict[int, str]:
         try:
             env = (d / "environ").read_bytes()
             cmd = (d / "cmdline").read_bytes()
-            stat = (d / "stat").read_text()
+            fields = (d / "stat").read_text().rsplit(")", 1)[-1].split()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if stat.rsplit(")", 1)[-1].split()[0] == "Z":  # a zombie holds nothing: its parent has not reaped it
-            continue
-        if mark.encode() in env or mark.encode() in cmd:
-            found[int(d.name)] = cmd.replace(b"\0", b" ").decode(errors="replace")[:120]
+        if fields[0] != "Z":
+            found[int(d.name)] = (int(fields[1]), int(fields[19]), env, cmd)
     return found
+
+
+def _session_pids(mark: str, noted: dict[int, int] | None = None) -> dict[int, str]:
+    """{pid: name} of the live processes of the session: those whose environment or command line holds
+    `mark` (the run's RAY_TMPDIR, inherited by every process of its Ray session), those in `noted`
+    ({pid: start time}) still alive, and the descendants of all of them. The tree matters: a process
+    titled by setproctitle (Ray's `ray::DashboardAgent`) overwrites the start of its environment's memory,
+    which /proc/<pid>/environ reads, the mark with it at times."""
+    procs = _procs()
+    family = {pid for pid, (_, start, env, cmd) in procs.items()
+              if mark.encode() in env or mark.encode() in cmd or (noted or {}).get(pid) == start}
+    while children := {pid for pid, (ppid, *_) in procs.items() if ppid in family} - family:
+        family |= children
+    return {pid: procs[pid][3].replace(b"\0", b" ").decode(errors="replace")[:120] for pid in family}
+
+
+def _noted(pids) -> dict[int, int]:
+    procs = _procs()
+    return {pid: procs[pid][1] for pid in pids if pid in procs}
 
 
 def test_a_killed_driver_leaves_no_process_of_its_ray_session(tmp_path, tiny_ckpt):
@@ -106,6 +123,7 @@ def test_a_killed_driver_leaves_no_process_of_its_ray_session(tmp_path, tiny_ckp
     driver = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock", "--name",
                                f"killed-{os.getpid()}"], stdout=out, stderr=subprocess.PIPE, text=True,
                               env=_env(RAY_TMPDIR=ray_tmp), cwd=REPO)
+    noted: dict[int, int] = {}
     try:
         seen = []
         for line in driver.stderr:  # gate on output: the model actor is ready, the graph runs
@@ -114,23 +132,25 @@ def test_a_killed_driver_leaves_no_process_of_its_ray_session(tmp_path, tiny_ckp
                 break
         assert driver.poll() is None, "".join(seen)[-3000:]
         until = time.monotonic() + 60  # Ray's agents (the ones that outlive the driver) start with the node:
-        before = _session_pids(ray_tmp)  # wait until they show (an event), bounded; without them, go on
-        while not any("Agent" in c for c in before.values()) and time.monotonic() < until:
+        noted = _noted(_session_pids(ray_tmp, {driver.pid: _procs()[driver.pid][1]}))  # wait until they show
+        while sum("Agent" in c for c in _session_pids(ray_tmp, noted).values()) < 2 \
+                and time.monotonic() < until:  # (an event), bounded
             time.sleep(0.2)
-            before = _session_pids(ray_tmp)
+            noted = _noted(_session_pids(ray_tmp, noted))
+        before = _session_pids(ray_tmp, noted)
         assert driver.poll() is None, "the run ended before it could be killed"
         driver.kill()
         driver.wait()
-        assert len(before) > 1, before  # the session's processes were found (the check can see them)
+        assert sum("Agent" in c for c in before.values()) == 2, before  # the check sees the agents
         deadline = time.monotonic() + 30  # see the docstring; the test goes on as soon as none remain
-        while (left := _session_pids(ray_tmp)) and time.monotonic() < deadline:
+        while (left := _session_pids(ray_tmp, noted)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not left, f"still alive after the driver's SIGKILL: {left}"
     finally:
         if driver.poll() is None:
             driver.kill()
         driver.wait()
-        for pid in _session_pids(ray_tmp):  # never leave them to the next test
+        for pid in _session_pids(ray_tmp, noted):  # never leave them to the next test
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         out.close()
