@@ -208,3 +208,31 @@ def test_one_image_everywhere_with_pyproject_pins(cluster):
     for must in ("torch", "ray", "transformers"):
         assert must in pinned
     assert "ray[data,default]" in docker, "the image needs the Jobs API (ray[default])"
+
+
+def _pod_containers(doc: dict) -> list[dict]:
+    """Every container of every pod template in a KubeRay document, wherever it sits."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "containers" in node and isinstance(node["containers"], list):
+                found.extend(node["containers"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    return found
+
+
+@pytest.mark.parametrize("rel", ["kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/raycronjob.yaml"])
+def test_every_pod_reads_the_optional_storage_secret(rel):
+    """Issue 50: object-storage credentials reach every pod (driver on the head, readers and writers on the
+    workers) from one optional Secret; without it the AWS chain (IRSA, instance role) is used."""
+    containers = _pod_containers(_yaml(rel))
+    assert len(containers) >= 3
+    for c in containers:
+        assert {"secretRef": {"name": "vlbatch-storage", "optional": True}} in c.get("envFrom", []), (rel, c["name"])

@@ -96,13 +96,32 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
+BUNDLED = "bundled:"  # model.path: bundled:<name> is a checkpoint shipped in vlbatch.models
+
+
+def bundled_model(value: str) -> str:
+    """``bundled:<name>`` -> the absolute folder of that bundled checkpoint (the same from any directory)."""
+    from vlbatch import models
+
+    root = models.SHAPES_TINY.parent
+    names = sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+    name = value[len(BUNDLED):]
+    if name not in names:  # a listed folder name: never a path (`..`, `/`) of the user's choosing
+        raise ConfigError(f"model.path: no bundled model {name!r} (bundled: {', '.join(names)})")
+    return str(root / name)
+
+
 def _resolve_file_paths(data: dict, base: Path, only: set[tuple[str, str]] | None = None) -> None:
     """Relative local paths of `FILE_RELATIVE_PATHS` in `data` (those in `only`, when given) ->
-    absolute under `base`, `~` expanded (in place). Globs stay globs (`media/*` -> `/abs/media/*`)."""
+    absolute under `base`, `~` expanded (in place). Globs stay globs (`media/*` -> `/abs/media/*`).
+    `model.path: bundled:<name>` -> the bundled checkpoint's folder."""
     for section, key in FILE_RELATIVE_PATHS:
         node = data.get(section)
         value = node.get(key) if isinstance(node, dict) else None
         if (only is not None and (section, key) not in only) or not isinstance(value, str) or not value:
+            continue
+        if (section, key) == ("model", "path") and value.startswith(BUNDLED):
+            node[key] = bundled_model(value)
             continue
         if value.startswith("~"):
             value = node[key] = os.path.expanduser(value)

@@ -68,8 +68,9 @@ class EngineBudgets(_Section):
 
 class ModelConfig(_Section):
     path: str = Field(..., min_length=1, description="checkpoint folder in the Hugging Face layout: a local path "
-                                                     "(relative: to the config file's folder) or an fsspec URI "
-                                                     "(s3://...), downloaded once per node into cache_dir")
+                                                     "(relative: to the config file's folder), an fsspec URI "
+                                                     "(s3://..., downloaded once per node into cache_dir), or "
+                                                     "bundled:shapes-tiny (the demo's model)")
     cache_dir: str | None = Field(None, description="node-local folder for downloaded checkpoints; None = "
                                                     "$VLBATCH_CACHE or ~/.cache/vlbatch/checkpoints")
     backend: Literal["engine", "transformers"] = Field(
