@@ -14,7 +14,7 @@ MAX_BYTES = 26_000
 MAX_LINE = 120
 # a backticked word naming a path in the repository starts with one of its top-level folders
 TOP_FOLDERS = ("operators", "pipeline", "jobs", "models", "scripts", "infra", "benchmarks", "tests", "configs", "docs")
-_PATH = re.compile(r"^(?:%s)/[\w./-]*$" % "|".join(TOP_FOLDERS))
+_PATH = re.compile(r"^(?:{})/[\w./-]*$".format("|".join(TOP_FOLDERS)))
 
 
 def repo_paths(text: str) -> list[str]:
