@@ -1,6 +1,6 @@
 """`Processor`: chat messages + decoded media -> model inputs, identical to the reference.
 
-Owns the public preprocessing API (contract in ARCHITECTURE.md):
+Owns the public preprocessing API (its contract is this docstring; ARCHITECTURE.md points here):
 
     proc = Processor.from_pretrained(model_dir)
     text = proc.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)

@@ -1,6 +1,6 @@
 """The shipped media: what the CPU stage hands to the model stage, and what the engine sees.
 
-One module owns the form (ARCHITECTURE.md, "Interfaces"): a media reaches the engine as
+One module owns the form (ARCHITECTURE.md, "Data flow"): a media reaches the engine as
 
     frames   uint8 `[F, h, w, 3]`, the resized frames (F = 1 for an image), as the
              processor's `encode_media(..., frames=True)` makes them;

@@ -17,7 +17,7 @@ from vlbatch.operators.kernels.delta_rule.tuning import PrefillTuner, run_form
 # Tokens per chunk of the packed chunked rule (prefill). The chunked form is exact at any
 # size, so this is a speed choice: on the CPU the rule's elementwise work on its [C, C]
 # blocks grows with C and the scan's per-step cost shrinks with it. Measured on one core
-# (benchmarks/RESULTS.md, 2026-12-01): 16 is 1.5-1.9x faster than 64 from three sequences
+# (benchmarks/RESULTS_HISTORY.md, 2026-12-01): 16 is 1.5-1.9x faster than 64 from three sequences
 # up (8 x 486, 27 x 88-216, 64 x 30 tokens), 32 the fastest for one or two long sequences
 # (64 and 16 within 15 % there). Against a float64 loop 16 and 32 are a little more
 # accurate than 64; logits against transformers (which chunks by 64) stay at ~1e-5
