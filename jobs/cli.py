@@ -1,6 +1,6 @@
 """The `vlbatch` command line: one subcommand per user action.
 
-Exit codes (also in README "Running jobs"; constants in jobs/errors.py):
+Exit codes (also in README "Troubleshooting"; constants in jobs/errors.py):
   0  success (for submit/logs without --wait/--follow: the request was accepted)
   1  the job ran but failed (or its error fraction exceeded max_error_fraction)
   2  bad usage or an invalid config (nothing was started)
