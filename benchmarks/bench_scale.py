@@ -142,10 +142,10 @@ def one(args) -> dict:
     _, _, _, done = _open_run(hcfg, str(half / "scan"))
     pending, _ = count_pending(expanded(open_source(hcfg), ray.put(done)).materialize())
     resume_half = time.perf_counter() - t2
-    return {"requests": s.requests_pending, "wall_s": wall, "rps": s.requests_pending / wall,
+    return {"requests": s.requests_computed, "wall_s": wall, "rps": s.requests_computed / wall,
             "errors": s.processed_by_status.get("error", 0), "rss_mb": rss_run, "parts": len(parts),
             "mean_part_mb": (sum(sizes) / len(sizes) / 2**20) if sizes else 0.0, "resume_full_s": resume_full,
-            "resume_full_pending": again.requests_pending, "resume_half_s": resume_half,
+            "resume_full_pending": again.requests_computed, "resume_half_s": resume_half,
             "resume_half_committed": rows, "resume_half_pending": pending}
 
 

@@ -2,7 +2,9 @@
 
 No server and nothing fetched: thumbnails are inlined as small JPEGs (`data:` URIs,
 `vlbatch.jobs.thumbnails`), plots are inline SVG, the style is inline CSS. Sections: the run's
-identity and counts; rows/s and tokens/s over time (`inspect_run.rates`); token histograms;
+headline (rows, ok / error, attempts, rows/s over the whole run, model, when), its fingerprint folded
+away (`<details>`), counts; its attempts (each call of `vlbatch run`) and the last call's rows/s and
+tokens/s over time (`inspect_run.rates`); token histograms;
 the sampled rows as cards (`#sample .card`, one per sampled row: an image thumbnail or a
 video's frame strip beside the caption or question and answer); the errors grouped by type,
 each with one example message and a few of its media. A small inline script records on
@@ -16,7 +18,17 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from vlbatch.jobs.inspect_run import TOKENS, RunReport, fingerprint_lines, hist_key, rates
+from vlbatch.jobs.inspect_run import (
+    TOKENS,
+    Attempt,
+    RunReport,
+    fingerprint_lines,
+    hist_key,
+    rates,
+    run_attempts,
+    when,
+    whole_run,
+)
 from vlbatch.jobs.thumbnails import Thumb, ThumbOptions, thumbnails
 
 CSS = """
@@ -45,6 +57,10 @@ text-align:center;font-size:11px;color:#6b7280;padding:6px;box-sizing:border-box
 .emedia .item{width:200px;font-size:11px}.emedia img{max-width:200px}.emedia .strip img{max-width:48px}
 .emedia .strip{flex-wrap:wrap}.emedia .placeholder{width:200px}.badge{white-space:nowrap}.emedia .item .uri{font-size:11px}
 svg text{font:11px system-ui,sans-serif;fill:#4b5563}
+.headline{font-size:16px;margin:2px 0 6px}.headline b{font-size:18px}details.fp summary{cursor:pointer;color:#c7ccd6}
+table.attempts{border-collapse:collapse;font-size:13px;margin-bottom:10px}table.attempts td,table.attempts th{
+padding:2px 10px;text-align:right}table.attempts td.w,table.attempts th.w{text-align:left}
+table.attempts tr.total td{border-top:1px solid #d1d5db;font-weight:600}
 """
 
 SCRIPT = """addEventListener('load',()=>{const im=[...document.querySelectorAll('img.thumb')];
@@ -93,15 +109,48 @@ def render(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
     run_id = ", ".join(k for k, _ in rep.run_ids.most_common(2)) or rep.ref.uri.rsplit("/", 1)[-1]
     chips = "".join(f'<span class="{s if s in ("ok", "error") else "other"}">{n} {e(s)}</span>'
                     for s, n in sorted(rep.status.items(), key=lambda x: (x[0] != "ok", x[0])))
-    fp = "<br>".join(e(x) for x in fingerprint_lines(rep))
+    fp = fingerprint_lines(rep)
+    folded = (f'<details class="fp"><summary>fingerprint ({len(fp)} field{"s" if len(fp) != 1 else ""}: what the '
+              f'answers were made with)</summary>{"<br>".join(e(x) for x in fp)}</details>')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>vlbatch run {e(run_id)}</title>'
             f'<style>{CSS}</style><script>{SCRIPT}</script></head><body>'
-            f'<header><h1>vlbatch run {e(run_id)}</h1><div class="where">{e(rep.ref.uri)} · {rep.rows} rows in '
-            f'{rep.parts} Parquet files</div><div class="fp">{fp}</div></header><main>'
+            f'<header><h1>vlbatch run {e(run_id)}</h1>{_headline(rep)}<div class="where">{e(rep.ref.uri)} · '
+            f'{rep.rows} rows in {rep.parts} Parquet files</div>{folded}</header><main>'
             f'<div class="chips">{chips}</div>'
             f'<h2>Throughput</h2><div class="panel">{_throughput(rep.summary)}</div>'
             f'<h2>Tokens per request</h2><div class="row">{_histograms(rep)}</div>'
             f'{_sample(rep, thumbs)}{_errors(rep, thumbs)}</main></body></html>\n')
+
+
+def _headline(rep: RunReport) -> str:
+    """The run in one line: rows, ok / error (and any other status), attempts, rows/s over the whole
+    run, model, when it last finished."""
+    attempts = run_attempts(rep.summary)
+    total = whole_run(attempts)
+    counts = {"ok": rep.status.get("ok", 0), "error": rep.status.get("error", 0), **rep.status}
+    bits = [f"<b>{rep.rows} rows</b>", *(f"{n} {e(s)}" for s, n in counts.items())]
+    if attempts:
+        bits += [f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}", f"{total.rows_per_s:.2f} rows/s"]
+    bits.append("model " + (e(", ".join(k for k, _ in rep.models.most_common(2))) or "-"))
+    if total.finished is not None:
+        bits.append(f"finished {when(total.finished, seconds=False)} UTC")
+    return f'<div class="headline">{" · ".join(bits)}</div>'
+
+
+def _attempts(attempts: list[Attempt]) -> str:
+    """The run attempt by attempt (each call of `vlbatch run`), then the whole run, as a table."""
+    left = ' class="w"'  # the first two columns: text, left-aligned
+    head = "".join(f"<th{left if k < 2 else ''}>{h}</th>" for k, h in enumerate(
+        ("#", "started (UTC)", "rows", "ok", "error", "skipped", "seconds", "rows/s")))
+
+    def row(a: Attempt, cls: str, first: str, started: str, skipped: str) -> str:
+        cells = (first, started, a.rows, a.ok, a.error, skipped, f"{a.seconds:.1f}", f"{a.rows_per_s:.2f}")
+        return (f'<tr class="{cls}">' + "".join(f"<td{left if k < 2 else ''}>{c}</td>" for k, c in enumerate(cells))
+                + "</tr>")
+
+    rows = [row(a, "attempt", str(a.number), when(a.started), str(a.skipped)) for a in attempts]
+    rows.append(row(whole_run(attempts), "total", "", "whole run", ""))
+    return f'<table class="attempts"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
 def _img(frame, cls: str = "thumb") -> str:
@@ -166,13 +215,17 @@ def _histograms(rep: RunReport) -> str:
 
 
 def _throughput(summary: dict | None) -> str:
+    """The attempts' table, then the last call's rows/s and tokens/s over time."""
+    attempts = run_attempts(summary)
+    table = _attempts(attempts) if attempts else '<p class="muted">no _summary.json: no call has finished</p>'
     series = rates(summary)
     if not series:
-        return '<p class="muted">no throughput timeline recorded for this run</p>'
+        return table + '<p class="muted">no throughput timeline recorded for this run</p>'
     s = summary or {}
     first = s.get("time_to_first_row_s")
-    line = (f'<p>{s.get("rows_per_s", 0):.2f} rows/s, {s.get("generated_tokens_per_s", 0):.1f} generated tok/s, '
-            f'{s.get("visual_tokens_per_s", 0):.0f} visual tok/s over {s.get("elapsed_s", 0):.1f} s (the last call)'
+    last = f"attempt {attempts[-1].number}, the last" if s.get("attempts") else "the last call"
+    line = (table + f'<p>{last}: {s.get("rows_per_s", 0):.2f} rows/s, {s.get("generated_tokens_per_s", 0):.1f} '
+            f'generated tok/s, {s.get("visual_tokens_per_s", 0):.0f} visual tok/s over {s.get("elapsed_s", 0):.1f} s'
             f'{"" if first is None else f"; first row after {first:.1f} s"}</p>')
     width = 2 * series[0][0]  # bucket width, s
     return (line + '<div class="plots">'

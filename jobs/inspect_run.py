@@ -12,9 +12,11 @@ terminal form (and is the command), `vlbatch.jobs.inspect_html` the page.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -251,6 +253,62 @@ def _rows(sink, kept: list[tuple[float, str, int]]) -> list[dict]:
 
 def hist_key(label: str) -> int:
     return 0 if label == "0" else int(label.split("-")[0])
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One call of `vlbatch run` on the run (`pipeline/attempts.py`), or the whole run (`number` None)."""
+
+    number: int | None
+    started: datetime | None  # UTC; None: not recorded (a summary older than the records)
+    finished: datetime | None
+    rows: int  # requests computed, by status below
+    ok: int
+    error: int
+    skipped: int | None  # already committed before the call (None: the whole run)
+    seconds: float
+    rows_per_s: float
+
+
+def run_attempts(summary: dict | None) -> list[Attempt]:
+    """The run's attempts, oldest first, from `_summary.json` (its `attempts`; a summary without them
+    is its own call, of unknown time); [] without a summary. Values that are not what the runner
+    writes read as 0 / not recorded (the file is read, not trusted)."""
+    from vlbatch.pipeline.attempts import attempts_of
+
+    out = []
+    for i, a in enumerate(attempts_of(summary) if summary else [], 1):
+        n = _num(a.get("attempt"))
+        out.append(Attempt(int(n) if n else i, _time(a.get("started_at")), _time(a.get("finished_at")),
+                           int(_num(a.get("rows"))), int(_num(a.get("ok"))), int(_num(a.get("error"))),
+                           int(_num(a.get("skipped"))), _num(a.get("elapsed_s")), _num(a.get("rows_per_s"))))
+    return out
+
+
+def whole_run(attempts: list[Attempt]) -> Attempt:
+    """The attempts summed: rows and seconds; rows/s is their ratio, the first start and the last finish."""
+    seconds = sum(a.seconds for a in attempts)
+    rows = sum(a.rows for a in attempts)
+    return Attempt(None, attempts[0].started if attempts else None, attempts[-1].finished if attempts else None,
+                   rows, sum(a.ok for a in attempts), sum(a.error for a in attempts), None, seconds,
+                   rows / seconds if seconds > 0 else 0.0)
+
+
+def when(t: datetime | None, seconds: bool = True) -> str:
+    return "not recorded" if t is None else t.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+
+
+def _num(v) -> float:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return float(v) if ok else 0.0
+
+
+def _time(v) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(v) if isinstance(v, str) else None
+    except ValueError:
+        return None
+    return None if t is None or t.tzinfo is None else t.astimezone(UTC)
 
 
 def rates(summary: dict | None) -> list[tuple[float, float, float, float]]:

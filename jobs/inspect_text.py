@@ -2,7 +2,8 @@
 
 Sections: the run's identity (its fingerprint, else run id and model), counts by status, error types
 with one example message each, token histograms (power-of-two buckets), throughput over the run
-(sparklines of rows/s and tokens/s from the summary's timeline), then the sampled rows (media URI,
+(each attempt: a call of `vlbatch run`, a resume; then the whole run; sparklines of rows/s and
+tokens/s from the last call's timeline), then the sampled rows (media URI,
 prompt, answer or error). The data comes from `vlbatch.jobs.inspect_run.read_run`; `--html` adds the
 page (`vlbatch.jobs.inspect_html`).
 """
@@ -14,6 +15,7 @@ import numpy as np
 
 from vlbatch.jobs.inspect_run import (
     TOKENS,
+    Attempt,
     RunReport,
     fingerprint_lines,
     hist_key,
@@ -21,6 +23,9 @@ from vlbatch.jobs.inspect_run import (
     rates,
     read_run,
     resolve_run,
+    run_attempts,
+    when,
+    whole_run,
 )
 from vlbatch.operators.errors import ConfigError
 
@@ -74,7 +79,10 @@ def _print_throughput(summary: dict | None, w) -> None:
     if summary is None:
         w("\nthroughput: no _summary.json (the run has not finished a call)\n")
         return
-    w(f"\nthroughput (the last call): {summary.get('rows_per_s', 0):.2f} rows/s, "
+    attempts = run_attempts(summary)
+    _print_attempts(attempts, w)
+    last = f"attempt {attempts[-1].number}, the last" if summary.get("attempts") else "the last call"
+    w(f"{last}: {summary.get('rows_per_s', 0):.2f} rows/s, "
       f"{summary.get('generated_tokens_per_s', 0):.1f} generated tok/s, "
       f"{summary.get('visual_tokens_per_s', 0):.0f} visual tok/s over {summary.get('elapsed_s', 0):.1f} s")
     first, steady = summary.get("time_to_first_row_s"), summary.get("steady_rows_per_s")
@@ -92,6 +100,20 @@ def _print_throughput(summary: dict | None, w) -> None:
         vals = [s[col] for s in series]
         w(f"  {label:>15} {sparkline(vals)}  peak {max(vals):.1f}\n")
     w(f"  {'':>15} 0 s{'':>{max(0, min(60, len(series)) - 8)}}{span:.0f} s\n")
+
+
+def _print_attempts(attempts: list[Attempt], w) -> None:
+    """The run attempt by attempt (each call of `vlbatch run`: the requests it computed), then the whole run."""
+    total = whole_run(attempts)
+    w(f"\nthroughput over the whole run: {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}, "
+      f"{total.rows} rows computed in {total.seconds:.1f} s, {total.rows_per_s:.2f} rows/s\n")
+    w(f"  {'#':>4}  {'started (UTC)':<19}  {'rows':>7} {'ok':>7} {'error':>7} {'skipped':>8} {'seconds':>8} "
+      f"{'rows/s':>7}\n")
+    for a in attempts:
+        w(f"  {a.number:>4}  {when(a.started):<19}  {a.rows:>7} {a.ok:>7} {a.error:>7} {a.skipped:>8} "
+          f"{a.seconds:>8.1f} {a.rows_per_s:>7.2f}\n")
+    w(f"  {'':>4}  {'whole run':<19}  {total.rows:>7} {total.ok:>7} {total.error:>7} {'':>8} {total.seconds:>8.1f} "
+      f"{total.rows_per_s:>7.2f}\n")
 
 
 def _print_sample(rep: RunReport, w) -> None:

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import join
+from vlbatch.pipeline.attempts import with_attempts
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
 from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
@@ -65,8 +66,9 @@ class RunSummary:
 
     run_id: str
     output_dir: str  # full URI of the run directory
-    requests_pending: int  # requests this call had to compute
+    requests_pending: int  # requests still pending when this call ended (0: a finished run)
     requests_skipped: int  # requests already committed before this call
+    requests_computed: int = 0  # requests this call computed (those pending when it started)
     processed_by_status: dict = field(default_factory=dict)  # this call
     error_types: dict = field(default_factory=dict)  # this call
     committed_by_status: dict = field(default_factory=dict)  # the whole run directory, after this call
@@ -98,6 +100,7 @@ class RunSummary:
     token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
     timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
     failed_starts: list = field(default_factory=list)  # "<Stage> on node IP (id): cause" per actor that failed to start
+    attempts: list = field(default_factory=list)  # every call's record on this run, this one last (pipeline/attempts.py)
 
     @property
     def exceeded_error_fraction(self) -> bool:
@@ -347,6 +350,7 @@ def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
                        elapsed=time.monotonic() - t0, expand_s=t_graph - t_expand, graph_at=t_graph - t0,
                        timeline=timeline, failed_starts=failed)
     log.debug("sealed %d parts at the end", len(sealed))
+    summary = with_attempts(summary, sink.read_summary())  # the earlier calls' records, kept
     sink.write_summary(summary.to_json())
     sink.finish()
     if cfg.task.mode == "scan":
@@ -381,7 +385,8 @@ def _summary(cfg, run_id, run_uri, progress, before, after, purged, dropped, pen
     rates = progress.rates()
     skipped = len(before.done_ids) if cfg.resume.retry_transient else len(before.done_ids | before.transient_ids)
     return RunSummary(
-        run_id=run_id, output_dir=run_uri, requests_pending=pending_n, requests_skipped=skipped,
+        run_id=run_id, output_dir=run_uri, requests_pending=max(0, pending_n - progress.done), requests_skipped=skipped,
+        requests_computed=pending_n,
         processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
         duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=elapsed,

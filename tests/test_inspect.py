@@ -192,3 +192,58 @@ def test_demo_ends_with_its_closing_line_and_inspect_reads_its_run(tmp_path):
     assert res.returncode == 0 and "status: 12 ok, 8 error" in res.stdout, res.stderr
     dom = chromium(page, tmp_path / "demo.png", tmp_path / "chromium")
     assert len(cards(dom)) == 6 and 'data-thumbs-loaded="0"' not in dom
+
+
+def _copy_run(run_dir, dest):
+    dest.mkdir()
+    for f in run_dir.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def test_resumed_run_is_shown_attempt_by_attempt_and_the_page_opens_with_its_headline(run, tmp_path):
+    """Issue 50: the report showed "the last call" of a resumed run only, and the page opened with a
+    raw fingerprint dump. `attempts` as the runner keeps them (pipeline/attempts.py)."""
+    run_dir, _, _ = run
+    copy = _copy_run(run_dir, tmp_path / RUN_ID)
+    (copy / "_fingerprint.json").write_text(json.dumps({"model": {"path": "/m", "sha256": "abc"}}))
+    summary = json.loads((copy / "_summary.json").read_text())
+    summary["attempts"] = [
+        {"attempt": 1, "started_at": "2026-12-05T01:00:00+00:00", "finished_at": "2026-12-05T01:00:30+00:00",
+         "elapsed_s": 30.0, "rows": 10, "ok": 6, "error": 4, "skipped": 0, "rows_per_s": 0.3333},
+        {"attempt": 2, "started_at": "2026-12-05T02:10:00+00:00", "finished_at": "2026-12-05T02:10:10+00:00",
+         "elapsed_s": 10.0, "rows": 3, "ok": 1, "error": 2, "skipped": 10, "rows_per_s": 0.3}]
+    (copy / "_summary.json").write_text(json.dumps(summary))
+    buf = io.StringIO()
+    assert run_inspect(str(copy), sample=0, html=str(tmp_path / "page.html"), out=buf) == 0
+    out = buf.getvalue()
+    assert "throughput over the whole run: 2 attempts, 13 rows computed in 40.0 s, 0.33 rows/s" in out, out
+    assert re.search(r"^\s+1  2026-12-05 01:00:00\s+10\s+6\s+4\s+0\s+30\.0\s+0\.33$", out, re.M), out
+    assert re.search(r"^\s+2  2026-12-05 02:10:00\s+3\s+1\s+2\s+10\s+10\.0\s+0\.30$", out, re.M), out
+    assert re.search(r"^\s+whole run\s+13\s+7\s+6\s+40\.0\s+0\.33$", out, re.M), out
+    assert "attempt 2, the last: " in out and "throughput (the last call)" not in out
+    page = (tmp_path / "page.html").read_text()
+    header = re.search(r"<header>(.*?)</header>", page, re.S).group(1)
+    first = re.sub(r"<[^>]+>", " ", header.split("</h1>", 1)[1].split("</div>", 1)[0])  # the line under the title
+    assert " ".join(first.split()) == (f"13 rows · 7 ok · 6 error · 2 attempts · 0.33 rows/s · model {MODEL} · "
+                                       "finished 2026-12-05 02:10 UTC"), first
+    assert header.index("<details") > header.index("13 rows") and "model.sha256: abc" in header.split("<details")[1]
+    assert len(re.findall(r'<tr class="attempt">', page)) == 2 and '<tr class="total">' in page
+
+
+def test_summary_without_attempts_or_with_bad_ones_is_still_reported(run, tmp_path):
+    """A summary written before attempts were kept is its own call, of unknown time; values that are
+    not what the runner writes read as 0, never a traceback (the run folder is read, not trusted)."""
+    run_dir, _, _ = run
+    buf = io.StringIO()
+    assert run_inspect(str(run_dir), sample=0, out=buf) == 0
+    assert re.search(r"^\s+1  not recorded\s+13\s+7\s+6\s+0\s+7\.0\s+1\.86$", buf.getvalue(), re.M), buf.getvalue()
+    copy = _copy_run(run_dir, tmp_path / RUN_ID)
+    summary = json.loads((copy / "_summary.json").read_text())
+    summary["attempts"] = [{"attempt": "x", "started_at": "yesterday", "rows": -3, "ok": True, "elapsed_s": "NaN"},
+                           7, {"attempt": 9, "started_at": "2026-12-05T01:00:00", "rows_per_s": float("inf")}]
+    (copy / "_summary.json").write_text(json.dumps(summary))
+    buf = io.StringIO()
+    assert run_inspect(str(copy), sample=0, html=str(tmp_path / "page.html"), out=buf) == 0
+    assert re.search(r"^\s+1  not recorded\s+0\s+0\s+0\s+0\s+0\.0\s+0\.00$", buf.getvalue(), re.M), buf.getvalue()
+    assert re.search(r"^\s+9  not recorded\s+0", buf.getvalue(), re.M), buf.getvalue()  # no time zone: not UTC

@@ -293,7 +293,7 @@ def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
     assert {r["id"]: key(r) for r in rows} == {r["id"]: key(r) for r in ref_rows}
     assert len(rows) == len(ref_rows)
     # the rerun did not recompute committed rows: they were skipped and their files are untouched
-    assert summary.requests_skipped == n_before and summary.requests_pending == len(media) - n_before
+    assert summary.requests_skipped == n_before and summary.requests_computed == len(media) - n_before
     after = {p: fs.info(p)["ETag"] for p in _parts(env, "sigkill")}
     assert all(after.get(p) == tag for p, tag in before.items())
 
@@ -383,7 +383,7 @@ def test_rerun_retries_transient_error_rows_and_keeps_the_rest(env, captions):
             sink.fs.rm_file(p)
             sink.commit(t)
     summary = run_job(validate_config(cfg))
-    assert summary.purged_transient == 1 and summary.requests_pending == 1
+    assert summary.purged_transient == 1 and summary.requests_computed == 1
     assert summary.requests_skipped == len(media) - 1  # permanent error rows are kept, not retried
     rows = output(env, "captions")
     key = lambda r: (r["status"], r["answer"], r["error_type"])  # noqa: E731

@@ -170,7 +170,8 @@ def test_scan_totals_and_histograms_from_stats_rows():
     p.update(pa.Table.from_pylist(rows, schema=STATS_SCHEMA))
     assert (p.prompt_tokens, p.visual_tokens) == (145, 128)
     assert dict(p.prompt_hist) == {"64-128": 2} and dict(p.visual_hist) == {"64-128": 2}
-    s = RunSummary("r", "o", 3, 0, processed_by_status=dict(p.status), error_types=dict(p.error_types),
+    s = RunSummary("r", "o", 0, 0, requests_computed=3, processed_by_status=dict(p.status),
+                   error_types=dict(p.error_types),
                    prompt_tokens=p.prompt_tokens, visual_tokens=p.visual_tokens,
                    token_histogram={"prompt": dict(p.prompt_hist), "visual": dict(p.visual_hist)})
     line = scan_line(s)

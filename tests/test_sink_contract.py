@@ -43,12 +43,13 @@ def sink_cls(request):
 def test_commit_index_and_read(sink_cls, tmp_path):
     sink = sink_cls(str(tmp_path / "run"))
     sink.prepare()
-    assert sink.index().files == () and sink.read().num_rows == 0
+    assert sink.index().files == () and sink.read().num_rows == 0 and sink.read_summary() is None
     assert sink.commit(_rows(range(0, 0))) is None
     a = sink.commit(_rows(range(0, 3)))
     sink.commit(_rows(range(3, 5), error_type="MediaError"))  # permanent: done
     sink.commit(_rows(range(5, 7), error_type="EngineError"))  # transient: redone on resume
     sink.write_summary('{"done": true}')  # beside the output, never a commit
+    assert sink.read_summary() == '{"done": true}'  # what the next run's summary keeps attempts from
     idx = sink.index()
     assert len(idx.files) == 3 and a in idx.files
     assert idx.done_ids == {f"id{i:03d}" for i in range(5)} and idx.transient_ids == {"id005", "id006"}

@@ -26,7 +26,8 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
   killed run loses them; resume recomputes them). `sink/rolling.py` builds rolling part
   files on these three and `commit` (the design is in `sink/parquet.py`).
 - `read() -> pa.Table`: every committed row, sorted by id.
-- `write_summary(text)`: the run summary (JSON) beside the output, written atomically.
+- `write_summary(text)`: the run summary (JSON) beside the output, written atomically;
+  `read_summary() -> str | None`: the last one written (None: none yet).
 - `finish()`: called once at the end of a run, after the summary: drop what the commits left
   behind that is not output (an empty temp folder); never a committed row. Default: nothing.
 - Nothing here creates a bucket: on an object store "directories" need no creation, and a
@@ -166,6 +167,9 @@ class Sink(ABC):
 
     @abstractmethod
     def write_summary(self, text: str) -> None: ...
+
+    @abstractmethod
+    def read_summary(self) -> str | None: ...
 
     def finish(self) -> None:
         """End of the run (module docstring); nothing to do by default."""

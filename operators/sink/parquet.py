@@ -320,6 +320,12 @@ class ParquetSink(Sink):
     def write_summary(self, text: str) -> None:
         put_atomic(self.fs, join(self.root, SUMMARY_NAME), text.encode(), self.storage)
 
+    def read_summary(self) -> str | None:
+        path = join(self.root, SUMMARY_NAME)
+        if not self._retry(lambda: self.fs.exists(path), f"listing {path}"):
+            return None
+        return self._retry(lambda: self.fs.cat_file(path), f"reading {path}").decode("utf-8", "replace")
+
     def finish(self) -> None:
         """Remove `_tmp/` when it is empty (a file there is a writer's, still running or killed)."""
         tmp = join(self.root, TMP_DIR)

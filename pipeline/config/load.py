@@ -38,7 +38,7 @@ def _allowed_fields(loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def _format(exc: ValidationError) -> str:
+def _format(exc: ValidationError, overrides: tuple[str, ...] = ()) -> str:
     lines = []
     for err in exc.errors():
         where = _loc(err)
@@ -51,41 +51,80 @@ def _format(exc: ValidationError) -> str:
             msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"{where}: {msg}")
+        origin = _from_override(where, overrides)
+        lines.append(f"{where}: {msg}{f' (from --set {origin})' if origin else ''}")
     return "invalid job config:\n  " + "\n  ".join(lines)
 
 
+def _from_override(where: str, overrides: tuple[str, ...]) -> str | None:
+    """The last ``--set`` that gave the field `where` (dotted) or a section holding it, or a field in it."""
+    loc = tuple(where.split("."))
+    found = None
+    for ov in overrides:
+        key = _override_key(ov)
+        if loc[: len(key)] == key or key[: len(loc)] == loc:
+            found = ov
+    return found
+
+
+def _mark(mark, *, column_only: bool = False) -> str:
+    """A PyYAML mark (0-based line / column) -> 'line L, column C' as editors count (1-based)."""
+    return f"column {mark.column + 1}" if column_only else f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def yaml_problem(e: yaml.YAMLError, *, column_only: bool = False) -> tuple[str | None, str]:
+    """(where, what) of a YAML error, one line each: PyYAML's own text spans lines and names the
+    text it parsed as "<unicode string>"; its marks and problem are what a user needs.
+    `column_only`: a one-line text (a ``--set`` value), so no line numbers."""
+    problem_mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if problem_mark is None or not problem:  # a ReaderError (a control character) or a bare YAMLError
+        position = getattr(e, "position", None)
+        where = None if position is None else f"character {position + 1}"
+        return where, " ".join(str(e).replace('"<unicode string>"', "the text").split())
+    what = " ".join(problem.split())
+    context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and context_mark is not None:
+        what += f" ({' '.join(context.split())} at {_mark(context_mark, column_only=column_only)})"
+    elif context:
+        what += f" ({' '.join(context.split())})"
+    return _mark(problem_mark, column_only=column_only), what
+
+
 def apply_override(data: dict, override: str) -> None:
-    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML. A bad one is a
+    one-line ConfigError starting with ``--set <the override>``."""
     if "=" not in override:
-        raise ConfigError(f"override {override!r}: expected KEY.PATH=VALUE")
+        raise ConfigError(f"--set {override}: expected KEY.PATH=VALUE")
     key, raw = override.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
-        raise ConfigError(f"override {override!r}: empty field name in {key!r}")
+        raise ConfigError(f"--set {override}: empty field name in {key.strip()!r}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({e})") from None
+        where, what = yaml_problem(e, column_only=True)
+        raise ConfigError(f"--set {override}: the value is not valid YAML: {where + ': ' if where else ''}{what}"
+                          ) from None
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+            raise ConfigError(f"--set {override}: {'.'.join(parts[: i + 1])} is a value, not a section")
         node = child
     node[parts[-1]] = value
 
 
-def validate_config(data: dict) -> JobConfig:
-    """dict -> JobConfig, or ConfigError naming every bad field."""
+def validate_config(data: dict, overrides: tuple[str, ...] = ()) -> JobConfig:
+    """dict -> JobConfig, or ConfigError naming every bad field (and the ``--set`` of `overrides` that gave it)."""
     if not isinstance(data, dict):
         raise ConfigError("invalid job config: the top level must be a mapping of sections")
     try:
         return JobConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format(e)) from None
+        raise ConfigError(_format(e, tuple(overrides))) from None
 
 
 # (section, field) of the paths that resolve against the config file's folder when relative.
@@ -137,14 +176,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read a YAML job config, resolve its relative paths against its folder, apply
     ``a.b=value`` overrides (as given), validate everything."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"job config {p} is not valid YAML: {e}") from None
+    data = _read_yaml(p)
     if not isinstance(data, dict):
         raise ConfigError(f"job config {p}: the top level must be a mapping of sections")
     _resolve_file_paths(data, p.absolute().parent)
@@ -154,7 +186,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     # it, so the same command resumes the same run from any directory
     keys = [_override_key(ov) for ov in overrides]
     _resolve_file_paths(data, Path.cwd(), {path for path in FILE_RELATIVE_PATHS for k in keys if path[: len(k)] == k})
-    return validate_config(data)
+    return validate_config(data, tuple(overrides))
+
+
+def _read_yaml(p: Path):
+    """The parsed YAML of the config file `p`; ConfigError in one line naming `p` (and where in it)."""
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"job config {p}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        where, what = yaml_problem(e)
+        raise ConfigError(f"job config {p}{', ' + where if where else ''}: not valid YAML: {what}") from None
 
 
 def job_schema() -> dict:

@@ -12,7 +12,7 @@ Two stages, AdamW with linear warm-up and cosine decay in each:
    loss at `--aux-weight`, which keeps the tower informative (without it the tower
    collapses or stays random and the decoder answers from the prior).
 `--stop-after N` ends stage 2 early with the schedule of `--steps`; `--init` / `--init-vision`
-continue from a saved checkpoint. The README's "Bundled model" section has the chain of
+continue from a saved checkpoint. scripts/devtools/training/README.md has the chain of
 runs that produced models/shapes-tiny. Deterministic for a seed and thread count.
 The processor budgets are smaller than the 9B's so visual tokens stay few:
 images at most 36 merged tokens, videos at most 48 over all frames.
