@@ -188,18 +188,29 @@ def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
 RAY_ERROR_THREAD = "ray_listen_error_messages"  # the driver thread that prints the cluster's error messages
 
 
+# A line of Ray's worker-log printer (`(raylet) ...`, `(MapWorker(...) pid=123, ip=...) ...`,
+# `(autoscaler +1s) ...`), colour codes dropped: printed on the driver's own thread too, when ray.shutdown
+# flushes the lines its deduplicator held (`... [repeated 15x across cluster]`, seen after a Ctrl-C).
+RAY_LINE = re.compile(r"\((?:raylet|autoscaler \+[^)]*|[^\n]*?pid=\w+)(?:, ip=[^)]*)?\) ")
+
+
 class _Diverted:
-    """sys.stdout for the block: what Ray's error-listener thread prints goes to `log` (colour codes
-    dropped), everything else to `stream` as before."""
+    """A stream for the block: what Ray's error-listener thread writes, and Ray's worker-log lines
+    from any thread, go to `log` (colour codes dropped); everything else to `stream` as before."""
 
     _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
     def __init__(self, stream, log):
         self._stream, self._log = stream, log
+        self._newline_owed = False  # print() writes its "\n" apart: it follows a diverted line
 
     def write(self, text: str) -> int:
-        if threading.current_thread().name == RAY_ERROR_THREAD:
-            return self._log.write(self._ANSI.sub("", text))
+        plain = self._ANSI.sub("", text)
+        ours = threading.current_thread().name == RAY_ERROR_THREAD or RAY_LINE.match(plain) is not None
+        if ours or (self._newline_owed and text == "\n"):
+            self._newline_owed = ours and not text.endswith("\n")
+            return self._log.write(plain)
+        self._newline_owed = False
         return self._stream.write(text)
 
     def flush(self) -> None:
@@ -212,15 +223,18 @@ class _Diverted:
 
 def _raylet_messages_to(path: Path):
     """Ray's driver prints the errors the cluster publishes (``(raylet) Task ... failed ... Traceback``,
-    an actor's death) on sys.stdout from its error-listener thread, whatever ``log_to_driver``
-    says: send them to the log file `path` instead; -> a function that undoes it."""
+    an actor's death) on sys.stdout from its error-listener thread, whatever ``log_to_driver`` says,
+    and at `ray.shutdown` the worker-log lines its deduplicator held, on sys.stdout / sys.stderr: send
+    them to the log file `path` instead; -> a function that undoes it."""
     log = path.open("a", buffering=1)
-    saved = sys.stdout
-    sys.stdout = _Diverted(saved, log)
+    saved_out, saved_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Diverted(saved_out, log), _Diverted(saved_err, log)
 
     def restore() -> None:
         if isinstance(sys.stdout, _Diverted):
-            sys.stdout = saved
+            sys.stdout = saved_out
+        if isinstance(sys.stderr, _Diverted):
+            sys.stderr = saved_err
         log.flush()  # not closed: the listener thread may still write to it
 
     return restore
