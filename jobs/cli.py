@@ -11,7 +11,7 @@ Exit codes (also in README "Troubleshooting"; constants in jobs/errors.py):
   6  another run of the same job is still running (overlap guard); not started
   7  the job was stopped before it finished
   8  run: an actor could not start (model or processor load, a checkpoint download); one line
-     names the cause, the detail is in $TMPDIR/vlbatch/<name>.error.log
+     names the cause, the detail is in ~/.local/state/vlbatch/runs/<run_id>/error.log
   130 / 143  run: interrupted by SIGINT (Ctrl-C) / SIGTERM; what was committed stays, rerun to resume
   141  stdout was closed early (e.g. `vlbatch validate --json | head`)
 """

@@ -130,6 +130,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def _validate_cluster(config, address: str | None):
     """The cluster `vlbatch run` would use: this machine (no Ray started), or the joined one's resources."""
     from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
+    from vlbatch.jobs.run_logs import state_dir
     from vlbatch.pipeline.resources import joined_cluster, local_cluster
 
     target = RayTarget.choose(address or config.ray.address)
@@ -137,7 +138,7 @@ def _validate_cluster(config, address: str | None):
         return local_cluster()
     import ray
 
-    with quiet_ray("validate", False):
+    with quiet_ray(state_dir() / "validate", False):
         try:
             return joined_cluster(connect(target))
         finally:
@@ -294,7 +295,8 @@ def _add_run_and_validate(sub: argparse._SubParsersAction) -> None:
                                      "this machine); default: ray.address, $RAY_ADDRESS, else a new local Ray")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's own console output (start-up messages, core-worker and Ray Data logs); by default "
-                        "it stays in Ray's log files and $TMPDIR/vlbatch/<name>.driver-stderr.log")
+                        "it stays in Ray's log files and the run's driver-stderr.log "
+                        "(~/.local/state/vlbatch/runs/<run_id>/)")
     p.add_argument("--lock-dir", help="folder of overlap locks (default: $VLBATCH_LOCK_DIR or ~/.cache/vlbatch/locks)")
     p.add_argument("--no-lock", action="store_true", help="do not take the per-job overlap lock")
     _slot_args(p, "run id vlb-<name>-<slot> (unless the config pins output.run_id); default: the config's own")

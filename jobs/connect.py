@@ -17,8 +17,8 @@ Noise (`quiet_ray`, the default; ``vlbatch run --verbose`` shows it): Ray's Pyth
 print ERROR and above only, Ray Data's console handler CRITICAL only (its log file,
 ``ray-data.log`` in the session's logs, keeps everything), and what C++ code writes straight
 to file descriptor 2 (the driver's core-worker ERROR lines, gRPC) goes to a file
-(`driver_stderr_path`) instead of the terminal, as do the cluster's error messages Ray's driver
-prints on stdout (``(raylet) ... Traceback``); Ray's C++ loggers keep their own log files.
+(the run's `driver-stderr.log`, jobs/run_logs.py) instead of the terminal, as do the cluster's
+error messages Ray's driver prints on stdout (``(raylet) ... Traceback``); Ray's C++ loggers keep their own log files.
 Python's own `sys.stderr` (our progress and error lines, tracebacks) still reaches the terminal.
 """
 from __future__ import annotations
@@ -29,13 +29,13 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from vlbatch.jobs.errors import ClusterUnreachableError
+from vlbatch.jobs.run_logs import driver_stderr_path, made
 
 PROBE_TIMEOUT_S = 5.0
 JOIN_CONNECT_TRIES = 10  # Ray's connect attempts (about 1 s each) once the probe has passed
@@ -136,12 +136,6 @@ def connect(target: RayTarget, *, verbose: bool = False) -> str:
     return target.address
 
 
-def driver_stderr_path(job_name: str) -> Path:
-    """Where `quiet_ray` sends what is written straight to fd 2 (one file per job, rewritten per run)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in job_name) or "job"
-    return Path(tempfile.gettempdir()) / "vlbatch" / f"{safe}.driver-stderr.log"
-
-
 def _quiet_ray_data() -> None:
     """Ray Data's console handler: CRITICAL only (its file handler, not a stream, keeps the rest). Its
     ERROR lines are a failed run's stack traces ("please open an issue on the Ray project"), which
@@ -154,13 +148,13 @@ def _quiet_ray_data() -> None:
 
 
 @contextlib.contextmanager
-def quiet_ray(job_name: str, verbose: bool) -> Iterator[None]:
-    """Keep Ray's console noise off the terminal for the block (see the module docstring)."""
+def quiet_ray(log_dir: Path, verbose: bool) -> Iterator[None]:
+    """Keep Ray's console noise off the terminal for the block (see the module docstring): into
+    `log_dir`'s driver-stderr.log (jobs/run_logs.py)."""
     if verbose:
         yield
         return
-    path = driver_stderr_path(job_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = driver_stderr_path(made(log_dir))
     sys.stderr.flush()
     saved_fd = os.dup(2)
     saved_stderr = sys.stderr

@@ -2,7 +2,8 @@
 a distinct exit code; Ray's detail (its tracebacks, hundreds of lines) goes to a log file.
 
     vlbatch: the model stage could not start (model.path=/m): ConfigError: tensor_parallel_size=2 must
-    divide linear_num_key_heads=3 (uneven splits are not supported); details: /tmp/vlbatch/job.error.log
+    divide linear_num_key_heads=3 (uneven splits are not supported); details:
+    ~/.local/state/vlbatch/runs/run-0a1b2c3d4e5f/error.log
 
 The cause is the innermost error: a `VlbatchError` in the exception's chain (Ray Data re-raises a
 UDF's exception with its cause), else the last exception line of Ray's text that is not one of

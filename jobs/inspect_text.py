@@ -9,6 +9,8 @@ page (`vlbatch.jobs.inspect_html`).
 """
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import TextIO
 
 import numpy as np
@@ -27,6 +29,7 @@ from vlbatch.jobs.inspect_run import (
     when,
     whole_run,
 )
+from vlbatch.jobs.run_logs import run_log_dir
 from vlbatch.operators.errors import ConfigError
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -50,6 +53,8 @@ def print_report(rep: RunReport, out: TextIO) -> None:
     """The terminal report: identity, counts, errors, token histograms, throughput, sample rows."""
     w = out.write
     w(f"run {rep.ref.uri}: {rep.rows} rows in {rep.parts} Parquet files\n")
+    for folder in log_folders(rep):
+        w(f"  logs on this machine: {folder}\n")
     for line in fingerprint_lines(rep):
         w(f"  {line}\n")
     status = sorted(rep.status.items(), key=lambda x: (x[0] != "ok", x[0]))
@@ -68,6 +73,16 @@ def print_report(rep: RunReport, out: TextIO) -> None:
             w(f"    {label:>11} {h[label]:>7} {_bar(h[label], top)}\n")
     _print_throughput(rep.summary, w)
     _print_sample(rep, w)
+
+
+def log_folders(rep: RunReport) -> list[Path]:
+    """The run's own log folders (jobs/run_logs.py) that exist on this machine."""
+    found = []
+    for run_id, _ in rep.run_ids.most_common(3):
+        with contextlib.suppress(ValueError):  # not a single path segment: no folder of ours
+            if run_log_dir(run_id).is_dir():
+                found.append(run_log_dir(run_id))
+    return found
 
 
 def _one_line(text: str, limit: int = 160) -> str:

@@ -31,8 +31,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from vlbatch.jobs.connect import RayTarget, connect, driver_stderr_path, quiet_ray
+from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
+from vlbatch.jobs.run_logs import error_log_path, run_log_dir
 from vlbatch.jobs.scheduling import run_lock, submission_id
 from vlbatch.operators.errors import ActorStartError, VlbatchError
 
@@ -101,12 +102,6 @@ def run_local(
         return _run(config, job_name, address, verbose, report)
 
 
-def error_log_path(job_name: str) -> Path:
-    """Where a failed run's full error (Ray's tracebacks) is written: beside the driver's stderr log."""
-    p = driver_stderr_path(job_name)
-    return p.with_name(p.name.replace(".driver-stderr.log", ".error.log"))
-
-
 def checked(config: Any, cluster: Any) -> Any:
     """`check_plan` against `cluster`, one line when default pools were sized down; -> the config to run."""
     from vlbatch.pipeline.preflight import check_plan
@@ -158,9 +153,10 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
     new_local = ours and target.address is None
     config, plan = run_plan(config, new_local=new_local)
+    logs = run_log_dir(config.resolved_run_id())  # this run's own log folder (jobs/run_logs.py)
     print(plan.line(), flush=True)
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
-        with quiet_ray(job_name, verbose), stop_signals(), reaped_ray() if new_local else nullcontext():
+        with quiet_ray(logs, verbose), stop_signals(), reaped_ray() if new_local else nullcontext():
             try:
                 if ours:
                     print("[vlbatch] starting Ray", flush=True)
@@ -190,7 +186,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                 and not isinstance(e, ActorStartError):  # a stage's actors could not start: described below
             raise  # ours, raised here (ConfigError, ClusterUnreachableError): one line in jobs/commands.py
         # (Ray's RayTaskError of a UDF's ConfigError is an instance of it too, with Ray's traceback as text)
-        failure = describe(e, config, error_log_path(job_name))
+        failure = describe(e, config, error_log_path(logs))
         print(failure.line, file=sys.stderr, flush=True)
         return failure.exit_code
     if report is None:

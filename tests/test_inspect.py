@@ -247,3 +247,31 @@ def test_summary_without_attempts_or_with_bad_ones_is_still_reported(run, tmp_pa
     assert run_inspect(str(copy), sample=0, html=str(tmp_path / "page.html"), out=buf) == 0
     assert re.search(r"^\s+1  not recorded\s+0\s+0\s+0\s+0\s+0\.0\s+0\.00$", buf.getvalue(), re.M), buf.getvalue()
     assert re.search(r"^\s+9  not recorded\s+0", buf.getvalue(), re.M), buf.getvalue()  # no time zone: not UTC
+
+
+def test_inspect_names_the_runs_log_folder_on_this_machine(run, tmp_path):
+    """Issue 50: a run's logs live in its own folder of the user's state directory, named by run id
+    (jobs/run_logs.py); `inspect` says where when that folder is on this machine, and not otherwise."""
+    run_dir, _, _ = run
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLBATCH_STATE_DIR=str(tmp_path / "state"))
+    inspect = [sys.executable, "-m", "vlbatch.jobs.cli", "inspect", str(run_dir)]
+    before = subprocess.run(inspect, capture_output=True, text=True, timeout=300, env=env)
+    assert before.returncode == 0 and "logs on this machine" not in before.stdout, before.stdout + before.stderr
+    logs = tmp_path / "state" / "runs" / RUN_ID
+    logs.mkdir(parents=True)
+    after = subprocess.run(inspect, capture_output=True, text=True, timeout=300, env=env)
+    assert f"  logs on this machine: {logs}\n" in after.stdout, after.stdout
+
+
+def test_run_log_folders_are_per_user_and_per_run(tmp_path, monkeypatch):
+    from vlbatch.jobs.run_logs import driver_stderr_path, error_log_path, made, run_log_dir
+
+    monkeypatch.delenv("VLBATCH_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    a, b = run_log_dir("run-aaaaaaaaaaaa"), run_log_dir("run-bbbbbbbbbbbb")
+    assert a.parent == b.parent == tmp_path / "xdg" / "vlbatch" / "runs" and a != b
+    assert (made(a).stat().st_mode & 0o777) == 0o700
+    assert driver_stderr_path(a).parent == error_log_path(a).parent == a
+    for bad in ("", "..", "a/b", "x\0y"):
+        with pytest.raises(ValueError):
+            run_log_dir(bad)

@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from vlbatch.jobs.connect import driver_stderr_path, quiet_ray
+from vlbatch.jobs.connect import quiet_ray
+from vlbatch.jobs.run_logs import driver_stderr_path
 
 WAIT_S = 90  # the listener's line arrives within seconds; the wait ends on it, not on time
 
 
-def test_raylet_lines_after_an_actor_kill_stay_off_stdout(capfd):
+def test_raylet_lines_after_an_actor_kill_stay_off_stdout(capfd, tmp_path):
     import ray
 
     @ray.remote(num_cpus=0, max_restarts=0)
@@ -23,10 +24,9 @@ def test_raylet_lines_after_an_actor_kill_stay_off_stdout(capfd):
         def pid(self) -> int:
             return os.getpid()
 
-    job = f"console-test-{os.getpid()}"
-    log = driver_stderr_path(job)
+    log = driver_stderr_path(tmp_path)
     ray.shutdown()
-    with quiet_ray(job, verbose=False):
+    with quiet_ray(tmp_path, verbose=False):
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         try:
             a = Victim.remote()
@@ -45,17 +45,16 @@ def test_raylet_lines_after_an_actor_kill_stay_off_stdout(capfd):
     assert "(raylet)" not in out and "\x1b[" not in out and "result line" in out
 
 
-def test_worker_log_lines_flushed_at_shutdown_stay_off_the_terminal(capfd):
+def test_worker_log_lines_flushed_at_shutdown_stay_off_the_terminal(capfd, tmp_path):
     """Issue 50: after a Ctrl-C, `ray.shutdown` prints the lines its log deduplicator held (`(raylet) The
     actor is dead ... [repeated 15x across cluster]`) on the driver's own thread, to sys.stdout and
     sys.stderr. They are Ray's worker-log lines, recognised by their prefix: into the log, not the terminal;
     our own lines pass. (No Ray here: the lines are printed as Ray's `print_worker_logs` prints them.)"""
-    job = f"console-flush-{os.getpid()}"
     held = ["\x1b[36m(raylet)\x1b[0m The actor is dead because it was killed by `ray.kill`. "
             "\x1b[32m[repeated 15x across cluster]\x1b[0m",
             "\x1b[33m(MapWorker(MapBatches(ModelStage)) pid=4242, ip=10.0.0.7)\x1b[0m Traceback (most recent call last):",
             "\x1b[36m(autoscaler +3s)\x1b[0m Adding 1 node(s) of type gpu-workers."]
-    with quiet_ray(job, verbose=False):
+    with quiet_ray(tmp_path, verbose=False):
         print(held[0])
         print(held[1], file=sys.stderr)
         print(held[2])
@@ -65,5 +64,5 @@ def test_worker_log_lines_flushed_at_shutdown_stay_off_the_terminal(capfd):
     assert captured.out == ("[vlbatch] interrupted: 3 rows committed in out/x/; rerun the same command to resume\n"
                             "(a note of ours) stays\n")
     assert captured.err == ""
-    text = driver_stderr_path(job).read_text()
+    text = driver_stderr_path(tmp_path).read_text()
     assert "[repeated 15x across cluster]" in text and "pid=4242" in text and "\x1b[" not in text

@@ -61,6 +61,7 @@ output: {{uri: {tmp_path / 'out'}}}
     assert re.search(r"the (preprocess|model) stage could not start \(model\.path=s3://h3-broken-ckpt/ckpt\)", line), line
     assert "tokenizer.json" in line or "chat template" in line or "tokenizer" in line, line
     log = re.search(r"details: (\S+)$", line).group(1)
+    assert re.search(r"/vlbatch/runs/run-[0-9a-f]{12}/error\.log$", log), log  # the run's own folder (issue 50)
     assert "Traceback (most recent call last)" in open(log).read()  # the detail: in the file, not on the terminal
     assert not list((tmp_path / "out").glob("*/part-*.parquet"))  # nothing committed
 
