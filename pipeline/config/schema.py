@@ -62,7 +62,7 @@ class EngineBudgets(_Section):
         out = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
                "vision_cache_bytes": self.vision_cache_mb << 20, "static_decode": self.static_decode,
-               "attention": self.attention, "delta_kernels": self.delta_rule, "moe_kernels": self.moe}
+               "attention": self.attention, "delta_rule": self.delta_rule, "moe": self.moe}
         if self.memory_fraction is not None:  # MB budgets only as explicit overrides
             out["memory_fraction"] = self.memory_fraction
             for name, field in (("kv_budget_bytes", "kv_cache_mb"), ("prefix_cache_bytes", "prefix_cache_mb")):
