@@ -165,3 +165,58 @@ def test_a_broken_plugin_is_a_config_error_naming_it(tmp_path, monkeypatch):
             "cannot be loaded: ModuleNotFoundError") in str(e.value)
     with pytest.raises(ConfigError, match="plugin 'broken' .*package vlbatch-broken"):
         decoders.get_decoder("broken")
+
+
+ARCH = """\
+[vlbatch.architectures]
+qwen3_5_renamed = arch_plugin:RENAMED
+
+[vlbatch.prefix_caches]
+counted = arch_plugin:CountedPrefixCache
+"""
+
+ARCH_MODULE = '''
+from vlbatch.operators.engine.caches.prefix_cache_naive import DictPrefixCache
+from vlbatch.operators.model.architectures import Architecture
+from vlbatch.operators.model.model import Qwen35Model
+
+
+class RenamedModel(Qwen35Model):
+    """Qwen3.5 dense under another model_type (a model family added by a plugin)."""
+
+
+RENAMED = Architecture(moe=False, model="arch_plugin:RenamedModel")
+
+
+class CountedPrefixCache(DictPrefixCache):
+    """The dict store under another name (a prefix cache added by a plugin)."""
+'''
+
+
+def test_a_plugin_adds_a_model_architecture_and_a_prefix_cache(tmp_path, tiny_ckpt, monkeypatch):
+    """config.json's model_type and `EngineConfig.prefix_cache` read their registries too: a
+    checkpoint of a model_type only a plugin knows loads into the plugin's model class, and an
+    engine keeps its prefixes in the plugin's store. (Our loader only: transformers' processor
+    classes, which the engine's tokenizer comes from, know no such model_type.)"""
+    import shutil
+
+    from test_engine_support import image, request
+
+    from vlbatch.operators.factory import load_engine
+    from vlbatch.operators.model.loader import load_model
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt("dense"), ckpt)
+    raw = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**raw, "model_type": "qwen3_5_renamed"}))
+    with pytest.raises(ConfigError, match="model_type must be one of .*'qwen3_5_moe'.*got 'qwen3_5_renamed'"):
+        load_model(str(ckpt))  # not installed yet
+    monkeypatch.syspath_prepend(str(_package(tmp_path / "site", "vlbatch-arch-plugin", ARCH,
+                                             {"arch_plugin": ARCH_MODULE})))
+    model = load_model(str(ckpt))
+    assert type(model).__name__ == "RenamedModel" and model.config.model_type == "qwen3_5_renamed"
+    engine = load_engine(str(tiny_ckpt("dense")), prefix_cache="counted")
+    assert type(engine.prefix_cache).__name__ == "CountedPrefixCache"
+    [result] = engine.generate([request(tiny_ckpt("dense"), "r0", ["Describe.", ("image", image(0))],
+                                        max_new_tokens=3)])
+    assert result.finish_reason in ("stop", "length")
