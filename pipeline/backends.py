@@ -188,7 +188,9 @@ def transformers_problem(here) -> str | None:
     """The transformers backend needs the transformers package (`MODEL_BACKENDS`' check)."""
     import importlib.util
 
-    return None if importlib.util.find_spec("transformers") else "transformers is not installed: pip install transformers"
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed: pip install transformers"
+    return None
 
 
 class EngineBackend:

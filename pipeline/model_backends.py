@@ -15,7 +15,9 @@ from vlbatch.operators.registry import Entry, Registry
 _PKG = "vlbatch.pipeline.backends"
 
 MODEL_BACKENDS = Registry("model backend", "model.backend", "engine", (
-    Entry("engine", f"{_PKG}:EngineBackend", "our batch engine (paged KV, prefix and vision caches): the product"),
-    Entry("transformers", f"{_PKG}:TransformersBackend", "transformers' generate(), one request at a time: the "
-          "reference and benchmark baseline (slow)", check=f"{_PKG}:transformers_problem"),
+    Entry("engine", f"{_PKG}:EngineBackend",
+          "our batch engine (paged KV, prefix and vision caches): the product"),
+    Entry("transformers", f"{_PKG}:TransformersBackend",
+          "transformers' generate(), one request at a time: the reference and benchmark baseline (slow)",
+          check=f"{_PKG}:transformers_problem"),
 ), group="vlbatch.model_backends")

@@ -123,7 +123,8 @@ def test_a_plugin_adds_a_decoder_a_model_backend_and_a_sink(tmp_path, plugin, ti
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     checked = vlbatch("validate", str(cfg), env=env, timeout=300)
     assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
-    for line in ("video.decoder=fake (plugin vlbatch-fake-plugin)", "model.backend=tagged (plugin vlbatch-fake-plugin)",
+    for line in ("video.decoder=fake (plugin vlbatch-fake-plugin)",
+                 "model.backend=tagged (plugin vlbatch-fake-plugin)",
                  "output.format=marker (plugin vlbatch-fake-plugin)"):
         assert line in checked.stdout, checked.stdout
 
@@ -132,7 +133,8 @@ def test_a_plugin_adds_a_decoder_a_model_backend_and_a_sink(tmp_path, plugin, ti
     last = run.stdout.splitlines()[-1]
     assert "done: 3 ok, 0 error, 0 skipped" in last, last
     rows = read_output(Path(last.split(" -> ", 1)[1].split("/ in ", 1)[0]))
-    assert len(rows) == 3 and all(r["status"] == "ok" and r["answer"].startswith("[tagged] ") for r in rows), rows
+    assert len(rows) == 3, rows
+    assert all(r["status"] == "ok" and r["answer"].startswith("[tagged] ") for r in rows), rows
     assert str(video) in {r["media_uri"] for r in rows}
     made = {p.name.split("-")[0] for p in marks.iterdir()}
     assert made == {"decoder", "sink"}, made  # the plugin's decoder decoded the video, its sink committed
@@ -156,8 +158,8 @@ def test_a_broken_plugin_is_a_config_error_naming_it(tmp_path, monkeypatch):
     assert "broken" in decoders.DECODERS.choices()
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jpg").write_bytes(b"x")
-    config = validate_config({"model": {"path": str(tmp_path)}, "input": {"uri": str(tmp_path / "in" / "*.jpg"),
-                                                                          "format": "glob"},
+    config = validate_config({"model": {"path": str(tmp_path)},
+                              "input": {"uri": str(tmp_path / "in" / "*.jpg"), "format": "glob"},
                               "output": {"uri": str(tmp_path / "out")}, "video": {"decoder": "broken"}})
     with pytest.raises(ConfigError) as e:
         check_paths(config)

@@ -133,7 +133,8 @@ class ModelConfig:
     def from_dict(cls, raw: dict) -> ModelConfig:
         model_type = raw.get("model_type")
         if model_type not in ARCHITECTURES.choices():
-            raise ConfigError(f"config.json model_type must be one of {ARCHITECTURES.choices()}, got {model_type!r}")
+            raise ConfigError(f"config.json model_type must be one of {ARCHITECTURES.choices()}, "
+                              f"got {model_type!r}")
         arch = ARCHITECTURES.load(model_type)
         text_raw, vision_raw = raw.get("text_config"), raw.get("vision_config")
         if not isinstance(text_raw, dict) or not isinstance(vision_raw, dict):

@@ -122,7 +122,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
     MOE.entry(moe)
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = build_model(config)  # full shapes (the family's class): what the checkpoint is checked against
+        model = build_model(config)  # full shapes (its family's class): what the checkpoint must match
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         if layout is not None:
             model = layout.build(config)

@@ -201,7 +201,8 @@ class VideoConfig(_Section):
     max_frames: int = Field(768, ge=1)
     min_pixels: int | None = Field(None, ge=1, description="per frame; None = the model's video_preprocessor value")
     max_pixels: int | None = Field(None, ge=1)
-    decoder: DecoderChoice = Field(decoders_pkg.DECODERS.default, validation_alias=AliasChoices("decoder", "backend"))
+    decoder: DecoderChoice = Field(decoders_pkg.DECODERS.default,  # `backend`: its old name
+                                   validation_alias=AliasChoices("decoder", "backend"))
     decode_device: Literal["cpu", "cuda", "model-cpu"] = Field(
         "cpu", description="cuda: decode with TorchCodec on the model actor's GPU (NVDEC), inside the model stage; "
                            "needs model.device cuda (or auto on a GPU node) and torchcodec; the CPU stage then only "

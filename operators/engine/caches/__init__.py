@@ -14,7 +14,8 @@ from vlbatch.operators.registry import Entry, Registry
 _PKG = "vlbatch.operators.engine.caches"
 
 PREFIX_CACHES = Registry("prefix cache", "EngineConfig.prefix_cache", "radix", (
-    Entry("radix", f"{_PKG}.prefix_cache:RadixPrefixCache", "a radix tree of prompt keys with hybrid snapshots"),
-    Entry("dict", f"{_PKG}.prefix_cache_naive:DictPrefixCache", "a dict of exact prefixes: the naive twin the "
-          "engine's prefix tests run against"),
+    Entry("radix", f"{_PKG}.prefix_cache:RadixPrefixCache",
+          "a radix tree of prompt keys with hybrid snapshots"),
+    Entry("dict", f"{_PKG}.prefix_cache_naive:DictPrefixCache",
+          "a dict of exact prefixes: the naive twin the engine's prefix tests run against"),
 ), group="vlbatch.prefix_caches")

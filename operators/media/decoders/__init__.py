@@ -67,5 +67,5 @@ def get_decoder(name: str = "auto", threads: int = 1) -> VideoDecoder:
     return DECODERS.load(name)(threads=threads)
 
 
-__all__ = ["AUTO_ORDER", "DECODERS", "OpenVideo", "ShortVideo", "VideoDecoder", "VideoInfo", "backend_problem",
-           "get_decoder", "resolve_backend"]
+__all__ = ["AUTO_ORDER", "DECODERS", "OpenVideo", "ShortVideo", "VideoDecoder", "VideoInfo",
+           "backend_problem", "get_decoder", "resolve_backend"]
