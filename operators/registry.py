@@ -97,19 +97,19 @@ class Registry:
             return ()
         from importlib.metadata import entry_points
 
-        own, out = {e.name for e in self.entries}, []
+        own, out = self.entries_by_name(), {}
         for ep in sorted(entry_points(group=self.group), key=lambda ep: ep.name):
             dist = ep.dist.name if ep.dist is not None else "an unnamed package"
             where = f"the plugin {ep.name!r} (entry point {self.group}, package {dist})"
             if not _NAME.fullmatch(ep.name) or ":" not in ep.value:
                 raise ConfigError(f"{self.field}: {where} is malformed: expected name = package.module:attr, "
                                   f"got {ep.value!r}")
-            if ep.name in own:
-                raise ConfigError(f"{self.field}: {where} takes the name of a {self.kind} vlbatch has; "
-                                  "rename it or uninstall the package")
-            own.add(ep.name)
-            out.append(Entry(ep.name, ep.value, f"from the package {dist}", plugin=dist))
-        return tuple(out)
+            if ep.name in own or ep.name in out:
+                taken = "vlbatch's own" if ep.name in own else f"the package {out[ep.name].plugin}'s"
+                raise ConfigError(f"{self.field}: {where} takes the name of {taken} {self.kind}; "
+                                  "rename it or uninstall one of them")
+            out[ep.name] = Entry(ep.name, ep.value, f"from the package {dist}", plugin=dist)
+        return tuple(out.values())
 
     def entries_by_name(self) -> dict[str, Entry]:
         """vlbatch's own entries by name (no plugin read)."""

@@ -222,3 +222,14 @@ def test_a_plugin_adds_a_model_architecture_and_a_prefix_cache(tmp_path, tiny_ck
     [result] = engine.generate([request(tiny_ckpt("dense"), "r0", ["Describe.", ("image", image(0))],
                                         max_new_tokens=3)])
     assert result.finish_reason in ("stop", "length")
+
+
+def test_a_plugin_that_takes_a_taken_name_is_refused(tmp_path, monkeypatch):
+    """A plugin named as one of vlbatch's own decoders: the table refuses it when read, naming it."""
+    from vlbatch.operators.media import decoders
+
+    monkeypatch.syspath_prepend(str(_package(tmp_path / "site", "vlbatch-clash", "[vlbatch.decoders]\n"
+                                             "pyav = clash:Decoder\n", {})))
+    with pytest.raises(ConfigError, match="^video.decoder: the plugin 'pyav' .*package vlbatch-clash.* takes the "
+                                          "name of vlbatch's own video decoder"):
+        decoders.DECODERS.choices()
