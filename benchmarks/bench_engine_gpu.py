@@ -253,7 +253,7 @@ def main(argv=None) -> dict:
     reqs = make_requests(out, args.requests, args.new_tokens)
     budgets = dict(kv_budget_bytes=int(args.kv_gb * 2**30), max_num_seqs=max(args.requests, 1),
                    max_num_batched_tokens=8192, attention=args.attention, static_decode=args.static_decode)
-    engine = load_engine(out, device=args.device, dtype=dtype, delta_kernels=args.delta_kernels, **budgets)
+    engine = load_engine(out, device=args.device, dtype=dtype, delta_rule=args.delta_kernels, **budgets)
     layer = next(m for m in engine.model.modules() if hasattr(m, "kernels"))
     if args.check_kernels:
         print(f"torch vs fla DeltaNet kernels: {check_kernels(engine, reqs[:4], args.device, budgets)}")

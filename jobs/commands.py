@@ -100,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 @_guard
 def cmd_validate(args: argparse.Namespace) -> int:
     from vlbatch.pipeline.checks import check_paths
+    from vlbatch.pipeline.choices import chosen_text
     from vlbatch.pipeline.config import load_config
     from vlbatch.pipeline.fingerprint import check_fingerprint
     from vlbatch.pipeline.preflight import check_checkpoint, check_plan
@@ -118,6 +119,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         print(f"{args.config}: valid (run_id={config.resolved_run_id()}, output={config.output.uri})")
         print(f"  pools: {plan}" + (" (default CPU shares sized down to fit)" if sized else ""))
+        print(f"  implementations: {chosen_text(config)}")
     return EXIT_OK
 
 

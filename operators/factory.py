@@ -21,11 +21,11 @@ from vlbatch.operators.preprocess.tokenizer import load_tokenizer
 
 
 def load_engine(model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
-                delta_kernels: str = "auto", moe_kernels: str = "auto", memory_fraction: float | None = None,
+                delta_rule: str = "auto", moe: str = "auto", memory_fraction: float | None = None,
                 tensor_parallel_size: int = 1, expert_parallel: bool = False, **budgets) -> Engine:
     """Load the checkpoint in `model_dir` (config, safetensors, tokenizer.json,
     generation_config.json) into an `Engine`. `dtype`: a torch dtype or its name ("float32",
-    "bfloat16", "float16"); `delta_kernels` / `moe_kernels`: names in `operators/kernels/delta_rule.DELTA_RULE`
+    "bfloat16", "float16"); `delta_rule` / `moe`: names in `operators/kernels/delta_rule.DELTA_RULE`
     / `moe.MOE` (auto: by the device); `budgets` are `EngineConfig` fields.
     `memory_fraction`: size the KV pool and prefix cache from the memory free after loading
     (`engine/caches/memory.py`); `kv_budget_bytes` / `prefix_cache_bytes` given here win.
@@ -33,7 +33,7 @@ def load_engine(model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str
     that size whose other ranks run `follow_pretrained` (`expert_parallel`: MoE experts split whole
     across the ranks); the result is a `LeaderEngine`."""
     model_dir = Path(model_dir)
-    load_kw = {"device": device, "dtype": torch_dtype(dtype), "delta_kernels": delta_kernels, "moe_kernels": moe_kernels}
+    load_kw = {"device": device, "dtype": torch_dtype(dtype), "delta_rule": delta_rule, "moe": moe}
     if tensor_parallel_size > 1:
         model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=True, **load_kw)
     else:

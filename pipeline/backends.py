@@ -184,7 +184,19 @@ def local_model_path(cfg: JobConfig) -> str:
     return resolve_model_path(cfg.model.path, cfg.storage.options(), cfg.model.cache_dir)
 
 
+def transformers_problem(here) -> str | None:
+    """The transformers backend needs the transformers package (`MODEL_BACKENDS`' check)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed: pip install transformers"
+    return None
+
+
 class EngineBackend:
+    counts_finished = True  # calls on_finished(n) as the engine finishes requests
+    compiled_kernels = True  # runs our compiled CPU kernels (the model stage sets the SIMD width first)
+
     def __init__(self, cfg: JobConfig, on_finished=None):
         from vlbatch.operators.engine import EngineLoop
         from vlbatch.operators.factory import load_engine
@@ -239,7 +251,10 @@ class EngineBackend:
 
 
 class TransformersBackend:
-    def __init__(self, cfg: JobConfig):
+    counts_finished = False
+    compiled_kernels = False
+
+    def __init__(self, cfg: JobConfig, on_finished=None):  # on_finished: unused (counted per call)
         import torch
         from transformers import AutoModelForImageTextToText, AutoTokenizer
 

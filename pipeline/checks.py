@@ -1,7 +1,8 @@
 """Start-up checks of a validated job config against the disk: `check_paths(config)`.
 
-Also that the chosen video decoder (`video.decoder`, `video.decode_device`) can run on this machine
-(TorchCodec needs FFmpeg's shared libraries; GPU decode needs CUDA): one line naming what to install.
+Also that the chosen implementations (`video.decoder`, `model.backend`, ...: each registry entry's
+check, e.g. TorchCodec needs FFmpeg's shared libraries; a plugin must import) and `video.decode_device`
+(GPU decode needs CUDA) can run on this machine: one line naming what to install.
 
 Run by `vlbatch run` and `vlbatch validate` before Ray starts (not by `submit`, whose paths
 are the cluster's). Local paths only: the model folder holds config.json, *.safetensors and
@@ -58,13 +59,13 @@ def _input_problem(uri: str, fmt: str) -> str | None:
     return None if os.path.isfile(path) else f"{uri} does not exist"
 
 
-def _decoder_problems(config: JobConfig) -> list[str]:
-    """The chosen video decoder (and decode device) can run on this machine: one line each if not."""
-    from vlbatch.operators.media.decoders import backend_problem
+def _choice_problems(config: JobConfig) -> list[str]:
+    """The chosen implementations (video decoder, model backend, sink, ...: `choices.choice_problems`,
+    from each registry's checks; a broken plugin) and the decode device can run on this machine:
+    one line each if not."""
+    from vlbatch.pipeline.choices import choice_problems
 
-    v, problems = config.video, []
-    if v.decoder != "auto" and (why := backend_problem(v.decoder)):
-        problems.append(f"video.decoder: {v.decoder} cannot run here: {why}")
+    v, problems = config.video, choice_problems(config)
     if v.decode_device != "cpu":
         from vlbatch.operators.media.gpu_decode import decode_device_problem
 
@@ -96,7 +97,7 @@ def check_paths(config: JobConfig) -> None:
         problems.append(f"model.path: {why}")
     if is_local(config.input.uri) and (why := _input_problem(config.input.uri, config.input.format)):
         problems.append(f"input.uri: {why}")
-    problems += _decoder_problems(config)
+    problems += _choice_problems(config)
     if is_local(config.output.uri) and (why := _output_problem(config.output.uri, config.resolved_run_id())):
         problems.append(f"output.uri: {why}")
     if problems:

@@ -1,7 +1,7 @@
 """The model stage: Prepared rows -> Generated rows on one model actor.
 
-The actor holds one backend (`engine`: vlbatch.operators.engine, the product; `transformers`:
-reference `generate()`, used by the benchmark baseline). A Ray batch holds whole media
+The actor holds one backend of `MODEL_BACKENDS` (`model.backend`; `engine`: vlbatch.operators.engine,
+the product; `transformers`: reference `generate()`, used by the benchmark baseline). A Ray batch holds whole media
 rows (all questions of a media together), so siblings meet the same actor's vision and
 prefix caches. Ray Data runs up to `resources.model.max_concurrent_batches` calls at
 once on an actor (threads); with the engine backend all of them feed one continuous
@@ -45,9 +45,10 @@ from dataclasses import replace
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
-from vlbatch.pipeline.backends import EngineBackend, TransformersBackend, resolve_device
+from vlbatch.pipeline.backends import resolve_device
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.meter import GENERATED, MODEL_READY, MeterClient
+from vlbatch.pipeline.model_backends import MODEL_BACKENDS
 from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
 
 log = logging.getLogger("vlbatch.pipeline")
@@ -62,18 +63,17 @@ class ModelStage:
         from vlbatch.operators.host_simd import use_fastest_simd
 
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
+        backend = MODEL_BACKENDS.load(cfg.model.backend)  # a class (pipeline/model_backends.py)
         if resolve_device(cfg.model.device) == "cpu":  # the actor owns its process: its heap and its SIMD width
-            if cfg.model.backend == "engine":  # before the engine's modules define their compiled kernels
+            if getattr(backend, "compiled_kernels", False):  # before the engine defines its compiled kernels
                 log.info(use_fastest_simd().describe())
             from vlbatch.operators.engine.host_memory import retain_freed_memory
 
             retain_freed_memory()
         self.cfg = cfg
         self.meter = MeterClient(meter)
-        if cfg.model.backend == "engine":  # requests count as generated when the engine finishes them
-            self.backend = EngineBackend(cfg, on_finished=lambda n: self.meter.add(GENERATED, n))
-        else:
-            self.backend = TransformersBackend(cfg)
+        # with counts_finished, requests count as generated when the engine finishes them
+        self.backend = backend(cfg, on_finished=lambda n: self.meter.add(GENERATED, n))
         self.meter.ready(MODEL_READY)
 
     def __del__(self):  # Ray Data's graceful actor exit; frees a replica's followers
@@ -92,7 +92,7 @@ class ModelStage:
             chunks = [rows[i:i + n] for i in range(0, len(rows), n)]
             with ThreadPoolExecutor(len(chunks), thread_name_prefix="model-call") as pool:
                 out = pa.concat_tables(list(pool.map(self._call, chunks)))
-        if self.cfg.model.backend != "engine":  # the reference backend: counted per call
+        if not getattr(self.backend, "counts_finished", False):  # the reference backend: counted per call
             self.meter.add(GENERATED, sum(len(r.ids) for r in rows if r.status == "ok"))
         self.meter.flush()
         return out

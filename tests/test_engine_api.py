@@ -184,6 +184,7 @@ def test_submit_while_running_equals_generate(ckpt, engine):
 def test_the_factory_names_an_unknown_prefix_cache(ckpt):
     """`EngineConfig.prefix_cache` picks the store (radix tree or its dict twin); an unknown one is
     refused with the choices, before any request."""
-    with pytest.raises(ConfigError, match=r"prefix_cache must be one of \['dict', 'radix'\], got 'lru'"):
+    with pytest.raises(ConfigError, match=r"^EngineConfig.prefix_cache: unknown prefix cache 'lru'; "
+                                          r"allowed: radix, dict$"):
         load_engine(ckpt, prefix_cache="lru")
     assert type(load_engine(ckpt, prefix_cache="dict").prefix_cache).__name__ == "DictPrefixCache"

@@ -143,7 +143,7 @@ def test_selection_rules(monkeypatch, tiny_ckpt):
     from vlbatch.operators.model import load_model
 
     with pytest.raises(ConfigError, match="delta_rule='fla' needs a CUDA device"):
-        load_model(tiny_ckpt("dense"), delta_kernels="fla")
+        load_model(tiny_ckpt("dense"), delta_rule="fla")
 
 
 class _Unscaled(TorchDeltaRule):

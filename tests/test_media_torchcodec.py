@@ -125,7 +125,8 @@ def test_auto_picks_the_first_working_backend_of_the_measured_order():
     assert get_decoder("auto").name == working[0]
     assert resolve_backend("decord") == "decord"  # decord stays a supported choice
     assert get_decoder("decord").name == "decord"
-    with pytest.raises(ConfigError, match="unknown video backend"):
+    with pytest.raises(ConfigError, match="^video.decoder: unknown video decoder 'ffmpeg'; "
+                                          "allowed: auto, torchcodec, pyav, decord$"):  # DECODERS' words
         get_decoder("ffmpeg")
 
 

@@ -103,7 +103,7 @@ def test_worker_output_equals_in_process_decode(video):
 def test_one_shot_decode_and_config_errors(video):
     clip = decode_video(video, FrameSampling(num_frames=5), timeout_s=10)
     assert [frame_index(f) for f in clip.frames] == [0, 5, 10, 15, 20]
-    with pytest.raises(ConfigError, match="unknown video backend"):
+    with pytest.raises(ConfigError, match="^video.decoder: unknown video decoder .ffmpeg-cli.; allowed: "):
         decode_video(video, backend="ffmpeg-cli", timeout_s=10)
     with pytest.raises(ConfigError):
         DecodeWorker(timeout_s=0)

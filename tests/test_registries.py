@@ -16,7 +16,9 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
+from vlbatch.operators.media import decoders as decoders_pkg
 from vlbatch.operators.registry import Entry
+from vlbatch.pipeline import model_backends as model_backends_pkg
 from vlbatch.pipeline import sources as sources_pkg
 from vlbatch.pipeline.config import SCHEMA_PATH, job_schema, load_config, validate_config
 
@@ -25,7 +27,9 @@ POINTS = [(attention_pkg, "ATTENTION", "EngineBudgets", "attention"),
           (delta_rule_pkg, "DELTA_RULE", "EngineBudgets", "delta_rule"),
           (moe_pkg, "MOE", "EngineBudgets", "moe"),
           (sources_pkg, "SOURCES", "InputConfig", "format"),
-          (sink_pkg, "SINKS", "OutputConfig", "format")]
+          (sink_pkg, "SINKS", "OutputConfig", "format"),
+          (decoders_pkg, "DECODERS", "VideoConfig", "decoder"),
+          (model_backends_pkg, "MODEL_BACKENDS", "ModelConfig", "backend")]
 IDS = [p[1] for p in POINTS]
 
 

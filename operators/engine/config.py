@@ -18,7 +18,7 @@ class EngineConfig:
     block_size: int = 16
     attention: str = "auto"  # `vlbatch.operators.kernels.attention.CHOICES` (auto: by the model's device)
     static_decode: bool = False  # decode-only steps padded to batch buckets (CUDA graphs on CUDA)
-    prefix_cache: str = "radix"  # `engine.PREFIX_CACHES` (checked there): the radix tree, or "dict", its naive twin
+    prefix_cache: str = "radix"  # `caches.PREFIX_CACHES` (checked by the engine): radix, or "dict", its naive twin
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -22,9 +22,9 @@ from dataclasses import asdict
 
 import torch
 
+from vlbatch.operators.engine.caches import PREFIX_CACHES
 from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_for_budget, kv_bytes_per_block
-from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache, RadixPrefixCache
-from vlbatch.operators.engine.caches.prefix_cache_naive import DictPrefixCache
+from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache
 from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.engine.config import EngineConfig
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
@@ -33,12 +33,8 @@ from vlbatch.operators.engine.sampler import make_generator, sample
 from vlbatch.operators.engine.scheduling.prefix_planner import PrefixPlanner
 from vlbatch.operators.engine.scheduling.scheduler import Scheduler
 from vlbatch.operators.engine.scheduling.sequence import Sequence
-from vlbatch.operators.errors import ConfigError, EngineError, InputError
+from vlbatch.operators.errors import EngineError, InputError
 from vlbatch.operators.kernels.attention import select_attention
-
-# where prefixes are stored (`EngineConfig.prefix_cache`): the radix tree, or its naive twin (a dict of
-# exact prefixes), which the engine's prefix tests run against too
-PREFIX_CACHES = {"radix": RadixPrefixCache, "dict": DictPrefixCache}
 
 
 class Engine:
@@ -52,12 +48,10 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size)
         vcache = LRUVisionCache(config.vision_cache_bytes) if config.vision_cache_bytes > 0 else NoVisionCache()
         self.runner = self._runner(model, num_blocks, vcache)
-        if config.prefix_cache not in PREFIX_CACHES:
-            raise ConfigError(f"prefix_cache must be one of {sorted(PREFIX_CACHES)}, got {config.prefix_cache!r}")
+        store = PREFIX_CACHES.load(config.prefix_cache)  # where prefixes are stored (caches/__init__.py)
         share = config.prefix_cache_bytes > 0
         self.planner = PrefixPlanner(config.block_size, share=share)
-        self.prefix_cache = (PREFIX_CACHES[config.prefix_cache](self.blocks, block_bytes, config.prefix_cache_bytes,
-                                                                self.planner.expects)
+        self.prefix_cache = (store(self.blocks, block_bytes, config.prefix_cache_bytes, self.planner.expects)
                              if share else NoPrefixCache())
         self.scheduler = Scheduler(self.blocks, self.runner.pool, self.prefix_cache, self.planner,
                                    max_num_seqs=config.max_num_seqs,

@@ -20,6 +20,7 @@ calls and recycled after `max_calls` to cap slow native leaks.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
@@ -292,12 +293,16 @@ def main(argv: list[str]) -> None:
 
     import vlbatch.operators.media.decoders.decord_backend  # noqa: F401
     import vlbatch.operators.media.decoders.pyav_backend  # noqa: F401
-    from vlbatch.operators.media.decoders import resolve_backend
+    from vlbatch.operators.media.decoders import DECODERS, resolve_backend
 
-    if resolve_backend(os.environ.get(PRELOAD_ENV, "auto")) == "torchcodec":  # torch + FFmpeg: ~3 s, before "ready"
+    preload = resolve_backend(os.environ.get(PRELOAD_ENV, "auto"))
+    if preload == "torchcodec":  # torch + FFmpeg: ~3 s, before "ready"
         import torchcodec.decoders  # noqa: F401
 
         import vlbatch.operators.media.decoders.torchcodec_backend  # noqa: F401
+    elif ":" not in preload and preload not in DECODERS.entries_by_name():  # a plugin's decoder: its module
+        with contextlib.suppress(Exception):  # a broken one fails each decode with its ConfigError instead
+            DECODERS.load(preload)
 
     av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
     req, res = int(argv[1]), int(argv[2])

@@ -3,8 +3,8 @@ Gated DeltaNet / full-attention decoder, safetensors loading. transformers is no
 
 Public API
 ----------
-`load_model(model_dir, device="cpu", dtype=torch.float32, delta_kernels="auto", moe_kernels="auto")
--> Qwen35Model` (eval mode, no grads; `delta_kernels` / `moe_kernels`: names in the kernel
+`load_model(model_dir, device="cpu", dtype=torch.float32, delta_rule="auto", moe="auto")
+-> Qwen35Model` (eval mode, no grads; `delta_rule` / `moe`: names in the kernel
 registries `operators/kernels/delta_rule.DELTA_RULE` / `operators/kernels/moe.MOE`).
 
 `model.forward(input_ids [B, L], pixel_values=None, image_grid_thw=None,

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model.architectures import ARCHITECTURES
 
-_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
 _LAYER_TYPES = ("linear_attention", "full_attention")
 
 
@@ -132,15 +132,17 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
         model_type = raw.get("model_type")
-        if model_type not in _MODEL_TYPES:
-            raise ConfigError(f"config.json model_type must be one of {_MODEL_TYPES}, got {model_type!r}")
+        if model_type not in ARCHITECTURES.choices():
+            raise ConfigError(f"config.json model_type must be one of {ARCHITECTURES.choices()}, "
+                              f"got {model_type!r}")
+        arch = ARCHITECTURES.load(model_type)
         text_raw, vision_raw = raw.get("text_config"), raw.get("vision_config")
         if not isinstance(text_raw, dict) or not isinstance(vision_raw, dict):
             raise ConfigError("config.json needs text_config and vision_config objects")
         tie = raw.get("tie_word_embeddings", text_raw.get("tie_word_embeddings", False))
         return cls(
             model_type=model_type,
-            text=_text_config(text_raw, moe=model_type == "qwen3_5_moe"),
+            text=_text_config(text_raw, moe=arch.moe),
             vision=_vision_config(vision_raw),
             image_token_id=int(raw.get("image_token_id", 248056)),
             video_token_id=int(raw.get("video_token_id", 248057)),

@@ -32,6 +32,7 @@ from safetensors import safe_open
 from torch import nn
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.model.architectures import build_model
 from vlbatch.operators.model.config import ModelConfig
 from vlbatch.operators.model.model import Qwen35Model
 from vlbatch.operators.storage.names import printable, relative_name_problem
@@ -92,7 +93,7 @@ def check_checkpoint(model_dir: str | Path) -> None:
     (from the files' headers; no weight is read). Raises ConfigError / CheckpointError."""
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        shapes = {n: tuple(p.shape) for n, p in Qwen35Model(config).named_parameters()}
+        shapes = {n: tuple(p.shape) for n, p in build_model(config).named_parameters()}
     _plan(checkpoint_files(model_dir), shapes, config)
 
 
@@ -108,20 +109,20 @@ class Layout(Protocol):
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               delta_kernels: str = "auto", moe_kernels: str = "auto", layout: Layout | None = None) -> Qwen35Model:
+               delta_rule: str = "auto", moe: str = "auto", layout: Layout | None = None) -> Qwen35Model:
     """Read config.json and the safetensors weights of `model_dir` -> eval-mode `Qwen35Model`.
-    `delta_kernels`: a name of `operators/kernels/delta_rule.DELTA_RULE`; `moe_kernels` (MoE
+    `delta_rule`: a name of `operators/kernels/delta_rule.DELTA_RULE`; `moe` (MoE
     checkpoints): a name of `operators/kernels/moe.MOE`. With `layout` (a rank of a tensor-parallel
     replica: `operators/parallel/shard.RankShard`), this rank's shard: only its slices of each tensor
     are read from the memory-mapped files."""
     from vlbatch.operators.kernels.delta_rule import select_delta_rule
     from vlbatch.operators.kernels.moe import MOE, select_experts
 
-    kernels = select_delta_rule(device, delta_kernels)  # a bad choice fails before the weights load
-    MOE.entry(moe_kernels)
+    kernels = select_delta_rule(device, delta_rule)  # a bad choice fails before the weights load
+    MOE.entry(moe)
     config = ModelConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = Qwen35Model(config)  # full shapes: what the checkpoint is checked against
+        model = build_model(config)  # full shapes (its family's class): what the checkpoint must match
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         if layout is not None:
             model = layout.build(config)
@@ -139,7 +140,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu", dtype:
         warm_up_cpu()
     text = model.config.text
     if text.is_moe:
-        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size, moe_kernels))
+        model.use_experts(select_experts(device, dtype, text.hidden_size, text.moe_intermediate_size, moe))
     return model
 
 

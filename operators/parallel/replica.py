@@ -176,13 +176,13 @@ def load_rank(model_dir, tensor_parallel_size: int, expert_parallel: bool = Fals
 
 
 def follow_pretrained(model_dir, tensor_parallel_size: int, expert_parallel: bool = False, *, device="cpu",
-                      dtype=torch.float32, delta_kernels: str = "auto", moe_kernels: str = "auto",
+                      dtype=torch.float32, delta_rule: str = "auto", moe: str = "auto",
                       memory_fraction: float | None = None, **budgets) -> int:
     """A non-zero rank's side of `operators/factory.load_engine(..., tensor_parallel_size=N)`, with the
     same arguments: load this rank's shard, join the memory sizing when `memory_fraction` is
     set, then `follow` (with rank 0's budgets) until the leader closes."""
     model, comm = load_rank(model_dir, tensor_parallel_size, expert_parallel, leader=False, device=device,
-                            dtype=torch_dtype(dtype), delta_kernels=delta_kernels, moe_kernels=moe_kernels)
+                            dtype=torch_dtype(dtype), delta_rule=delta_rule, moe=moe)
     if memory_fraction is not None:  # its collectives need every rank; rank 0's result is broadcast
         budgets_from_memory(model, memory_fraction, budgets, comm)
     return follow(model, comm)

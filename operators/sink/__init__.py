@@ -19,7 +19,7 @@ from vlbatch.operators.registry import Entry, Registry
 SINKS = Registry("output format", "output.format", "parquet", (
     Entry("parquet", "vlbatch.operators.sink.parquet:ParquetSink",
           "zstd Parquet part files under <output.uri>/<run_id>/, rolled by part_mb / part_rows / commit_interval_s"),
-))
+), group="vlbatch.sinks")
 
 __all__ = ["SINKS", "new_sink"]
 

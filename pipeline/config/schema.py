@@ -3,7 +3,8 @@
 Each field states its type, default, bounds and description (these become
 ``configs/job.schema.json``); cross-field rules live in model validators, so whatever
 reaches a `JobConfig` is consistent. A field naming an implementation
-(`model.engine.attention` / `delta_rule` / `moe`, `input.format`, `output.format`) takes its
+(`model.backend`, `model.engine.attention` / `delta_rule` / `moe`, `video.decoder`, `input.format`,
+`output.format`) takes its
 choices from that extension point's registry (`pipeline/choices.py`). Reading YAML,
 overrides and error messages are `load.py`'s.
 """
@@ -23,6 +24,8 @@ from pydantic import (
 from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
+from vlbatch.operators.media import decoders as decoders_pkg
+from vlbatch.pipeline import model_backends as model_backends_pkg
 from vlbatch.pipeline import sources as sources_pkg
 from vlbatch.pipeline.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
@@ -33,6 +36,8 @@ AttentionChoice = registry_choice(attention_pkg, "ATTENTION")
 DeltaRuleChoice = registry_choice(delta_rule_pkg, "DELTA_RULE")
 MoeChoice = registry_choice(moe_pkg, "MOE")
 SourceChoice = registry_choice(sources_pkg, "SOURCES")
+DecoderChoice = registry_choice(decoders_pkg, "DECODERS")
+ModelBackendChoice = registry_choice(model_backends_pkg, "MODEL_BACKENDS")
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "configs" / "job.schema.json"
 
@@ -57,7 +62,7 @@ class EngineBudgets(_Section):
         out = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
                "vision_cache_bytes": self.vision_cache_mb << 20, "static_decode": self.static_decode,
-               "attention": self.attention, "delta_kernels": self.delta_rule, "moe_kernels": self.moe}
+               "attention": self.attention, "delta_rule": self.delta_rule, "moe": self.moe}
         if self.memory_fraction is not None:  # MB budgets only as explicit overrides
             out["memory_fraction"] = self.memory_fraction
             for name, field in (("kv_budget_bytes", "kv_cache_mb"), ("prefix_cache_bytes", "prefix_cache_mb")):
@@ -73,9 +78,7 @@ class ModelConfig(_Section):
                                                      "bundled:shapes-tiny (the demo's model)")
     cache_dir: str | None = Field(None, description="node-local folder for downloaded checkpoints; None = "
                                                     "$VLBATCH_CACHE or ~/.cache/vlbatch/checkpoints")
-    backend: Literal["engine", "transformers"] = Field(
-        "engine", description="engine: our batch engine; transformers: reference generate() (slow, for baselines)"
-    )
+    backend: ModelBackendChoice = model_backends_pkg.MODEL_BACKENDS.default
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
     engine: EngineBudgets = EngineBudgets()
@@ -199,10 +202,8 @@ class VideoConfig(_Section):
     max_frames: int = Field(768, ge=1)
     min_pixels: int | None = Field(None, ge=1, description="per frame; None = the model's video_preprocessor value")
     max_pixels: int | None = Field(None, ge=1)
-    decoder: Literal["auto", "torchcodec", "pyav", "decord"] = Field(
-        "auto", validation_alias=AliasChoices("decoder", "backend"),
-        description="video decoder (`backend` is its old name); auto: the fastest installed, in the order "
-                    "bench_video_decode measured (vlbatch.operators.media.decoders.AUTO_ORDER)")
+    decoder: DecoderChoice = Field(decoders_pkg.DECODERS.default,  # `backend`: its old name
+                                   validation_alias=AliasChoices("decoder", "backend"))
     decode_device: Literal["cpu", "cuda", "model-cpu"] = Field(
         "cpu", description="cuda: decode with TorchCodec on the model actor's GPU (NVDEC), inside the model stage; "
                            "needs model.device cuda (or auto on a GPU node) and torchcodec; the CPU stage then only "

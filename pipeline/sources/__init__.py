@@ -20,7 +20,7 @@ SOURCES = Registry("input format", "input.format", "parquet", (
           "`uri` is a glob of media files (or a folder, read recursively): one media per file"),
     Entry("webdataset", "vlbatch.pipeline.sources.webdataset:WebDatasetSource",
           "tar shards of samples; `uri` a glob or brace notation: shards/train-{000000..000127}.tar"),
-))
+), group="vlbatch.sources")
 
 __all__ = ["SOURCES", "open_source"]
 

@@ -22,7 +22,7 @@ ATTENTION = Registry("attention kernel", "model.engine.attention", "auto", (
     Entry("triton", f"{_PKG}.triton_decode:TritonPagedAttention.create",
           "sdpa with decode rows by a Triton paged-decode kernel (CUDA)"),
     Entry("naive", f"{_PKG}.naive:NaivePagedAttention.create", "a float64 loop: the test reference (slow)"),
-))
+), group="vlbatch.attention")
 
 __all__ = ["ATTENTION", "select_attention"]
 

@@ -21,7 +21,7 @@ DELTA_RULE = Registry("gated delta rule kernel", "model.engine.delta_rule", "aut
           "torch chunked prefill and recurrent decode (numba-compiled on the CPU), every device"),
     Entry("fla", f"{_PKG}.fla_rule:FlaDeltaRule.create", "flash-linear-attention's Triton kernels (CUDA)"),
     Entry("naive", f"{_PKG}.naive:NaiveDeltaRule.create", "a per-token loop: the test reference (slow)"),
-))
+), group="vlbatch.delta_rule")
 
 __all__ = ["DELTA_RULE", "select_delta_rule"]
 

@@ -18,7 +18,7 @@ MOE = Registry("MoE experts kernel", "model.engine.moe", "auto", (
     Entry("grouped_mm", f"{_PKG}.grouped:GroupedMMExperts.create", "two torch._grouped_mm calls"),
     Entry("padded", f"{_PKG}.padded:PaddedExperts.create", "two padded torch.bmm calls, any device and dtype"),
     Entry("loop", f"{_PKG}.naive:LoopExperts.create", "a Python loop over the experts: the reference (slow)"),
-))
+), group="vlbatch.moe")
 
 __all__ = ["MOE", "select_experts"]
 
