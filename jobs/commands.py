@@ -99,11 +99,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_validate(args: argparse.Namespace) -> int:
-    from vlbatch.pipeline.checks import check_paths
+    from vlbatch.pipeline.plan.checks import check_paths
     from vlbatch.pipeline.config import load_config
-    from vlbatch.pipeline.fingerprint import check_fingerprint
-    from vlbatch.pipeline.preflight import check_checkpoint, check_plan
-    from vlbatch.pipeline.resources import plan_text
+    from vlbatch.pipeline.plan.fingerprint import check_fingerprint
+    from vlbatch.pipeline.plan.checkpoint import check_checkpoint, check_plan
+    from vlbatch.pipeline.plan.cluster import plan_text
 
     config = load_config(args.config, _overrides(args))
     check_paths(config)
@@ -130,7 +130,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def _validate_cluster(config, address: str | None):
     """The cluster `vlbatch run` would use: this machine (no Ray started), or the joined one's resources."""
     from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
-    from vlbatch.pipeline.resources import joined_cluster, local_cluster
+    from vlbatch.pipeline.plan.cluster import joined_cluster, local_cluster
 
     target = RayTarget.choose(address or config.ray.address)
     if target.address is None:

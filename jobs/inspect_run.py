@@ -6,7 +6,7 @@ settings). `read_run` streams the committed part files once (a few columns, one 
 memory does not grow with the run), counting statuses, error types (one example message each)
 and token histograms, and keeps a seeded random sample of the rows matching `--where` (each row a
 random key; the `n` smallest kept). The run's `_summary.json` gives the throughput timeline
-(`pipeline/timeline.py`); the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the
+(`pipeline/telemetry/timeline.py`); the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the
 terminal form (and is the command), `vlbatch.jobs.inspect_html` the page.
 """
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """Running a job in this process: `vlbatch run` (also the entrypoint of submitted jobs).
 
 Order of work: validate the config and check its local paths (no Ray), take the job's
-overlap lock, connect to Ray, run the pipeline (`vlbatch.pipeline.runner.run_job`), print
+overlap lock, connect to Ray, run the pipeline (`vlbatch.pipeline.graph.run_job`), print
 one line saying what the run produced, turn its summary into an exit code.
 
 Which Ray (`vlbatch.jobs.connect`): ``--address`` or the config's ``ray.address`` when set;
 else ``RAY_ADDRESS`` (set by Ray for submitted jobs, so they run on their cluster); else a
 new local Ray started for this run and shut down with it (a Ray already running on this
 machine is joined only with ``--address auto``). The first line printed is the run's plan
-(`vlbatch.pipeline.startup`: input count, pools and what they reserve), printed before Ray
+(`vlbatch.pipeline.plan.spec`: input count, pools and what they reserve), printed before Ray
 starts, then ``[vlbatch] starting Ray``; the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
 
 Before any Ray process starts (and, for a joined cluster, before the graph starts) the same
-checks as `vlbatch validate` run (`pipeline/preflight.py`, `pipeline/resources.py`): the
+checks as `vlbatch validate` run (`pipeline/plan/checkpoint.py`, `pipeline/plan/cluster.py`): the
 checkpoint, and the pool plan against the cluster the run uses; pools the config leaves at
 their defaults are sized down to fit (one line says so). A run that fails inside Ray prints one
 line (`jobs/failures.py`: the cause, the field, exit 2 / 8 / 1) with the detail in a log file;
@@ -78,7 +78,7 @@ def run_local(
     config pins one, so every retry of the same tick resumes the same output. `report` receives the
     `RunSummary` (default: print its `summary_line`; the demo prints it after its listing).
     """
-    from vlbatch.pipeline.checks import check_paths
+    from vlbatch.pipeline.plan.checks import check_paths
     from vlbatch.pipeline.config import load_config
 
     config = load_config(config_path, list(overrides))
@@ -86,13 +86,13 @@ def run_local(
     if slot is not None and not config.output.run_id:  # a scheduled run: one output per slot
         config = load_config(config_path, [*overrides, f"output.run_id={submission_id(job_name, slot)}"])
     check_paths(config)
-    from vlbatch.pipeline.write_stage import check_output
+    from vlbatch.pipeline.stages.write_stage import check_output
 
     check_output(config)  # the output bucket exists (never created): before Ray starts
-    from vlbatch.pipeline.fingerprint import check_fingerprint
+    from vlbatch.pipeline.plan.fingerprint import check_fingerprint
 
     check_fingerprint(config)  # a pinned run_id holding answers of another config: refused before Ray starts
-    from vlbatch.pipeline.preflight import check_checkpoint
+    from vlbatch.pipeline.plan.checkpoint import check_checkpoint
 
     check_checkpoint(config)  # what a model or CPU actor would die on
     if not use_lock:
@@ -109,7 +109,7 @@ def error_log_path(job_name: str) -> Path:
 
 def checked(config: Any, cluster: Any) -> Any:
     """`check_plan` against `cluster`, one line when default pools were sized down; -> the config to run."""
-    from vlbatch.pipeline.preflight import check_plan
+    from vlbatch.pipeline.plan.checkpoint import check_plan
 
     config, sized = check_plan(config, cluster)
     if sized:
@@ -123,8 +123,8 @@ def run_plan(config: Any, *, new_local: bool) -> tuple[Any, Any]:
     """(the config to run, its `RunPlan`), before Ray starts: on a new local Ray (`new_local`) the plan
     is checked against this machine first and its GPUs resolved there, so the plan line prints what
     `vlbatch validate` prints; a joined cluster's plan is checked once connected."""
-    from vlbatch.pipeline.resources import local_cluster
-    from vlbatch.pipeline.startup import plan_run
+    from vlbatch.pipeline.plan.cluster import local_cluster
+    from vlbatch.pipeline.plan.spec import plan_run
 
     cluster = local_cluster() if new_local else None
     if cluster is not None:
@@ -135,8 +135,8 @@ def run_plan(config: Any, *, new_local: bool) -> tuple[Any, Any]:
 def joined_plan(config: Any, plan: Any, where: str) -> tuple[Any, Any]:
     """A joined cluster, once connected: the plan checked against it; when that changes the plan line
     (default pools sized down, the model's GPUs resolved there) a new one is printed, on that cluster."""
-    from vlbatch.pipeline.resources import joined_cluster
-    from vlbatch.pipeline.startup import plan_run, pools_text
+    from vlbatch.pipeline.plan.cluster import joined_cluster
+    from vlbatch.pipeline.plan.spec import plan_run, pools_text
 
     cluster = joined_cluster(where)
     config = checked(config, cluster)
@@ -152,7 +152,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     from vlbatch.jobs.failures import describe
     from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.pipeline.checks import check_paths
+from vlbatch.pipeline.plan.checks import check_paths
 from vlbatch.pipeline.config import load_config
 
 CONFIG = """model: {path: ../model}

@@ -26,7 +26,7 @@ import yaml
 from test_infra_manifests import check_cluster_fits_job
 from test_jobs_support import TEST_ENV
 
-from vlbatch.pipeline.checks import check_paths
+from vlbatch.pipeline.plan.checks import check_paths
 from vlbatch.pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,8 +31,8 @@ from PIL import Image
 
 from vlbatch.jobs.inspect_text import run_inspect
 from vlbatch.operators.media.sampling import sample_frame_indices
-from vlbatch.pipeline.progress import token_histogram
-from vlbatch.pipeline.timeline import Timeline
+from vlbatch.pipeline.telemetry.progress import token_histogram
+from vlbatch.pipeline.telemetry.timeline import Timeline
 
 ERROR_TYPES = {"MediaError": 2, "MediaTimeoutError": 1, "InputError": 1, "StorageError": 1, "EngineError": 1}
 

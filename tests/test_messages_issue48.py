@@ -77,9 +77,9 @@ def test_validate_and_the_run_plan_print_the_same_gpu_figure(tmp_path, tiny_ckpt
     config's, unresolved). Both now print what the pools reserve on that cluster: 0 GPUs."""
     import re
 
-    from vlbatch.pipeline.preflight import check_plan
-    from vlbatch.pipeline.resources import Cluster, plan_text
-    from vlbatch.pipeline.startup import plan_run
+    from vlbatch.pipeline.plan.checkpoint import check_plan
+    from vlbatch.pipeline.plan.cluster import Cluster, plan_text
+    from vlbatch.pipeline.plan.spec import plan_run
 
     config = _gpu_config(tmp_path, tiny_ckpt)
     cluster = Cluster(cpus=2.0, gpus=0.0, memory_bytes=8 << 30, fixed_size=True, where="this machine")
@@ -119,7 +119,7 @@ def test_a_successful_start_removes_stale_fingerprint_temp_files(tmp_path, tiny_
     folder; today they survive every later run. `record_fingerprint` (each start) removes its own; the
     sink's `prepare` the summary's; a file that only looks alike (another name, not 32 hex) stays."""
     from vlbatch.operators.sink.parquet import ParquetSink
-    from vlbatch.pipeline.fingerprint import record_fingerprint
+    from vlbatch.pipeline.plan.fingerprint import record_fingerprint
 
     cfg = validate_config({"model": {"path": str(tiny_ckpt("dense")), "device": "cpu"}, "input": {"uri": "x"},
                            "output": {"uri": str(tmp_path / "out"), "run_id": "r1"}})

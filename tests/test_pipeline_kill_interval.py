@@ -126,7 +126,7 @@ def _kill_when_holding(cfg: dict, gen: _Generated, gate: _Gate, record: dict) ->
 
 def test_model_actor_killed_mid_run_loses_at_most_one_commit_interval(two_cpu_ray, tiny_ckpt, tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     gate = _Gate(_pngs(MEDIA))
     cfg = _job(tmp_path, str(tiny_ckpt("dense")), gate)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vlbatch.pipeline.progress import Progress
+from vlbatch.pipeline.telemetry.progress import Progress
 
 
 class _Clock:
@@ -69,7 +69,7 @@ def test_plan_line_counts_a_glob_before_reading_it(tmp_path):
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.startup import plan_run
+    from vlbatch.pipeline.plan.spec import plan_run
 
     for i in range(5):
         Image.new("RGB", (8, 8)).save(tmp_path / f"m{i}.png")
@@ -87,7 +87,7 @@ def test_plan_line_counts_a_glob_before_reading_it(tmp_path):
 
 def test_model_blocks_hold_about_a_model_batch_at_the_pixel_budget(tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import MIN_BLOCK_BYTES, block_bytes
+    from vlbatch.pipeline.graph import MIN_BLOCK_BYTES, block_bytes
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     assert block_bytes(validate_config(base)) == 16 << 20  # no pixel budget: ray.block_mb
@@ -196,7 +196,7 @@ def test_progress_lines_come_before_the_first_commit(two_cpu_ray, tiny_ckpt, tmp
     which it does once it has seen the plan, the phases and two progress lines with the model
     loaded. Then the row is committed and the last line counts it."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     gate = _Gate(_pngs(1))
     try:
@@ -256,7 +256,7 @@ def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, 
     Before issue 33 the pixel blocks held every media of this job, so one model task held them
     all and nothing was committed before the end: the kill never came mid-run."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     files = _pngs(12)
     gate = _Gate(files)
@@ -293,7 +293,7 @@ def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, 
     assert summary.duplicate_ids == 0 and all(r["status"] == "ok" for r in rows), [r["error_message"] for r in rows]
     # the model's count of finished requests (the killed actor's sends included): each row once, plus at
     # most the calls the killed actor had in flight. Only an upper bound holds: the killed actor's increments
-    # not yet sent are lost by design (pipeline/meter.py: figures for people), so under load the count can
+    # not yet sent are lost by design (pipeline/telemetry/meter.py: figures for people), so under load the count can
     # be short by what it finished in its last second; the rows themselves are checked exactly above.
     generated = int(next(x for x in reversed(out.lines) if "generated" in x).split("generated ")[1].split()[0])
     in_flight = cfg["resources"]["model"]["max_concurrent_batches"] * cfg["resources"]["model"]["batch_size"]
@@ -326,9 +326,9 @@ def test_model_stage_runs_a_block_larger_than_its_batch_as_batch_size_calls(tmp_
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.model_stage import ModelStage
-    from vlbatch.pipeline.rows import Generated, MediaTask, from_table, to_table
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.rows import Generated, MediaTask, from_table, to_table
+    from vlbatch.pipeline.stages.cpu import PrepareStage
 
     rng = np.random.default_rng(5)
     tasks = []

@@ -39,7 +39,7 @@ def test_parallel_config_keys_and_run_id():
 
 
 def test_rank_0_actor_reserves_the_whole_replica():
-    from vlbatch.pipeline.replica import replica_resources
+    from vlbatch.pipeline.stages.replica import replica_resources
 
     pool = {"num_cpus": 2.0, "memory": 2**30, "compute": "pool"}
     assert replica_resources(validate_config(_cfg()), 1.0, pool) == {**pool, "num_gpus": 1.0}
@@ -98,7 +98,7 @@ def _rows(cfg: dict) -> list[tuple]:
 
 @pytest.mark.slow
 def test_pipeline_with_2_rank_replicas_gives_the_rows_of_1_rank(ray_cluster, tiny_ckpt, tmp_path):
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     ckpt = str(tiny_ckpt("dense"))
     one, two = (_job(tmp_path, ckpt, f"tp{n}", n) for n in (1, 2))

@@ -23,7 +23,7 @@ from pydantic import (
 from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
-from vlbatch.pipeline import sources as sources_pkg
+from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 from vlbatch.pipeline.config.storage import OutputConfig, StorageConfig
@@ -32,7 +32,7 @@ from vlbatch.pipeline.config.storage import OutputConfig, StorageConfig
 AttentionChoice = registry_choice(attention_pkg, "ATTENTION")
 DeltaRuleChoice = registry_choice(delta_rule_pkg, "DELTA_RULE")
 MoeChoice = registry_choice(moe_pkg, "MOE")
-SourceChoice = registry_choice(sources_pkg, "SOURCES")
+SourceChoice = registry_choice(formats_pkg, "SOURCES")
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "configs" / "job.schema.json"
 
@@ -79,7 +79,7 @@ class ModelConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
     engine: EngineBudgets = EngineBudgets()
     tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/replica.py); "
+        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/stages/replica.py); "
                                     "resources.model.num_cpus / num_gpus are per rank")
     expert_parallel: bool = Field(False, description="MoE experts split whole across the replica's ranks "
                                                      "(else each expert's matrices are split)")
@@ -110,7 +110,7 @@ class InputConfig(_Section):
                                                     "glob of media, or a folder whose media (image and video files, "
                                                     "recursively) are read; local path (relative: to the config file's "
                                                     "folder; given by --set: to the current directory) or s3://")
-    format: SourceChoice = sources_pkg.SOURCES.default
+    format: SourceChoice = formats_pkg.SOURCES.default
     columns: InputColumns = InputColumns()
     limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
     follow_symlinks: bool = Field(False, description="format=glob: read a symlink that leads out of the glob's "
@@ -259,7 +259,7 @@ class ResumeConfig(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")
     retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
     allow_config_change: bool = Field(
-        False, description="resume a run whose answers were made with another config (pipeline/fingerprint.py): "
+        False, description="resume a run whose answers were made with another config (pipeline/plan/fingerprint.py): "
                            "keep the old rows of the ids already done (`vlbatch run --allow-config-change`)")
 
 

@@ -12,7 +12,7 @@
       -> write: one atomic sink commit per batch           actor pool (small); stats rows back to the driver
 
 With `task.mode: scan` the model stage and the write pool are left out: one CPU pool decodes,
-preprocesses and writes the scan rows (`pipeline/scan.py`); nothing asks for a GPU. Its Ray
+preprocesses and writes the scan rows (`pipeline/stages/scan.py`); nothing asks for a GPU. Its Ray
 Data blocks are small (`block_bytes`), so every actor of the pool gets work.
 
 Counting: a resumed run counts its pending requests while it expands (materialised); a fresh
@@ -34,7 +34,7 @@ Start-up refuses what would fail later: an output bucket that does not exist
 on a local Ray of fixed size, actor pools that cannot all start (`check_cpus_fit`,
 ConfigError naming resources). An actor that fails to start on a node (a model replica whose
 checkpoint cache there is unwritable): its pool avoids that node and the run goes on
-(`RunSummary.failed_starts`), or stops in one line when no node is left (`pipeline/placement.py`).
+(`RunSummary.failed_starts`), or stops in one line when no node is left (`pipeline/stages/placement.py`).
 """
 from __future__ import annotations
 
@@ -47,14 +47,14 @@ from dataclasses import asdict, dataclass, field
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
-from vlbatch.pipeline.fingerprint import check_fingerprint, record_fingerprint
-from vlbatch.pipeline.meter import driver_node
-from vlbatch.pipeline.placement import INIT_DEATHS
-from vlbatch.pipeline.progress import Progress
-from vlbatch.pipeline.scan import scan_line
-from vlbatch.pipeline.timeline import Timeline
-from vlbatch.pipeline.write_stage import check_output, open_sink
+from vlbatch.pipeline.stages.expansion import STREAMED_EXPAND, Tally, count_pending, expanded
+from vlbatch.pipeline.plan.fingerprint import check_fingerprint, record_fingerprint
+from vlbatch.pipeline.telemetry.meter import driver_node
+from vlbatch.pipeline.stages.placement import INIT_DEATHS
+from vlbatch.pipeline.telemetry.progress import Progress
+from vlbatch.pipeline.stages.scan import scan_line
+from vlbatch.pipeline.telemetry.timeline import Timeline
+from vlbatch.pipeline.stages.write_stage import check_output, open_sink
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -130,7 +130,7 @@ def _init_ray(cfg: JobConfig) -> None:
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     # an actor that dies while starting is replaced (Ray Data's default, 0, fails the run at once): one
-    # that cannot start on a node is retried off that node (pipeline/placement.py)
+    # that cannot start on a node is retried off that node (pipeline/stages/placement.py)
     ctx.max_consecutive_actor_init_deaths = INIT_DEATHS
     # A CPU-stage task emits its output (pixel values) in blocks of up to this size, and a
     # model task takes whole blocks: with Ray Data's default (128 MiB, ~100 media of a few
@@ -154,7 +154,7 @@ def block_bytes(cfg: JobConfig) -> int:
     and Ray Data hands its output on only when the task ends, so the block size is how soon
     finished rows reach the writer: 16 MiB blocks held ~85 media of 256x256 and the first row
     of a 400-media run was committed after 60 s of 70 (issue 33). Small blocks do not shrink
-    the engine's batch: `max_concurrent_batches` tasks feed it at once (pipeline/model_stage.py)."""
+    the engine's batch: `max_concurrent_batches` tasks feed it at once (pipeline/stages/model_stage.py)."""
     if cfg.task.mode == "scan":
         return SCAN_BLOCK_BYTES
     cap = cfg.ray.block_mb << 20
@@ -168,7 +168,7 @@ def block_bytes(cfg: JobConfig) -> int:
 def scan_batch_size(cfg: JobConfig, source) -> int:
     """Media per scan-actor call: `resources.preprocess.batch_size` when the config sets it or
     the rows embed their media's bytes (`source.embeds_media()`: a batch holds them all), else
-    `SCAN_BATCH_SIZE`. Each call stages its rows as one file (exactly once, `pipeline/scan.py`)
+    `SCAN_BATCH_SIZE`. Each call stages its rows as one file (exactly once, `pipeline/stages/scan.py`)
     and the end of the run reads back what is still staged: 256 media (1024 rows of 4
     questions) staged in 13 us per media against 35 at 64, a quarter of the files to read
     back, a quarter of Ray Data's per-batch work. A call's frames are one media's at a time."""
@@ -216,15 +216,15 @@ def check_cpus_fit(cfg: JobConfig, cluster_cpus: float, *, fixed_size: bool) -> 
 
 def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None):
     """The lazy dataset of write stats rows (`source`: the run's `Source`; `run_dir`: the run's URI, where its
-    sink is; `meter`: the run's `Meter` actor the stages count into, pipeline/meter.py; `failures`: its
-    `RunPlacement`: failed starts and each pool's resources, pipeline/placement.py)."""
+    sink is; `meter`: the run's `Meter` actor the stages count into, pipeline/telemetry/meter.py; `failures`: its
+    `RunPlacement`: failed starts and each pool's resources, pipeline/stages/placement.py)."""
     import ray
 
-    from vlbatch.pipeline.model_stage import ModelStage
-    from vlbatch.pipeline.placement import map_stage
-    from vlbatch.pipeline.replica import replica_resources
-    from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
-    from vlbatch.pipeline.write_stage import WriteStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.placement import map_stage
+    from vlbatch.pipeline.stages.replica import replica_resources
+    from vlbatch.pipeline.stages.cpu import DecodeStage, PrepareStage, PreprocessStage
+    from vlbatch.pipeline.stages.write_stage import WriteStage
 
     r = cfg.resources
 
@@ -242,7 +242,7 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
     check_cpus_fit(cfg, ray.cluster_resources().get("CPU", 0.0), fixed_size=cfg.ray.address is None)
     write_kw = {"cfg": cfg, "run_dir": run_dir, "run_id": run_id}
     if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
-        from vlbatch.pipeline.scan import ScanStage  # (pipeline/scan.py; no write pool)
+        from vlbatch.pipeline.stages.scan import ScanStage  # (pipeline/stages/scan.py; no write pool)
 
         return stage(tasks_ds, ScanStage, {**write_kw, "meter": meter}, scan_batch_size(cfg, source), pool(r.preprocess))
     stage_kw = {"cfg": cfg, "meter": meter}
@@ -251,8 +251,8 @@ def build_graph(cfg: JobConfig, source, tasks_ds, run_dir: str, run_id: str, met
     else:
         ds = stage(tasks_ds, DecodeStage, stage_kw, r.decode.batch_size, pool(r.decode))
         ds = stage(ds, PreprocessStage, stage_kw, r.preprocess.batch_size, pool(r.preprocess))
-    # concurrent calls on one model actor feed one continuous batch (pipeline/model_stage.py)
-    gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/replica.py
+    # concurrent calls on one model actor feed one continuous batch (pipeline/stages/model_stage.py)
+    gpus = model_gpus(cfg)  # per rank; a replica of model.tensor_parallel_size ranks: pipeline/stages/replica.py
     # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes).
     # Ray Data refuses batch_size=None for an operator that requests GPUs ("You must provide `batch_size`"):
     # there the model batch size, which the blocks are already sized to, gives about one call per block too.
@@ -267,8 +267,8 @@ def _stream_graph(cfg: JobConfig, source, tasks_ds, sink, run_id: str, progress:
     """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
     tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
     start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
-    from vlbatch.pipeline.meter import Ticker, start_meter
-    from vlbatch.pipeline.placement import RunPlacement, failed_lines, start_failures, watching_nodes
+    from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
+    from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures, watching_nodes
 
     meter, placement = start_meter(), RunPlacement(start_failures())
     graph = build_graph(cfg, source, tasks_ds, sink.uri, run_id, meter=meter, failures=placement)
@@ -298,11 +298,11 @@ def _open_run(cfg: JobConfig, run_uri: str):
 
 def run_job(cfg: JobConfig, *, stream=None, plan=None) -> RunSummary:
     """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`.
-    `plan`: the run's `RunPlan` (pipeline/startup.py), already printed by the caller; None: made
+    `plan`: the run's `RunPlan` (pipeline/plan/spec.py), already printed by the caller; None: made
     and printed here, first."""
     import ray
 
-    from vlbatch.pipeline.startup import plan_run
+    from vlbatch.pipeline.plan.spec import plan_run
 
     stream = stream or sys.stderr
     t0 = time.monotonic()

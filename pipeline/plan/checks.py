@@ -5,11 +5,11 @@ Also that the chosen video decoder (`video.decoder`, `video.decode_device`) can 
 
 Run by `vlbatch run` and `vlbatch validate` before Ray starts (not by `submit`, whose paths
 are the cluster's). Local paths only: the model folder holds config.json, *.safetensors and
-tokenizer.json (the whole checkpoint: `pipeline/preflight.py`), the input matches at least one
+tokenizer.json (the whole checkpoint: `pipeline/plan/checkpoint.py`), the input matches at least one
 file, and a local output.uri is (or can become) a folder. s3:// and other remote URIs are left
 to run time (checking them needs the storage settings and the network; a remote `model.path`
 is downloaded by each node: `operators/storage/checkpoint_cache.py`). The output bucket is
-checked by `vlbatch.pipeline.write_stage.check_output`.
+checked by `vlbatch.pipeline.stages.write_stage.check_output`.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The pool plan against the cluster a run would use: what `vlbatch validate` and the start of
-`vlbatch run` compute before the graph starts (the checkpoint half is `pipeline/preflight.py`).
+`vlbatch run` compute before the graph starts (the checkpoint half is `pipeline/plan/checkpoint.py`).
 
     cluster = local_cluster()            # a new local Ray: what it would register, no process started
     cluster = joined_cluster(address)    # a Ray joined by --address / ray.address (connected first)
@@ -145,7 +145,7 @@ def _mem(stage: StageResources) -> int:
 
 def pools(cfg: JobConfig, cluster: Cluster) -> list[Pool]:
     """The actor pools of the run's graph at their minimum sizes (see the module docstring)."""
-    from vlbatch.pipeline.expansion import STREAMED_EXPAND
+    from vlbatch.pipeline.stages.expansion import STREAMED_EXPAND
 
     r = cfg.resources
     scan = cfg.task.mode == "scan"
@@ -154,7 +154,7 @@ def pools(cfg: JobConfig, cluster: Cluster) -> list[Pool]:
         names.append("write")
     out = [Pool(f"resources.{n}", getattr(r, n).min_actors, getattr(r, n).num_cpus,
                 memory_bytes=_mem(getattr(r, n))) for n in names]
-    if not scan:  # one model actor holds its whole replica (pipeline/replica.py)
+    if not scan:  # one model actor holds its whole replica (pipeline/stages/replica.py)
         n, m = cfg.model.tensor_parallel_size, r.model
         out.append(Pool("resources.model", m.min_actors, m.num_cpus * n, model_gpus(cfg, cluster) * n, _mem(m) * n))
     out.append(Pool("input (manifest read)", STREAMED_EXPAND["concurrency"], STREAMED_EXPAND["num_cpus"]))

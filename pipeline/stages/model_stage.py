@@ -31,7 +31,7 @@ On the CPU the actor owns its process: it keeps freed step memory in the heap
 (`engine/host_memory.py`) and, with the engine backend, has the compiled kernels built at the
 SIMD width timed fastest on this machine (`operators/host_simd.py`, before anything defines one).
 
-Progress (`meter`, `pipeline/meter.py`): the actor says when its model is loaded, and the
+Progress (`meter`, `pipeline/telemetry/meter.py`): the actor says when its model is loaded, and the
 engine backend counts each request as generated when the engine finishes it.
 
 A `SetupError` (the job's checkpoint or device, not a request) fails the run instead.
@@ -45,10 +45,10 @@ from dataclasses import replace
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
-from vlbatch.pipeline.backends import EngineBackend, TransformersBackend, resolve_device
+from vlbatch.pipeline.stages.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.meter import GENERATED, MODEL_READY, MeterClient
-from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
+from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
+from vlbatch.pipeline.stages.rows import Generated, Prepared, from_table, to_table
 
 log = logging.getLogger("vlbatch.pipeline")
 

@@ -37,7 +37,7 @@ class RunPlan:
 def plan_run(cfg: JobConfig, cluster=None) -> RunPlan:
     """The run's plan; `cluster`: the `Cluster` it runs on when known (a new local Ray), so the GPUs it
     reserves are resolved as `vlbatch validate` resolves them (`resources.model_gpus`)."""
-    from vlbatch.pipeline.expansion import requests_per_media
+    from vlbatch.pipeline.stages.expansion import requests_per_media
     from vlbatch.pipeline.sources import open_source
 
     source = open_source(cfg)
@@ -60,8 +60,8 @@ def pools_text(cfg: JobConfig, cluster=None) -> str:
     """The actor pools and what they reserve at min_actors (the manifest read's CPUs included). On a
     known `cluster` the model's GPUs as the run resolves them there (`device: auto` without a GPU: 0,
     `resources.model_gpus`: the figure `vlbatch validate` prints); else as configured."""
-    from vlbatch.pipeline.expansion import STREAMED_EXPAND
-    from vlbatch.pipeline.resources import model_gpus
+    from vlbatch.pipeline.stages.expansion import STREAMED_EXPAND
+    from vlbatch.pipeline.plan.cluster import model_gpus
 
     r = cfg.resources
     if cfg.task.mode == "scan":

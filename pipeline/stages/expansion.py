@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.requests import expand_all
-from vlbatch.pipeline.rows import MediaTask, to_table
+from vlbatch.pipeline.stages.requests import expand_all
+from vlbatch.pipeline.stages.rows import MediaTask, to_table
 
 # CPUs per read / expand task when they stream into the graph beside the actor pools (which
 # hold most of the CPUs), and one such task at a time: expansion costs microseconds per media

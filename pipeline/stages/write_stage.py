@@ -26,9 +26,9 @@ from vlbatch.operators.sink.rolling import PartRoller
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow, Timings, rows_to_table
 from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.keep import decode as decode_keep
-from vlbatch.pipeline.keep import output_schema
-from vlbatch.pipeline.rows import Generated, from_table
+from vlbatch.pipeline.sources.keep import decode as decode_keep
+from vlbatch.pipeline.sources.keep import output_schema
+from vlbatch.pipeline.stages.rows import Generated, from_table
 
 STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),

@@ -1,6 +1,6 @@
 """The checkpoint half of the start-up checks: `check_checkpoint(config)`, run by `vlbatch validate`
 and at the start of `vlbatch run` before any Ray process starts (the resource half is
-`pipeline/resources.py`). What a model actor or a CPU actor would die on, found here in a
+`pipeline/plan/cluster.py`). What a model actor or a CPU actor would die on, found here in a
 second, one line per problem naming the field:
 
 - config.json is readable and its `model_type` one we implement (`operators/model/config.py`);
@@ -28,7 +28,7 @@ from pathlib import Path
 from vlbatch.operators.errors import ConfigError, VlbatchError
 from vlbatch.operators.storage.names import printable, relative_name_problem
 from vlbatch.pipeline.config import JobConfig, is_local
-from vlbatch.pipeline.resources import check_fit, fit_defaults, fit_problems, problems_error
+from vlbatch.pipeline.plan.cluster import check_fit, fit_defaults, fit_problems, problems_error
 
 PROCESSOR_FILES = ("tokenizer.json", "preprocessor_config.json")
 INDEX_FILE = "model.safetensors.index.json"
