@@ -108,9 +108,9 @@ def one(args) -> dict:
     import ray
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.stages.expansion import count_pending, expanded
     from vlbatch.pipeline.graph import _init_ray, _open_run, run_job
     from vlbatch.pipeline.sources import open_source
+    from vlbatch.pipeline.stages.expansion import count_pending, expanded
 
     work = Path(args.work)
     model, man = str(work / "model"), manifest_for(work, args.one)

@@ -31,7 +31,7 @@ from PIL import Image
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions
-from vlbatch.pipeline.graph import RunSummary
+from vlbatch.pipeline.telemetry.summary import RunSummary
 from vlbatch.pipeline.telemetry.timeline import Timeline
 
 REPO = Path(__file__).resolve().parent.parent

@@ -59,9 +59,9 @@ def test_caption_rides_after_the_questions_with_the_questions_ids_unchanged():
 def test_one_decode_one_preprocess_and_the_prefix_for_caption_and_questions(tmp_path, tiny_ckpt):
     from PIL import Image
 
-    from vlbatch.pipeline.stages.expansion import requests_per_media
-    from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.plan.spec import requests_per_media
     from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
 
     path = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(path)

@@ -49,8 +49,8 @@ def _prepared(cfg, paths: list[str]) -> list[Prepared]:
 
 
 def test_deferred_frames_and_prompts_equal_the_cpu_stage(tmp_path, videos):
-    from vlbatch.pipeline.stages.backends import pixel_specs, shared_pixels
     from vlbatch.pipeline.demo import BUNDLED_MODEL
+    from vlbatch.pipeline.stages.backends import pixel_specs, shared_pixels
 
     spec = pixel_specs(str(BUNDLED_MODEL))["video"]
     paths = [v.path for v in videos]
@@ -74,8 +74,8 @@ def test_deferred_video_that_does_not_decode_is_an_error_for_each_prompt(tmp_pat
     copy) are the media's permanent `MediaError` for every prompt, never a failed call."""
     from vlbatch.operators.engine.request import SamplingParams
     from vlbatch.operators.errors import MediaError
-    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
     from vlbatch.pipeline.demo import BUNDLED_MODEL
+    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
 
     spec = pixel_specs(str(BUNDLED_MODEL))["video"]
     good = next(v for v in videos if v.name == "h264_even.mp4")

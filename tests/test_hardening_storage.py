@@ -133,8 +133,8 @@ def test_max_bytes_on_s3_uses_the_object_size(s3):
 
 
 def test_decode_stage_reports_max_bytes_before_reading(tmp_path):
-    from vlbatch.pipeline.stages.requests import expand
     from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.requests import expand
 
     big = tmp_path / "big.png"
     with open(big, "wb") as f:
@@ -150,8 +150,8 @@ def test_decode_stage_reports_max_bytes_before_reading(tmp_path):
 # -- 11: null / empty media_uri ---------------------------------------------------------------
 
 def test_null_and_empty_media_uri_are_input_errors_keeping_the_value(tmp_path):
-    from vlbatch.pipeline.stages.requests import expand
     from vlbatch.pipeline.sources.manifest import normalise
+    from vlbatch.pipeline.stages.requests import expand
     from vlbatch.pipeline.stages.write_stage import output_rows  # noqa: F401 - the writer takes the row as is
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
@@ -214,7 +214,7 @@ def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path)
 
 
 def test_existing_bucket_passes_the_check(s3, tmp_path):
-    from vlbatch.pipeline.stages.write_stage import check_output
+    from vlbatch.pipeline.plan.checks import check_output
 
     check_output(validate_config(job(tmp_path, "s3://hardening-out/new/prefix", s3.endpoint_url)))
 
@@ -267,7 +267,11 @@ def test_finish_removes_an_empty_tmp_only(tmp_path):
 # -- 18 (start-up half): pools that cannot start are refused on a fixed-size cluster --------------
 
 def test_pools_that_do_not_fit_a_fixed_cluster_are_refused(tmp_path, caplog):
-    from vlbatch.pipeline.graph import check_cpus_fit
+    from vlbatch.pipeline.plan.cluster import Cluster
+    from vlbatch.pipeline.plan.fit import check_fit
+
+    def check_cpus_fit(cfg, cpus, fixed_size):  # the one fit check, on a cluster of `cpus` CPUs
+        check_fit(cfg, Cluster(cpus, 0.0, 64 << 30, fixed_size, "the cluster"))
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     demo = {"preprocess": {"num_cpus": 0.5}, "model": {"num_cpus": 1}, "write": {"num_cpus": 0.25}}

@@ -314,8 +314,8 @@ def test_questions_from_s3_with_s3_outage_during_writing(env):
     """Several questions per media read from S3; the S3 server stops after the first commit
     and comes back: retries absorb it, or the job fails clearly and a rerun completes it."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.stages.requests import request_id
     from vlbatch.pipeline.graph import run_job
+    from vlbatch.pipeline.stages.requests import request_id
 
     uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
     qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}

@@ -69,25 +69,25 @@ def test_plan_line_counts_a_glob_before_reading_it(tmp_path):
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.plan.spec import plan_run
+    from vlbatch.pipeline.plan.spec import plan as make_plan
 
     for i in range(5):
         Image.new("RGB", (8, 8)).save(tmp_path / f"m{i}.png")
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": str(tmp_path / "*.png"), "format": "glob"},
                            "task": {"mode": "questions", "questions": ["a?", "b?"]},
                            "output": {"uri": str(tmp_path / "out")}})
-    plan = plan_run(cfg)
+    plan = make_plan(cfg, None)
     assert (plan.media, plan.requests) == (5, 10)
     line = plan.line()
     assert line.startswith("[vlbatch] plan: 5 media -> 10 requests from ") and "reserves 2.30 CPUs, 0 GPUs" in line
     assert "decode+preprocess 1-2 x 1 CPU" in line and "model 1 x 1 CPU + 0 GPU" in line and "write 1-4 x 0.25 CPU" in line
     limited = validate_config({**cfg.model_dump(exclude_unset=True), "input": {**cfg.input.model_dump(), "limit": 3}})
-    assert plan_run(limited).media == 3
+    assert make_plan(limited, None).media == 3
 
 
 def test_model_blocks_hold_about_a_model_batch_at_the_pixel_budget(tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.graph import MIN_BLOCK_BYTES, block_bytes
+    from vlbatch.pipeline.plan.spec import MIN_BLOCK_BYTES, block_bytes
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     assert block_bytes(validate_config(base)) == 16 << 20  # no pixel budget: ray.block_mb
@@ -326,9 +326,9 @@ def test_model_stage_runs_a_block_larger_than_its_batch_as_batch_size_calls(tmp_
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.model_stage import ModelStage
     from vlbatch.pipeline.stages.rows import Generated, MediaTask, from_table, to_table
-    from vlbatch.pipeline.stages.cpu import PrepareStage
 
     rng = np.random.default_rng(5)
     tasks = []

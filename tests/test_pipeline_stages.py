@@ -145,7 +145,11 @@ def test_progress_steady_rate_excludes_start_up():
 
 
 def test_cpu_fit_warning(tmp_path, caplog):
-    from vlbatch.pipeline.graph import check_cpus_fit
+    from vlbatch.pipeline.plan.cluster import Cluster
+    from vlbatch.pipeline.plan.fit import check_fit
+
+    def check_cpus_fit(cfg, cpus, fixed_size):  # the one fit check, on a cluster of `cpus` CPUs
+        check_fit(cfg, Cluster(cpus, 0.0, 64 << 30, fixed_size, "the cluster"))
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     res = {"preprocess": {"num_cpus": 0.5}, "decode": {"num_cpus": 0.5}, "model": {"num_cpus": 1}}
@@ -167,9 +171,9 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
 
     from PIL import Image
 
+    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.model_stage import ModelStage
     from vlbatch.pipeline.stages.rows import Generated
-    from vlbatch.pipeline.stages.cpu import PrepareStage
 
     rng = np.random.default_rng(1)
     tasks = []

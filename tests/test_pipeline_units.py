@@ -9,9 +9,17 @@ import pytest
 
 from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.pipeline.config import TaskConfig
-from vlbatch.pipeline.telemetry.progress import Progress
 from vlbatch.pipeline.stages.requests import expand, pending, request_id
-from vlbatch.pipeline.stages.rows import TENSOR_TYPE, Decoded, Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import (
+    TENSOR_TYPE,
+    Decoded,
+    Generated,
+    MediaTask,
+    Prepared,
+    from_table,
+    to_table,
+)
+from vlbatch.pipeline.telemetry.progress import Progress
 
 
 def test_request_ids_hash_run_independent_inputs():

@@ -52,7 +52,13 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
     import ray
 
     from vlbatch.jobs.failures import describe
-    from vlbatch.pipeline.stages.placement import INIT_DEATHS, failed_lines, node_options, reporting, start_failures
+    from vlbatch.pipeline.stages.placement import (
+        INIT_DEATHS,
+        failed_lines,
+        node_options,
+        reporting,
+        start_failures,
+    )
 
     class ModelStage:  # named as the product's stage: describe names the model stage
         def __init__(self):

@@ -135,7 +135,9 @@ def test_resources_the_machine_cannot_hold_are_refused_at_validate(tmp_path, ckp
 
 
 def test_default_pools_fit_the_machine_and_validate_says_so(tmp_path, ckpt):
-    from vlbatch.pipeline.plan.cluster import Cluster, fit_defaults, fit_problems, pools
+    from vlbatch.pipeline.plan.cluster import Cluster
+    from vlbatch.pipeline.plan.fit import fit_defaults, fit_problems
+    from vlbatch.pipeline.plan.spec import pools
 
     r = _validate(_job(tmp_path, ckpt))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -152,15 +154,16 @@ def test_default_pools_fit_the_machine_and_validate_says_so(tmp_path, ckpt):
     mine = validate_config({**base, "resources": {"model": {"num_cpus": 1.5}}})
     fitted, sized = fit_defaults(mine, small)
     assert "model" not in sized and fitted.resources.model.num_cpus == 1.5  # what the user set stays
-    assert sum(p.cpus * p.actors for p in pools(fitted, small)) <= 2.0
+    assert sum(p.actor_cpus * p.min_actors for p in pools(fitted, small)) <= 2.0
 
 
 def test_tp_replica_resources_are_exact_ray_quantities(tmp_path):
-    from vlbatch.pipeline.stages.replica import replica_resources
+    from vlbatch.pipeline.plan.spec import stage_specs
 
-    base = {"model": {"path": "m", "tensor_parallel_size": 3}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
-    out = replica_resources(validate_config(base), 0.0, {"num_cpus": 0.1})
-    assert out["num_cpus"] == 0.3  # not 0.30000000000000004
+    base = {"model": {"path": "m", "tensor_parallel_size": 3}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
+            "resources": {"model": {"num_cpus": 0.1}}}
+    model = next(s for s in stage_specs(validate_config(base), None) if s.name == "model")
+    assert model.ray_args()["num_cpus"] == 0.3  # not 0.30000000000000004
 
 
 def test_validate_json_into_a_closed_pipe_is_quiet(tmp_path, ckpt):

@@ -17,8 +17,8 @@ from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.registry import Entry
-from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import SCHEMA_PATH, job_schema, load_config, validate_config
+from vlbatch.pipeline.config import formats as formats_pkg
 
 # (package, registry attribute, schema definition, property): every extension point
 POINTS = [(attention_pkg, "ATTENTION", "EngineBudgets", "attention"),

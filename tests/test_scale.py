@@ -127,9 +127,9 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
     from PIL import Image
 
     from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.rows import MediaTask, from_table, to_table
     from vlbatch.pipeline.stages.scan import ScanStage
-    from vlbatch.pipeline.stages.cpu import PrepareStage
 
     img = tmp_path / ("bad.png" if bad else "ok.png")
     if bad:
@@ -157,9 +157,10 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
 
 
 def test_scan_totals_and_histograms_from_stats_rows():
-    from vlbatch.pipeline.telemetry.progress import Progress, token_histogram
-    from vlbatch.pipeline.graph import RunSummary, scan_line
+    from vlbatch.pipeline.stages.scan import scan_line
     from vlbatch.pipeline.stages.write_stage import STATS_SCHEMA
+    from vlbatch.pipeline.telemetry.progress import Progress, token_histogram
+    from vlbatch.pipeline.telemetry.summary import RunSummary
 
     assert token_histogram([0, 1, 2, 3, 4, 255, 256, None]) == {"0": 1, "1-2": 1, "2-4": 2, "4-8": 1, "128-256": 1,
                                                                "256-512": 1}
@@ -183,8 +184,8 @@ def test_scan_blocks_spread_a_row_group_over_the_actors(tmp_path):
     blocks of hundreds to a few thousand media (a few preprocess batches each), never one block per actor;
     other modes keep `ray.block_mb`."""
     from vlbatch.pipeline.config import JobConfig
+    from vlbatch.pipeline.plan.spec import block_bytes
     from vlbatch.pipeline.stages.rows import MediaTask, to_table
-    from vlbatch.pipeline.graph import block_bytes
 
     base = {"model": {"path": "m"}, "input": {"uri": str(tmp_path)}, "output": {"uri": str(tmp_path / "o")},
             "task": {"mode": "scan", "questions": ["What is shown?", "What colour is it?", "Is there text?", "Why?"]}}
@@ -287,7 +288,7 @@ def test_scan_calls_take_256_media_unless_set_or_the_rows_embed_bytes(tmp_path):
     import pyarrow.parquet as pq
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.graph import SCAN_BATCH_SIZE, scan_batch_size
+    from vlbatch.pipeline.plan.spec import SCAN_BATCH_SIZE, scan_batch_size
     from vlbatch.pipeline.sources import open_source
 
     pq.write_table(pa.table({"media_uri": ["a.png", "b.png"]}), tmp_path / "uris.parquet")

@@ -42,8 +42,8 @@ def _read_rows(cfg) -> list[dict]:
 
 
 def _expand(rows: list[dict], cfg):
-    from vlbatch.pipeline.stages.requests import expand_all
     from vlbatch.pipeline.sources.base import COLUMNS
+    from vlbatch.pipeline.stages.requests import expand_all
 
     return expand_all([tuple(r[c] for c in COLUMNS) for r in rows], cfg.task)
 

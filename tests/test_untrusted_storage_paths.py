@@ -228,9 +228,9 @@ def test_the_deadline_scales_with_max_bytes():
 
 @pytest.mark.timeout(120)
 def test_a_good_image_beside_a_trickling_one_still_gets_its_row(trickle, tmp_path):
+    from vlbatch.pipeline.stages.cpu import DecodeStage
     from vlbatch.pipeline.stages.requests import expand
     from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
-    from vlbatch.pipeline.stages.cpu import DecodeStage
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
                            "storage": {"retries": 0, "http_total_timeout_s": 3, "http_min_bytes_per_s": 0}})
@@ -254,8 +254,8 @@ def test_a_nul_byte_in_a_path_is_an_input_error(tmp_path, uri):
 
 def test_a_nul_byte_in_a_media_uri_is_a_permanent_error_row(tmp_path):
     from vlbatch.operators.storage.retry import classify
-    from vlbatch.pipeline.stages.requests import expand
     from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.requests import expand
 
     assert classify(ValueError("embedded null byte")) == "permanent"
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})

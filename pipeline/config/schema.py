@@ -23,8 +23,8 @@ from pydantic import (
 from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
-from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.choices import registry_choice
+from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config.section import Section as _Section
 from vlbatch.pipeline.config.storage import OutputConfig, StorageConfig
 

@@ -1,4 +1,5 @@
-"""Start-up checks of a validated job config against the disk: `check_paths(config)`.
+"""Start-up checks of a validated job config against the disk and the output: `check_paths(config)`,
+`check_output(config)` (steps of `plan/preflight.py`).
 
 Also that the chosen video decoder (`video.decoder`, `video.decode_device`) can run on this machine
 (TorchCodec needs FFmpeg's shared libraries; GPU decode needs CUDA): one line naming what to install.
@@ -9,7 +10,7 @@ tokenizer.json (the whole checkpoint: `pipeline/plan/checkpoint.py`), the input 
 file, and a local output.uri is (or can become) a folder. s3:// and other remote URIs are left
 to run time (checking them needs the storage settings and the network; a remote `model.path`
 is downloaded by each node: `operators/storage/checkpoint_cache.py`). The output bucket is
-checked by `vlbatch.pipeline.stages.write_stage.check_output`.
+checked by `check_output` (needs the storage settings: s3:// only).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import os
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig, is_local
 
 MODEL_FILES = ("config.json", "*.safetensors", "tokenizer.json")
@@ -103,3 +105,15 @@ def check_paths(config: JobConfig) -> None:
         raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
 
 
+def check_output(cfg: JobConfig) -> None:
+    """Before any work: the bucket of an object-store `output.uri` must exist (`ConfigError`
+    naming output.uri otherwise). Nothing ever creates a bucket: a typo in output.uri must not
+    make a new one. An unreachable endpoint is `StorageError` after the retries."""
+    storage = cfg.storage.options()
+    fs, path = filesystem(cfg.output.uri, storage)
+    if not is_object_store(fs):
+        return
+    bucket = path.split("/", 1)[0]
+    if not bucket_exists(fs, bucket, storage):
+        raise ConfigError(f"output.uri: the bucket {bucket!r} of {cfg.output.uri!r} does not exist (or these "
+                          "credentials cannot see it); buckets are never created: create it, or fix output.uri")

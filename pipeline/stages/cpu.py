@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 
 if TYPE_CHECKING:  # annotations only: the processor is imported when the stage starts
     from vlbatch.operators.preprocess.processor import MediaInputs

@@ -45,10 +45,10 @@ from dataclasses import replace
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
-from vlbatch.pipeline.stages.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
+from vlbatch.pipeline.stages.backends import EngineBackend, TransformersBackend, resolve_device
 from vlbatch.pipeline.stages.rows import Generated, Prepared, from_table, to_table
+from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
 
 log = logging.getLogger("vlbatch.pipeline")
 

@@ -51,8 +51,8 @@ class ScanStage:
             self.writer = WriteStage(cfg, run_dir, run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
         from vlbatch.pipeline.stages.cpu import requests_of
+        from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 
         p = self.prepare
         tasks = from_table(batch, MediaTask)
