@@ -200,10 +200,12 @@ def job(tmp_path, output: str, endpoint: str) -> dict:
             "storage": {"endpoint_url": endpoint, "region": "us-east-1", "retries": 1}}
 
 
-def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path):
+def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path, tiny_ckpt):
     from vlbatch.pipeline.graph import run_job
 
-    cfg = validate_config(job(tmp_path, "s3://no-such-bucket-typo/out", s3.endpoint_url))
+    cfg = job(tmp_path, "s3://no-such-bucket-typo/out", s3.endpoint_url)
+    cfg["model"]["path"] = str(tiny_ckpt("dense"))  # a real checkpoint: the preflight's earlier steps pass
+    cfg = validate_config(cfg)
     with pytest.raises(ConfigError, match="output.uri") as e:
         run_job(cfg)
     assert "no-such-bucket-typo" in str(e.value)
@@ -233,12 +235,14 @@ def test_cli_missing_bucket_exits_2_with_one_line(s3, tmp_path, tiny_ckpt):
     assert len(lines) == 1 and "output.uri" in lines[0] and "Traceback" not in r.stderr
 
 
-def test_unreachable_output_endpoint_is_one_storage_error(tmp_path, caplog):
+def test_unreachable_output_endpoint_is_one_storage_error(tmp_path, caplog, tiny_ckpt):
     from conftest import free_port
 
     from vlbatch.pipeline.graph import run_job
 
-    cfg = validate_config(job(tmp_path, "s3://out/x", f"http://127.0.0.1:{free_port()}"))
+    cfg = job(tmp_path, "s3://out/x", f"http://127.0.0.1:{free_port()}")
+    cfg["model"]["path"] = str(tiny_ckpt("dense"))  # a real checkpoint: the preflight's earlier steps pass
+    cfg = validate_config(cfg)
     with caplog.at_level(logging.WARNING, logger="vlbatch.operators.storage.retry"):
         with pytest.raises(StorageError, match="after 2 attempts") as e:
             run_job(cfg)
