@@ -10,11 +10,13 @@ Runs in this process, under `sys.setprofile` (main thread only):
    `pipeline/runner.py` on older trees) to raise `_Stop` as it is entered, which ends the walk.
 
 A room is a module of `vlbatch.jobs` or `vlbatch.pipeline` (the flow; the operators they call are its
-leaves, not rooms); the walk is the sequence of rooms entered by *calls* (profile `call` events; module bodies run by an import are not counted, since
-what is imported already depends on the process). Consecutive calls in one module are one stay. Printed
-per path: rooms (distinct modules), moves (changes of module), returns (moves into a module already left
-once before) and how many times `write_stage`, `fingerprint` and `preflight` are entered (moves into a
-module whose last dotted part is that name). The demo config's media are written first when missing
+leaves, not rooms); the walk is the sequence of rooms entered: a move is a call (a profile `call` event)
+into a room from code of another module, other than the room the walk is in (a call within one module,
+or from a library back into the room the walk is in, is no move; module bodies run by an
+import are not counted, since what is imported already depends on the process). Printed per path: rooms (distinct modules entered),
+moves, returns (moves into a room entered before, i.e. already left once) and how many times
+`write_stage`, `fingerprint` and `preflight` are entered (moves into a module whose last dotted part
+is that name). The demo config's media are written first when missing
 (`pipeline/demo.prepare_demo`, as `vlbatch demo` does).
 """
 from __future__ import annotations
@@ -47,20 +49,18 @@ class Walk:
         if event != "call" or frame.f_code.co_name == "<module>":
             return
         mod = frame.f_globals.get("__name__", "")
-        if not mod.startswith(ROOMS):
-            return
-        if not self.seq or self.seq[-1] != mod:
+        caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back is not None else ""
+        # a call into a room from another module, not the room the walk is in already: one move
+        if mod.startswith(ROOMS) and mod != caller and (not self.seq or self.seq[-1] != mod):
             self.seq.append(mod)
 
     def figures(self) -> dict:
         seen, returns = set(), 0
-        for i, mod in enumerate(self.seq):
-            if mod in seen:
-                returns += 1
-            if i:
-                seen.add(self.seq[i - 1])
+        for mod in self.seq:
+            returns += mod in seen
+            seen.add(mod)
         entered = Counter(m.rsplit(".", 1)[-1] for m in self.seq)
-        return {"rooms": len(set(self.seq)), "moves": max(0, len(self.seq) - 1), "returns": returns,
+        return {"rooms": len(seen), "moves": len(self.seq), "returns": returns,
                 **{f"{w} entered": entered.get(w, 0) for w in WATCHED}}
 
 

@@ -40,28 +40,26 @@ _STAGES = "vlbatch.pipeline.stages"
 @dataclass(frozen=True)
 class Pool:
     """One stage's actors: `min_actors`..`max_actors` of `ranks` x (num_cpus, num_gpus, memory_bytes)
-    each (a model replica's rank 0 holds every rank's share, `pipeline/stages/replica.py`). `field`:
-    the config section that sizes it (resources.<stage>; the read: "input (manifest read)")."""
+    each (a model replica's rank 0 holds every rank's share, `pipeline/stages/replica.py`), and so
+    `actor_cpus`, `actor_gpus`, `actor_memory` per actor (`of`). `field`: the config section that
+    sizes it (resources.<stage>; the read: "input (manifest read)")."""
 
     field: str
     num_cpus: float
-    num_gpus: float = 0.0
-    memory_bytes: int = 0
-    min_actors: int = 1
-    max_actors: int = 1
-    ranks: int = 1
+    num_gpus: float
+    memory_bytes: int
+    min_actors: int
+    max_actors: int
+    ranks: int
+    actor_cpus: float  # rounded to Ray's unit (1e-4): 3 x 0.1 is not 0.30000000000000004
+    actor_gpus: float
+    actor_memory: int
 
-    @property
-    def actor_cpus(self) -> float:  # rounded to Ray's unit (1e-4): 3 x 0.1 is not 0.30000000000000004
-        return round(self.num_cpus * self.ranks, 4)
-
-    @property
-    def actor_gpus(self) -> float:
-        return round(self.num_gpus * self.ranks, 4)
-
-    @property
-    def actor_memory(self) -> int:
-        return self.memory_bytes * self.ranks
+    @classmethod
+    def of(cls, field: str, num_cpus: float, num_gpus: float = 0.0, memory_bytes: int = 0, min_actors: int = 1,
+           max_actors: int = 1, ranks: int = 1) -> Pool:
+        return cls(field, num_cpus, num_gpus, memory_bytes, min_actors, max_actors, ranks,
+                   round(num_cpus * ranks, 4), round(num_gpus * ranks, 4), memory_bytes * ranks)
 
 
 @dataclass(frozen=True)
@@ -101,14 +99,14 @@ def model_gpus(cfg: JobConfig, cluster: Cluster | None) -> float:
 
 def _pool(cfg: JobConfig, stage: str, *, gpus: float = 0.0, ranks: int = 1) -> Pool:
     s: StageResources = getattr(cfg.resources, stage)
-    return Pool(f"resources.{stage}", s.num_cpus, gpus, int(s.memory_gb * GIB) if s.memory_gb else 0,
+    return Pool.of(f"resources.{stage}", s.num_cpus, gpus, int(s.memory_gb * GIB) if s.memory_gb else 0,
                 s.min_actors, s.max_actors, ranks)
 
 
 def read_spec() -> StageSpec:
     """The manifest read + expansion (Ray tasks, not actors: `pipeline/stages/expansion.expanded`)."""
     return StageSpec("input (manifest read)", f"{_STAGES}.expansion:expanded",
-                     Pool("input (manifest read)", READ_CPUS, min_actors=READ_TASKS, max_actors=READ_TASKS),
+                     Pool.of("input (manifest read)", READ_CPUS, min_actors=READ_TASKS, max_actors=READ_TASKS),
                      None, reads="manifest", produces="MediaTask")
 
 
