@@ -1,4 +1,4 @@
-"""`run_job(config) -> RunSummary`: the Ray Data graph from a manifest to the committed output.
+"""`run_job(plan) -> RunSummary`: the checked plan's stages as one Ray Data graph, manifest to committed output.
 
     manifest (parquet/json/csv or a glob)                  Ray read tasks (fractional CPUs; never 1-CPU tasks
                                                            once the pools hold the cluster, see sources/manifest.py)

@@ -175,7 +175,7 @@ def _job(tmp_path: Path, ckpt: str, uris: list[str], name: str, **resources) -> 
                   "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 1024}},
         "input": {"uri": str(manifest), "format": "parquet", "columns": {"media_type": None}},
         "task": {"prompt": "Describe."}, "sampling": {"max_tokens": 4},
-        # every media upscaled to the budget: one media per block of pixel values (runner.block_bytes)
+        # every media upscaled to the budget: one media per block of pixel values (plan/spec.block_bytes)
         "image": {"min_pixels": 65536, "max_pixels": 65536},
         "resources": {"preprocess": {"num_cpus": 0.25, "batch_size": 1, "max_actors": 1},
                       "model": {"num_cpus": 0.5, "batch_size": 1, "max_concurrent_batches": 2, **resources},

@@ -31,7 +31,7 @@ Rules every source keeps:
   (file metadata), else None (the runner then counts beside the run for the ETA).
 - `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
-  rows holds all its media's bytes (`pipeline/graph.py:scan_batch_size`).
+  rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).
 
 A new input format is one new module here with a `Source` subclass (built as `cls(cfg)`), and
 one `Entry` in `SOURCES` (`pipeline/config/formats.py`): `input.format` then accepts its name.
@@ -73,7 +73,7 @@ class Source:
 
     def embeds_media(self) -> bool:
         """Whether rows carry the media's bytes (not URIs): then a batch of rows holds its media
-        in memory, and scan mode keeps small batches (`runner.scan_batch_size`)."""
+        in memory, and scan mode keeps small batches (`plan/spec.scan_batch_size`)."""
         return False
 
 

@@ -23,7 +23,7 @@ runs out alone becomes an `EngineError` row. Each split halves the batch, so a c
 about 2n engine batches for n requests.
 
 A call holds one Ray Data block (the runner maps the model stage with `batch_size=None`, so a
-task is one block and its rows are handed on when it returns; `runner.block_bytes` sizes blocks
+task is one block and its rows are handed on when it returns; `plan/spec.block_bytes` sizes blocks
 to about `resources.model.batch_size` media); a block of more media is run as calls of
 `batch_size` media at once on the same loop.
 

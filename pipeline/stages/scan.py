@@ -73,7 +73,7 @@ def _hist_text(h: dict) -> str:
 
 
 def scan_line(s) -> str:
-    """The scan's final line (`s`: the run's `runner.RunSummary`): totals and the token histograms."""
+    """The scan's final line (`s`: the run's `telemetry/summary.RunSummary`): totals and the token histograms."""
     return (f"vlbatch scan: {s.requests_pending} requests, {s.processed_by_status.get('error', 0)} errors "
             f"{dict(sorted(s.error_types.items()))}; prompt tokens {s.prompt_tokens}, visual tokens {s.visual_tokens}; "
             f"prompt histogram {_hist_text(s.token_histogram.get('prompt', {}))}; "
