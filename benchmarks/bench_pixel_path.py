@@ -38,7 +38,7 @@ import numpy as np
 
 
 def _cases(rng):
-    from vlbatch.pipeline.rows import Decoded
+    from vlbatch.pipeline.stages.rows import Decoded
 
     def clip(frames, h, w, fps=30.0):
         idx = tuple(range(0, frames * 15, 15))  # 2 fps sampling of a 30 fps clip
@@ -56,7 +56,7 @@ def _cases(rng):
 
 def _stage(model_dir: str):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.stages import PreprocessStage
+    from vlbatch.pipeline.stages.cpu import PreprocessStage
 
     return PreprocessStage(validate_config({"model": {"path": model_dir}, "input": {"uri": "x"},
                                             "output": {"uri": tempfile.gettempdir()}}))
@@ -81,7 +81,7 @@ def _bytes_table(stage, cases) -> None:
     import torch
 
     from vlbatch.operators.model.pixels import normalize_frames
-    from vlbatch.pipeline.rows import Prepared, to_table
+    from vlbatch.pipeline.stages.rows import Prepared, to_table
 
     print(f"\n1. bytes per media, CPU stage -> model stage\n{'case':<20} {'float32 (before)':>17} "
           f"{'uint8 patches':>14} {'uint8 frames (now)':>19} {'ratio':>7}   frames             check")
@@ -114,7 +114,7 @@ def _median_cpu(fn, iters: int) -> float:
 
 def _runners(stage, ref, row):
     """(our float32 processor, the CPU stage now, AutoProcessor) zero-argument callables for one media."""
-    from vlbatch.pipeline.stages import chat_messages
+    from vlbatch.pipeline.stages.cpu import chat_messages
 
     proc, kind = stage.processor, row.media_type
     text = proc.apply_chat_template(chat_messages(row.prompts[0], kind, None))
@@ -157,8 +157,8 @@ def child(path: str, mode: str, model_dir: str) -> dict:
 
     from vlbatch.operators.engine import Request, SamplingParams
     from vlbatch.operators.engine.loop import pinned_visual_tokens
-    from vlbatch.pipeline.backends import media_requests, pixel_specs
-    from vlbatch.pipeline.rows import Prepared, from_table
+    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
+    from vlbatch.pipeline.stages.rows import Prepared, from_table
 
     specs = pixel_specs(model_dir)
     base = _rss_kb("VmRSS")
@@ -198,7 +198,7 @@ def child(path: str, mode: str, model_dir: str) -> dict:
 def _memory_table(stage, rng, questions: int, model_dir: str) -> None:
     import pyarrow as pa
 
-    from vlbatch.pipeline.rows import Decoded, Prepared, to_table
+    from vlbatch.pipeline.stages.rows import Decoded, Prepared, to_table
 
     qs = tuple(f"Question {k} about this picture?" for k in range(questions))
     row = Decoded("img1080.jpg", "image", tuple(f"q{k}" for k in range(questions)), tuple(range(questions)), qs,

@@ -80,13 +80,13 @@ def job(model: str, man: Path, out: Path, cpus: int) -> dict:
 def _loop_init(cfg_json: str):
     global _STAGE
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.cpu import PrepareStage
 
     _STAGE = PrepareStage(JobConfig.model_validate_json(cfg_json))
 
 
 def _loop_one(uri: str) -> int:
-    from vlbatch.pipeline.requests import expand
+    from vlbatch.pipeline.stages.requests import expand
 
     t = expand(uri, None, None, _STAGE.decode.cfg.task)
     return len(_STAGE.preprocess.prepare_one(_STAGE.decode.decode_one(t)).input_ids)
@@ -108,9 +108,9 @@ def one(args) -> dict:
     import ray
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.expansion import count_pending, expanded
-    from vlbatch.pipeline.runner import _init_ray, _open_run, run_job
+    from vlbatch.pipeline.graph import _init_ray, _open_run, run_job
     from vlbatch.pipeline.sources import open_source
+    from vlbatch.pipeline.stages.expansion import count_pending, expanded
 
     work = Path(args.work)
     model, man = str(work / "model"), manifest_for(work, args.one)

@@ -89,7 +89,7 @@ def main(args, work: Path, model: str) -> None:
     import ray
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     videos = make_videos(work, args.videos, args.video_seconds)
     manifest = work / "videos.jsonl"

@@ -99,26 +99,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_validate(args: argparse.Namespace) -> int:
-    from vlbatch.pipeline.checks import check_paths
-    from vlbatch.pipeline.choices import chosen_text
+    """The preflight `vlbatch run` runs (`pipeline/plan/preflight.py`, the same steps in the same order,
+    the output's bucket and fingerprint included) against the cluster `run` would use; prints its pools."""
+    from vlbatch.jobs.connect import RayTarget
     from vlbatch.pipeline.config import load_config
-    from vlbatch.pipeline.fingerprint import check_fingerprint
-    from vlbatch.pipeline.preflight import check_checkpoint, check_plan
-    from vlbatch.pipeline.resources import plan_text
+    from vlbatch.pipeline.config.choices import chosen_text
+    from vlbatch.pipeline.plan.cluster import local_cluster
+    from vlbatch.pipeline.plan.preflight import fit_plan, preflight
 
     config = load_config(args.config, _overrides(args))
-    check_paths(config)
-    check_fingerprint(config)  # what `run` would refuse: answers of another config under this run id
-    check_checkpoint(config)
-    cluster = _validate_cluster(config, args.address)
-    config, sized = check_plan(config, cluster)  # the plan `vlbatch run` would use on that cluster
-    plan = plan_text(config, cluster)
+    target = RayTarget.choose(args.address or config.ray.address)
+    if target.address is None:  # this machine, as a new local Ray would register it (no Ray started)
+        plan = preflight(config, local_cluster())
+    else:  # every other step before connecting, as `run` does; the fit once the joined cluster is known
+        plan = fit_plan(preflight(config, None), _joined_cluster(target))
+    config, pools = plan.cfg, plan.pools_line()
     if args.json:
         print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json"),
-                          "plan": plan, "sized_down": sized}, indent=2))
+                          "plan": pools, "sized_down": plan.sized}, indent=2))
     else:
         print(f"{args.config}: valid (run_id={config.resolved_run_id()}, output={config.output.uri})")
-        print(f"  pools: {plan}" + (" (default CPU shares sized down to fit)" if sized else ""))
+        print(f"  pools: {pools}" + (" (default CPU shares sized down to fit)" if plan.sized else ""))
         print(f"  implementations: {chosen_text(config)}")
     return EXIT_OK
 
@@ -129,16 +130,13 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, *extra]
 
 
-def _validate_cluster(config, address: str | None):
-    """The cluster `vlbatch run` would use: this machine (no Ray started), or the joined one's resources."""
-    from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
-    from vlbatch.jobs.run_logs import state_dir
-    from vlbatch.pipeline.resources import joined_cluster, local_cluster
-
-    target = RayTarget.choose(address or config.ray.address)
-    if target.address is None:
-        return local_cluster()
+def _joined_cluster(target):
+    """The joined Ray's resources now (connected, then disconnected)."""
     import ray
+
+    from vlbatch.jobs.connect import connect, quiet_ray
+    from vlbatch.jobs.run_logs import state_dir
+    from vlbatch.pipeline.plan.cluster import joined_cluster
 
     with quiet_ray(state_dir() / "validate", False):
         try:

@@ -6,7 +6,7 @@ settings). `read_run` streams the committed part files once (a few columns, one 
 memory does not grow with the run), counting statuses, error types (one example message each)
 and token histograms, and keeps a seeded random sample of the rows matching `--where` (each row a
 random key; the `n` smallest kept). The run's `_summary.json` gives the throughput timeline
-(`pipeline/timeline.py`); the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the
+(`pipeline/telemetry/timeline.py`); the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the
 terminal form (and is the command), `vlbatch.jobs.inspect_html` the page.
 """
 from __future__ import annotations
@@ -257,7 +257,7 @@ def hist_key(label: str) -> int:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One call of `vlbatch run` on the run (`pipeline/attempts.py`), or the whole run (`number` None)."""
+    """One call of `vlbatch run` on the run (`pipeline/telemetry/attempts.py`), or the whole run (`number` None)."""
 
     number: int | None
     started: datetime | None  # UTC; None: not recorded (a summary older than the records)
@@ -274,7 +274,7 @@ def run_attempts(summary: dict | None) -> list[Attempt]:
     """The run's attempts, oldest first, from `_summary.json` (its `attempts`; a summary without them
     is its own call, of unknown time); [] without a summary. Values that are not what the runner
     writes read as 0 / not recorded (the file is read, not trusted)."""
-    from vlbatch.pipeline.attempts import attempts_of
+    from vlbatch.pipeline.telemetry.attempts import attempts_of
 
     out = []
     for i, a in enumerate(attempts_of(summary) if summary else [], 1):

@@ -1,23 +1,24 @@
 """Running a job in this process: `vlbatch run` (also the entrypoint of submitted jobs).
 
 Order of work: validate the config and check its local paths (no Ray), take the job's
-overlap lock, connect to Ray, run the pipeline (`vlbatch.pipeline.runner.run_job`), print
+overlap lock, connect to Ray, run the pipeline (`vlbatch.pipeline.graph.run_job`), print
 one line saying what the run produced, turn its summary into an exit code.
 
 Which Ray (`vlbatch.jobs.connect`): ``--address`` or the config's ``ray.address`` when set;
 else ``RAY_ADDRESS`` (set by Ray for submitted jobs, so they run on their cluster); else a
 new local Ray started for this run and shut down with it (a Ray already running on this
 machine is joined only with ``--address auto``). The first line printed is the run's plan
-(`vlbatch.pipeline.startup`: input count, pools and what they reserve), printed before Ray
+(`vlbatch.pipeline.plan.spec`: input count, pools and what they reserve), printed before Ray
 starts, then ``[vlbatch] starting Ray``; the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
 
-Before any Ray process starts (and, for a joined cluster, before the graph starts) the same
-checks as `vlbatch validate` run (`pipeline/preflight.py`, `pipeline/resources.py`): the
-checkpoint, and the pool plan against the cluster the run uses; pools the config leaves at
-their defaults are sized down to fit (one line says so). A run that fails inside Ray prints one
+Before any Ray process starts the same preflight as `vlbatch validate` runs, once, in the same
+order (`pipeline/plan/preflight.py`: paths, input, checkpoint, output and fingerprint, and the pool
+plan against the cluster the run uses; for a joined cluster that last step once connected, before
+the graph starts); pools the config leaves at their defaults are sized down to fit (one line says
+so). The checked `RunPlan` goes to `run_job`, which checks nothing again. A run that fails inside Ray prints one
 line (`jobs/failures.py`: the cause, the field, exit 2 / 8 / 1) with the detail in a log file;
 SIGINT / SIGTERM end it with one line and exit 130 / 143 (`jobs/stops.py`). The processes of a new
 local Ray end with the run however it ends, SIGKILL included (`jobs/reaper.py`).
@@ -79,66 +80,52 @@ def run_local(
     config pins one, so every retry of the same tick resumes the same output. `report` receives the
     `RunSummary` (default: print its `summary_line`; the demo prints it after its listing).
     """
-    from vlbatch.pipeline.checks import check_paths
     from vlbatch.pipeline.config import load_config
 
     config = load_config(config_path, list(overrides))
     job_name = name or Path(config_path).stem
     if slot is not None and not config.output.run_id:  # a scheduled run: one output per slot
         config = load_config(config_path, [*overrides, f"output.run_id={submission_id(job_name, slot)}"])
-    check_paths(config)
-    from vlbatch.pipeline.write_stage import check_output
-
-    check_output(config)  # the output bucket exists (never created): before Ray starts
-    from vlbatch.pipeline.fingerprint import check_fingerprint
-
-    check_fingerprint(config)  # a pinned run_id holding answers of another config: refused before Ray starts
-    from vlbatch.pipeline.preflight import check_checkpoint
-
-    check_checkpoint(config)  # what a model or CPU actor would die on
     if not use_lock:
         return _run(config, job_name, address, verbose, report)
     with run_lock(job_name, lock_dir):
         return _run(config, job_name, address, verbose, report)
 
 
-def checked(config: Any, cluster: Any) -> Any:
-    """`check_plan` against `cluster`, one line when default pools were sized down; -> the config to run."""
-    from vlbatch.pipeline.preflight import check_plan
-
-    config, sized = check_plan(config, cluster)
-    if sized:
-        what = ", ".join(f"{k} {v:g}" for k, v in sized.items())
-        print(f"[vlbatch] resources: default CPU shares sized to {cluster.where} ({cluster.cpus:g} CPUs): {what}",
-              flush=True)
-    return config
+def sized_line(plan: Any) -> str | None:
+    """The line saying which default CPU shares the preflight sized down to the cluster (None: none)."""
+    if not plan.sized:
+        return None
+    what = ", ".join(f"{k} {v:g}" for k, v in plan.sized.items())
+    return (f"[vlbatch] resources: default CPU shares sized to {plan.cluster.where} ({plan.cluster.cpus:g} CPUs): "
+            f"{what}")
 
 
-def run_plan(config: Any, *, new_local: bool) -> tuple[Any, Any]:
-    """(the config to run, its `RunPlan`), before Ray starts: on a new local Ray (`new_local`) the plan
-    is checked against this machine first and its GPUs resolved there, so the plan line prints what
-    `vlbatch validate` prints; a joined cluster's plan is checked once connected."""
-    from vlbatch.pipeline.resources import local_cluster
-    from vlbatch.pipeline.startup import plan_run
+def run_plan(config: Any, *, new_local: bool) -> Any:
+    """The run's checked `RunPlan`, before Ray starts (`pipeline/plan/preflight.py`, every step once): on a
+    new local Ray (`new_local`) against this machine, so the plan line prints what `vlbatch validate`
+    prints; a joined cluster's `fit` step runs once connected (`joined_plan`)."""
+    from vlbatch.pipeline.plan.cluster import local_cluster
+    from vlbatch.pipeline.plan.preflight import preflight
 
-    cluster = local_cluster() if new_local else None
-    if cluster is not None:
-        config = checked(config, cluster)
-    return config, plan_run(config, cluster)  # the input count and the pools
+    plan = preflight(config, local_cluster() if new_local else None)
+    if line := sized_line(plan):
+        print(line, flush=True)
+    return plan
 
 
-def joined_plan(config: Any, plan: Any, where: str) -> tuple[Any, Any]:
-    """A joined cluster, once connected: the plan checked against it; when that changes the plan line
+def joined_plan(plan: Any, where: str) -> Any:
+    """A joined cluster, once connected: the preflight's `fit` step on it; when that changes the plan line
     (default pools sized down, the model's GPUs resolved there) a new one is printed, on that cluster."""
-    from vlbatch.pipeline.resources import joined_cluster
-    from vlbatch.pipeline.startup import plan_run, pools_text
+    from vlbatch.pipeline.plan.cluster import joined_cluster
+    from vlbatch.pipeline.plan.preflight import fit_plan
 
-    cluster = joined_cluster(where)
-    config = checked(config, cluster)
-    if config != plan.cfg or pools_text(config, cluster) != pools_text(plan.cfg, plan.cluster):
-        plan = plan_run(config, cluster)
-        print(plan.line(), flush=True)
-    return config, plan
+    fitted = fit_plan(plan, joined_cluster(where))
+    if line := sized_line(fitted):
+        print(line, flush=True)
+    if fitted.line() != plan.line():
+        print(fitted.line(), flush=True)
+    return fitted
 
 
 def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
@@ -147,12 +134,13 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     from vlbatch.jobs.failures import describe
     from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
     new_local = ours and target.address is None
-    config, plan = run_plan(config, new_local=new_local)
+    plan = run_plan(config, new_local=new_local)
+    config = plan.cfg
     logs = run_log_dir(config.resolved_run_id())  # this run's own log folder (jobs/run_logs.py)
     print(plan.line(), flush=True)
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
@@ -164,12 +152,13 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                     arm()  # ray.init replaced our SIGTERM handler with its own
                     print(f"[vlbatch] ray: {where}", flush=True)
                     if target.address is not None:
-                        config, plan = joined_plan(config, plan, where)
+                        plan = joined_plan(plan, where)
                 else:
-                    config, plan = joined_plan(config, plan, "the running Ray")
+                    plan = joined_plan(plan, "the running Ray")
+                config = plan.cfg
                 print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}",
                       flush=True)
-                summary = run_job(config, plan=plan)
+                summary = run_job(plan)
             finally:
                 if ours:
                     with signals_ignored():

@@ -31,8 +31,8 @@ from PIL import Image
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions
-from vlbatch.pipeline.runner import RunSummary
-from vlbatch.pipeline.timeline import Timeline
+from vlbatch.pipeline.telemetry.summary import RunSummary
+from vlbatch.pipeline.telemetry.timeline import Timeline
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "out" / "test-artifacts"  # git-ignored (/out/): screenshots kept after the test

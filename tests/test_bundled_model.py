@@ -124,7 +124,7 @@ def pipeline_answers(tmp_path_factory):
 
     from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     root = tmp_path_factory.mktemp("bundled_pipeline")
     items = heldout_items(N_IMAGES, N_VIDEOS)

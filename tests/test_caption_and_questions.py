@@ -11,8 +11,8 @@ import pytest
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.pipeline.config import TaskConfig, load_config, validate_config
-from vlbatch.pipeline.requests import expand, request_id
-from vlbatch.pipeline.rows import Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.requests import expand, request_id
+from vlbatch.pipeline.stages.rows import Generated, MediaTask, Prepared, from_table, to_table
 
 MIN = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": "o"}}
 
@@ -59,9 +59,9 @@ def test_caption_rides_after_the_questions_with_the_questions_ids_unchanged():
 def test_one_decode_one_preprocess_and_the_prefix_for_caption_and_questions(tmp_path, tiny_ckpt):
     from PIL import Image
 
-    from vlbatch.pipeline.expansion import requests_per_media
-    from vlbatch.pipeline.model_stage import ModelStage
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.plan.spec import requests_per_media
+    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
 
     path = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(path)

@@ -129,8 +129,8 @@ def test_relative_paths_in_the_file_resolve_against_its_folder(tmp_path, monkeyp
 
 
 def test_demo_config_finds_the_bundled_model_from_any_directory(tmp_path, monkeypatch):
-    from vlbatch.pipeline.checks import check_paths
     from vlbatch.pipeline.demo import BUNDLED_MODEL
+    from vlbatch.pipeline.plan.checks import check_paths
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(ROOT / "configs" / "demo.yaml")
@@ -142,7 +142,7 @@ def test_demo_config_finds_the_bundled_model_from_any_directory(tmp_path, monkey
 
 
 def test_check_paths_names_each_missing_local_path(tmp_path, tiny_ckpt):
-    from vlbatch.pipeline.checks import check_paths
+    from vlbatch.pipeline.plan.checks import check_paths
 
     ckpt = tiny_ckpt("dense")
     manifest = tmp_path / "m.jsonl"

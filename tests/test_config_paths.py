@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.pipeline.checks import check_paths
 from vlbatch.pipeline.config import load_config
+from vlbatch.pipeline.plan.checks import check_paths
 
 CONFIG = """model: {path: ../model}
 input: {uri: ../media/*, format: glob}

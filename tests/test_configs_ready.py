@@ -26,8 +26,8 @@ import yaml
 from test_infra_manifests import check_cluster_fits_job
 from test_jobs_support import TEST_ENV
 
-from vlbatch.pipeline.checks import check_paths
 from vlbatch.pipeline.config import load_config
+from vlbatch.pipeline.plan.checks import check_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_MARK = "# yaml-language-server: $schema="

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from vlbatch.pipeline.config import validate_config
-from vlbatch.pipeline.rows import MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import MediaTask, Prepared, from_table, to_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def _cfg(tmp_path, device: str):
 
 def _prepared(cfg, paths: list[str]) -> list[Prepared]:
     """The CPU stages' rows, through Arrow as the model stage receives them."""
-    from vlbatch.pipeline.stages import DecodeStage, PreprocessStage
+    from vlbatch.pipeline.stages.cpu import DecodeStage, PreprocessStage
 
     decode, prep = DecodeStage(cfg), PreprocessStage(cfg)
     rows = [MediaTask(p, "video", (f"q{i}",), (0,), ("What happens?",)) for i, p in enumerate(paths)]
@@ -49,8 +49,8 @@ def _prepared(cfg, paths: list[str]) -> list[Prepared]:
 
 
 def test_deferred_frames_and_prompts_equal_the_cpu_stage(tmp_path, videos):
-    from vlbatch.pipeline.backends import pixel_specs, shared_pixels
     from vlbatch.pipeline.demo import BUNDLED_MODEL
+    from vlbatch.pipeline.stages.backends import pixel_specs, shared_pixels
 
     spec = pixel_specs(str(BUNDLED_MODEL))["video"]
     paths = [v.path for v in videos]
@@ -74,8 +74,8 @@ def test_deferred_video_that_does_not_decode_is_an_error_for_each_prompt(tmp_pat
     copy) are the media's permanent `MediaError` for every prompt, never a failed call."""
     from vlbatch.operators.engine.request import SamplingParams
     from vlbatch.operators.errors import MediaError
-    from vlbatch.pipeline.backends import media_requests, pixel_specs
     from vlbatch.pipeline.demo import BUNDLED_MODEL
+    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
 
     spec = pixel_specs(str(BUNDLED_MODEL))["video"]
     good = next(v for v in videos if v.name == "h264_even.mp4")
@@ -96,7 +96,7 @@ def test_cuda_decode_device_is_refused_in_one_line_without_cuda(tmp_path):
     (the same path on the CPU) is accepted wherever TorchCodec is."""
     from vlbatch.operators.errors import ConfigError, SetupError
     from vlbatch.operators.media.gpu_decode import DEFERRED, check_decode_device, decode_device_problem
-    from vlbatch.pipeline.backends import decode_device
+    from vlbatch.pipeline.stages.backends import decode_device
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the refusal cannot be shown here (gpu_run.sh runs the decode)")
@@ -121,7 +121,7 @@ def test_pipeline_answers_equal_with_the_decode_in_the_model_stage(two_cpu_ray, 
     from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.pipeline.config import load_config
     from vlbatch.pipeline.demo import BUNDLED_MODEL
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     names = ("h264_bframes.mp4", "vfr.mp4", "rotated_90.mp4", "claims_more.mp4", "not_media.mp4", "zero.mp4")
     uris = [next(v.path for v in videos if v.name == n) for n in names]

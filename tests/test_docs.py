@@ -18,8 +18,8 @@ _PATH = re.compile(r"^(?:{})/[\w./-]*$".format("|".join(TOP_FOLDERS)))
 
 
 def repo_paths(text: str) -> list[str]:
-    """The repository paths named in backticks: `pipeline/write_stage.py:check_output` names
-    pipeline/write_stage.py; placeholders (`operators/kernels/<point>/`) and globs are not paths."""
+    """The repository paths named in backticks: `pipeline/stages/write_stage.py:check_output` names
+    pipeline/stages/write_stage.py; placeholders (`operators/kernels/<point>/`) and globs are not paths."""
     paths = []
     for span in re.findall(r"`([^`\n]+)`", text):
         for word in span.split():
@@ -30,9 +30,9 @@ def repo_paths(text: str) -> list[str]:
 
 
 def test_repo_paths_finds_paths_and_skips_the_rest():
-    text = ("`pipeline/write_stage.py:check_output`, `python -m x --config configs/demo.yaml`, "
+    text = ("`pipeline/stages/write_stage.py:check_output`, `python -m x --config configs/demo.yaml`, "
             "`operators/kernels/<point>/`, `kernels/attention/`, `vlbatch.operators.sink`")
-    assert repo_paths(text) == ["pipeline/write_stage.py", "configs/demo.yaml"]
+    assert repo_paths(text) == ["pipeline/stages/write_stage.py", "configs/demo.yaml"]
 
 
 def test_architecture_is_short_with_short_lines():

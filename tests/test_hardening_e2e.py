@@ -166,8 +166,8 @@ def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
     import ray
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.requests import request_id
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
+    from vlbatch.pipeline.stages.requests import request_id
 
     kinds = _media(tmp_path)
     assert len({json.dumps(k[0], sort_keys=True) for k in kinds}) >= 25  # distinct kinds of input

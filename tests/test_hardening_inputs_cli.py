@@ -52,7 +52,7 @@ def site(tmp_path):
 
 def _manifest(www: Path, url: str) -> dict:
     """Writes ds/m.jsonl; returns {request id: (status, error_type)} expected, one per distinct request."""
-    from vlbatch.pipeline.requests import request_id
+    from vlbatch.pipeline.stages.requests import request_id
 
     m = f"{url}/ds/m.jsonl"
     img = f"{url}/ds/imgs"

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_parquet_manifest_on_two_cpus_with_the_demo_resources(two_cpu_ray, tmp_path):
     from vlbatch.pipeline.config import load_config
     from vlbatch.pipeline.demo import BUNDLED_MODEL, write_scenes
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     images = sorted(write_scenes(tmp_path / "media", n_images=3, n_videos=0))
     uris = [images[0], images[1], images[0], images[2], None]  # a duplicate and a null

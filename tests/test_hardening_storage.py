@@ -133,8 +133,8 @@ def test_max_bytes_on_s3_uses_the_object_size(s3):
 
 
 def test_decode_stage_reports_max_bytes_before_reading(tmp_path):
-    from vlbatch.pipeline.requests import expand
-    from vlbatch.pipeline.stages import DecodeStage
+    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.requests import expand
 
     big = tmp_path / "big.png"
     with open(big, "wb") as f:
@@ -150,9 +150,9 @@ def test_decode_stage_reports_max_bytes_before_reading(tmp_path):
 # -- 11: null / empty media_uri ---------------------------------------------------------------
 
 def test_null_and_empty_media_uri_are_input_errors_keeping_the_value(tmp_path):
-    from vlbatch.pipeline.requests import expand
     from vlbatch.pipeline.sources.manifest import normalise
-    from vlbatch.pipeline.write_stage import output_rows  # noqa: F401 - the writer takes the row as is
+    from vlbatch.pipeline.stages.requests import expand
+    from vlbatch.pipeline.stages.write_stage import output_rows  # noqa: F401 - the writer takes the row as is
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
     t = normalise(pa.table({"media_uri": [None, "", "a.jpg"]}), cfg, "/data/manifests")
@@ -175,7 +175,7 @@ def test_null_and_empty_media_uri_are_input_errors_keeping_the_value(tmp_path):
 # -- 12: identical requests run once -----------------------------------------------------------
 
 def test_identical_manifest_rows_expand_to_one_request(tmp_path):
-    from vlbatch.pipeline.expansion import DUPLICATES_COLUMN, expand_batch
+    from vlbatch.pipeline.stages.expansion import DUPLICATES_COLUMN, expand_batch
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
                            "task": {"mode": "questions", "questions": ["q1", "q2"]}})
@@ -200,10 +200,12 @@ def job(tmp_path, output: str, endpoint: str) -> dict:
             "storage": {"endpoint_url": endpoint, "region": "us-east-1", "retries": 1}}
 
 
-def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path):
-    from vlbatch.pipeline.runner import run_job
+def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path, tiny_ckpt):
+    from vlbatch.pipeline.graph import run_job
 
-    cfg = validate_config(job(tmp_path, "s3://no-such-bucket-typo/out", s3.endpoint_url))
+    cfg = job(tmp_path, "s3://no-such-bucket-typo/out", s3.endpoint_url)
+    cfg["model"]["path"] = str(tiny_ckpt("dense"))  # a real checkpoint: the preflight's earlier steps pass
+    cfg = validate_config(cfg)
     with pytest.raises(ConfigError, match="output.uri") as e:
         run_job(cfg)
     assert "no-such-bucket-typo" in str(e.value)
@@ -214,7 +216,7 @@ def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path)
 
 
 def test_existing_bucket_passes_the_check(s3, tmp_path):
-    from vlbatch.pipeline.write_stage import check_output
+    from vlbatch.pipeline.plan.checks import check_output
 
     check_output(validate_config(job(tmp_path, "s3://hardening-out/new/prefix", s3.endpoint_url)))
 
@@ -233,12 +235,14 @@ def test_cli_missing_bucket_exits_2_with_one_line(s3, tmp_path, tiny_ckpt):
     assert len(lines) == 1 and "output.uri" in lines[0] and "Traceback" not in r.stderr
 
 
-def test_unreachable_output_endpoint_is_one_storage_error(tmp_path, caplog):
+def test_unreachable_output_endpoint_is_one_storage_error(tmp_path, caplog, tiny_ckpt):
     from conftest import free_port
 
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
-    cfg = validate_config(job(tmp_path, "s3://out/x", f"http://127.0.0.1:{free_port()}"))
+    cfg = job(tmp_path, "s3://out/x", f"http://127.0.0.1:{free_port()}")
+    cfg["model"]["path"] = str(tiny_ckpt("dense"))  # a real checkpoint: the preflight's earlier steps pass
+    cfg = validate_config(cfg)
     with caplog.at_level(logging.WARNING, logger="vlbatch.operators.storage.retry"):
         with pytest.raises(StorageError, match="after 2 attempts") as e:
             run_job(cfg)
@@ -267,7 +271,11 @@ def test_finish_removes_an_empty_tmp_only(tmp_path):
 # -- 18 (start-up half): pools that cannot start are refused on a fixed-size cluster --------------
 
 def test_pools_that_do_not_fit_a_fixed_cluster_are_refused(tmp_path, caplog):
-    from vlbatch.pipeline.runner import check_cpus_fit
+    from vlbatch.pipeline.plan.cluster import Cluster
+    from vlbatch.pipeline.plan.fit import check_fit
+
+    def check_cpus_fit(cfg, cpus, fixed_size):  # the one fit check, on a cluster of `cpus` CPUs
+        check_fit(cfg, Cluster(cpus, 0.0, 64 << 30, fixed_size, "the cluster"))
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     demo = {"preprocess": {"num_cpus": 0.5}, "model": {"num_cpus": 1}, "write": {"num_cpus": 0.25}}

@@ -114,7 +114,7 @@ def test_the_model_actor_builds_its_kernels_at_the_chosen_width(default_width, t
     other = 256 if default_width == 512 else 512
     job = {"model": {"path": str(tiny_ckpt("dense")), "dtype": "float32", "device": "cpu"},
            "input": {"uri": str(tmp_path / "in.jsonl")}, "output": {"uri": str(tmp_path / "out")}}
-    actor = ("from vlbatch.pipeline.model_stage import ModelStage; "
+    actor = ("from vlbatch.pipeline.stages.model_stage import ModelStage; "
              "from vlbatch.pipeline.config import validate_config; "
              f"stage = ModelStage(validate_config({job!r})); "
              "from vlbatch.operators.engine.simd_probe import compiled_width; print(compiled_width())")

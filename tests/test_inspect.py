@@ -31,8 +31,8 @@ from PIL import Image
 
 from vlbatch.jobs.inspect_text import run_inspect
 from vlbatch.operators.media.sampling import sample_frame_indices
-from vlbatch.pipeline.progress import token_histogram
-from vlbatch.pipeline.timeline import Timeline
+from vlbatch.pipeline.telemetry.progress import token_histogram
+from vlbatch.pipeline.telemetry.timeline import Timeline
 
 ERROR_TYPES = {"MediaError": 2, "MediaTimeoutError": 1, "InputError": 1, "StorageError": 1, "EngineError": 1}
 
@@ -203,7 +203,7 @@ def _copy_run(run_dir, dest):
 
 def test_resumed_run_is_shown_attempt_by_attempt_and_the_page_opens_with_its_headline(run, tmp_path):
     """Issue 50: the report showed "the last call" of a resumed run only, and the page opened with a
-    raw fingerprint dump. `attempts` as the runner keeps them (pipeline/attempts.py)."""
+    raw fingerprint dump. `attempts` as the runner keeps them (pipeline/telemetry/attempts.py)."""
     run_dir, _, _ = run
     copy = _copy_run(run_dir, tmp_path / RUN_ID)
     (copy / "_fingerprint.json").write_text(json.dumps({"model": {"path": "/m", "sha256": "abc"}}))

@@ -68,7 +68,7 @@ def test_a_lone_surrogate_in_a_csv_questions_cell_is_an_error_row(one_cpu_ray, t
 
 def test_blank_questions_become_error_rows_and_do_not_shift_ids():
     from vlbatch.pipeline.config import TaskConfig
-    from vlbatch.pipeline.requests import expand_all, request_id
+    from vlbatch.pipeline.stages.requests import expand_all, request_id
 
     task = TaskConfig(mode="questions", questions=["default?"])
     rows, _ = expand_all([("/m/a.png", None, ["What?", "", "  ", "Why?"]), ("/m/b.png", None, ["", " "])], task)

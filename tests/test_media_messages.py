@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from vlbatch.operators.errors import MediaError, stable_message
-from vlbatch.pipeline.model_stage import ModelStage
-from vlbatch.pipeline.rows import MediaTask, Prepared
+from vlbatch.pipeline.stages.model_stage import ModelStage
+from vlbatch.pipeline.stages.rows import MediaTask, Prepared
 
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 

@@ -65,7 +65,7 @@ def test_inspect_s3_without_endpoint_or_credentials_is_one_line(tmp_path, monkey
 
 def _gpu_config(tmp_path, tiny_ckpt):
     """model.device auto with resources.model.num_gpus 1000: on a machine without GPUs the model runs on
-    the CPU and reserves none (pipeline/resources.model_gpus)."""
+    the CPU and reserves none (pipeline/plan/spec.model_gpus)."""
     from test_jobs_support import write_job
 
     cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=2, model_num_gpus=1000)
@@ -77,15 +77,15 @@ def test_validate_and_the_run_plan_print_the_same_gpu_figure(tmp_path, tiny_ckpt
     config's, unresolved). Both now print what the pools reserve on that cluster: 0 GPUs."""
     import re
 
-    from vlbatch.pipeline.preflight import check_plan
-    from vlbatch.pipeline.resources import Cluster, plan_text
-    from vlbatch.pipeline.startup import plan_run
+    from vlbatch.pipeline.plan.cluster import Cluster
+    from vlbatch.pipeline.plan.fit import check_plan
+    from vlbatch.pipeline.plan.spec import plan
 
     config = _gpu_config(tmp_path, tiny_ckpt)
     cluster = Cluster(cpus=2.0, gpus=0.0, memory_bytes=8 << 30, fixed_size=True, where="this machine")
     config, _ = check_plan(config, cluster)
-    validate = plan_text(config, cluster)
-    run = plan_run(config, cluster).line()
+    validate = plan(config, cluster).pools_line()
+    run = plan(config, cluster).line()
     pat = re.compile(r"reserves ([\d.]+) CPUs, ([\d.]+) GPUs")
     assert pat.search(validate) and pat.search(run), (validate, run)
     assert pat.search(validate).groups() == pat.search(run).groups() == (pat.search(run).group(1), "0"), \
@@ -106,7 +106,7 @@ def test_the_cli_run_prints_the_plan_validate_printed(tmp_path, tiny_ckpt, monke
     cfg = tmp_path / "wd" / "job.yaml"
     assert main(["validate", str(cfg), "--set", "model.device=auto"]) == 0
     validate = capsys.readouterr().out
-    _, plan = run_plan(config, new_local=True)
+    plan = run_plan(config, new_local=True)
     pat = re.compile(r"reserves ([\d.]+) CPUs, ([\d.]+) GPUs")
     assert pat.search(validate).groups() == pat.search(plan.line()).groups(), (validate, plan.line())
     assert pat.search(plan.line()).group(2) == "0", plan.line()
@@ -119,7 +119,7 @@ def test_a_successful_start_removes_stale_fingerprint_temp_files(tmp_path, tiny_
     folder; today they survive every later run. `record_fingerprint` (each start) removes its own; the
     sink's `prepare` the summary's; a file that only looks alike (another name, not 32 hex) stays."""
     from vlbatch.operators.sink.parquet import ParquetSink
-    from vlbatch.pipeline.fingerprint import record_fingerprint
+    from vlbatch.pipeline.plan.fingerprint import record_fingerprint
 
     cfg = validate_config({"model": {"path": str(tiny_ckpt("dense")), "device": "cpu"}, "input": {"uri": "x"},
                            "output": {"uri": str(tmp_path / "out"), "run_id": "r1"}})

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from vlbatch.pipeline.config import validate_config
-from vlbatch.pipeline.rows import Generated, MediaTask, from_table, to_table
+from vlbatch.pipeline.stages.rows import Generated, MediaTask, from_table, to_table
 
 K = 2  # the most sequences the injected memory budget lets the engine hold at once
 TOO_BIG = "b1"  # a request that runs out of memory even alone
@@ -52,8 +52,8 @@ def _inject_oom(engine, seen: list[int]) -> None:
 
 
 def test_out_of_memory_splits_the_batch_and_fails_only_the_request_that_fails_alone(tmp_path, tiny_ckpt):
-    from vlbatch.pipeline.model_stage import ModelStage
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
 
     cfg = _cfg(tmp_path, tiny_ckpt("dense"))
     prepared = PrepareStage(cfg)(to_table(_tasks(tmp_path), MediaTask))

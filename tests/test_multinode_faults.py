@@ -55,7 +55,7 @@ def job_config(tmp_path: Path, ckpt: str, uris: list[str], **extra) -> dict:
         "model": {"path": ckpt, "dtype": "float32", "device": "cpu"},
         "input": {"uri": str(manifest), "format": "parquet", "columns": {"media_type": None}},
         "task": {"prompt": "Describe."}, "sampling": {"max_tokens": 4},
-        "image": {"min_pixels": 16384, "max_pixels": 16384},  # blocks of ~2 media (runner.block_bytes)
+        "image": {"min_pixels": 16384, "max_pixels": 16384},  # blocks of ~2 media (plan/spec.block_bytes)
         "resources": {"preprocess": {"num_cpus": 0.25, "batch_size": 2, "min_actors": 1, "max_actors": 2},
                       "model": {"num_cpus": 0.25, "num_gpus": 1, "min_actors": 2, "max_actors": 2,
                                 "batch_size": 2, "max_concurrent_batches": 2},

@@ -63,7 +63,7 @@ def test_cleanup_deletes_only_what_the_sink_wrote(tmp_path):
 
 
 def _generated(ids, answer="x"):
-    from vlbatch.pipeline.rows import Generated, to_table
+    from vlbatch.pipeline.stages.rows import Generated, to_table
 
     n = len(ids)
     g = Generated(f"/m/{ids[0]}.png", "image", tuple(ids), tuple(range(n)), tuple(f"p{i}" for i in range(n)),
@@ -78,7 +78,7 @@ def test_a_write_stage_run_twice_on_one_block_leaves_one_row_per_id(tmp_path):
     actor published the block inside a larger part, a second actor gets the same block again and
     publishes it too. After the run's `seal` every id is there once."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.write_stage import WriteStage
+    from vlbatch.pipeline.stages.write_stage import WriteStage
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"},
                            "output": {"uri": str(tmp_path), "part_rows": 4, "commit_interval_s": 1e6}})

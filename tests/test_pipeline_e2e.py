@@ -208,7 +208,7 @@ def _parts(env, run: str) -> list[str]:
 def captions(env):
     """The caption job over good + bad media; its model actor is SIGKILLed mid-run."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     media = env["good"] + list(env["bad"].values()) + [str(env["root"] / MISSING)]
     cfg = job(env, "captions", media, resources__model__batch_size=1, resources__write__batch_size=1)
@@ -229,7 +229,7 @@ def captions(env):
 
 
 def test_captions_mixed_media_with_bad_files(env, captions):
-    from vlbatch.pipeline.requests import request_id
+    from vlbatch.pipeline.stages.requests import request_id
 
     cfg, media, summary, rows, _ = captions
     assert len(rows) == len(media) == len({r["id"] for r in rows})  # every input exactly once
@@ -266,14 +266,14 @@ def test_model_actor_killed_mid_run_loses_and_duplicates_nothing(captions):
 
 def test_driver_sigkill_then_rerun_resumes(env, captions, tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     _, media, _, ref_rows, _ = captions
     cfg = job(env, "sigkill", media, resources__model__batch_size=1, resources__write__batch_size=1)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-            "from vlbatch.pipeline.config import load_config; from vlbatch.pipeline.runner import run_job; "
+            "from vlbatch.pipeline.config import load_config; from vlbatch.pipeline.graph import run_job; "
             "run_job(load_config(sys.argv[2]))")
     proc = subprocess.Popen([sys.executable, "-c", code, env["gcs"], str(path)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -314,8 +314,8 @@ def test_questions_from_s3_with_s3_outage_during_writing(env):
     """Several questions per media read from S3; the S3 server stops after the first commit
     and comes back: retries absorb it, or the job fails clearly and a rerun completes it."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.requests import request_id
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
+    from vlbatch.pipeline.stages.requests import request_id
 
     uris = [f"s3://media/{Path(p).name}" for p in env["good"]]
     qs = {u: [f"Question {k} about it?" for k in range(1 + i % 3)] for i, u in enumerate(uris)}
@@ -367,7 +367,7 @@ def test_rerun_retries_transient_error_rows_and_keeps_the_rest(env, captions):
     import pyarrow.compute as pc
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     cfg, media, _, ref_rows, _ = captions
     sink = _sink(env, "captions")

@@ -52,7 +52,7 @@ def _job(tmp_path: Path, ckpt: str, gate: _Gate) -> dict:
                   "engine": {"max_num_seqs": 1, "max_num_batched_tokens": 1024}},
         "input": {"uri": str(manifest), "format": "parquet", "columns": {"media_type": None}},
         "task": {"prompt": "Describe."}, "sampling": {"max_tokens": 12},
-        "image": {"min_pixels": 16384, "max_pixels": 16384},  # blocks of ~2 media (runner.block_bytes)
+        "image": {"min_pixels": 16384, "max_pixels": 16384},  # blocks of ~2 media (plan/spec.block_bytes)
         "resources": {"preprocess": {"num_cpus": 0.25, "batch_size": 2, "max_actors": 1},
                       "model": {"num_cpus": 0.5, "batch_size": 2, "max_concurrent_batches": 2},
                       "write": {"num_cpus": 0.25, "batch_size": 1, "max_actors": 1}},
@@ -126,7 +126,7 @@ def _kill_when_holding(cfg: dict, gen: _Generated, gate: _Gate, record: dict) ->
 
 def test_model_actor_killed_mid_run_loses_at_most_one_commit_interval(two_cpu_ray, tiny_ckpt, tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     gate = _Gate(_pngs(MEDIA))
     cfg = _job(tmp_path, str(tiny_ckpt("dense")), gate)

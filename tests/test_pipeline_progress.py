@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vlbatch.pipeline.progress import Progress
+from vlbatch.pipeline.telemetry.progress import Progress
 
 
 class _Clock:
@@ -69,25 +69,25 @@ def test_plan_line_counts_a_glob_before_reading_it(tmp_path):
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.startup import plan_run
+    from vlbatch.pipeline.plan.spec import plan as make_plan
 
     for i in range(5):
         Image.new("RGB", (8, 8)).save(tmp_path / f"m{i}.png")
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": str(tmp_path / "*.png"), "format": "glob"},
                            "task": {"mode": "questions", "questions": ["a?", "b?"]},
                            "output": {"uri": str(tmp_path / "out")}})
-    plan = plan_run(cfg)
+    plan = make_plan(cfg, None)
     assert (plan.media, plan.requests) == (5, 10)
     line = plan.line()
     assert line.startswith("[vlbatch] plan: 5 media -> 10 requests from ") and "reserves 2.30 CPUs, 0 GPUs" in line
     assert "decode+preprocess 1-2 x 1 CPU" in line and "model 1 x 1 CPU + 0 GPU" in line and "write 1-4 x 0.25 CPU" in line
     limited = validate_config({**cfg.model_dump(exclude_unset=True), "input": {**cfg.input.model_dump(), "limit": 3}})
-    assert plan_run(limited).media == 3
+    assert make_plan(limited, None).media == 3
 
 
 def test_model_blocks_hold_about_a_model_batch_at_the_pixel_budget(tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import MIN_BLOCK_BYTES, block_bytes
+    from vlbatch.pipeline.plan.spec import MIN_BLOCK_BYTES, block_bytes
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     assert block_bytes(validate_config(base)) == 16 << 20  # no pixel budget: ray.block_mb
@@ -175,7 +175,7 @@ def _job(tmp_path: Path, ckpt: str, uris: list[str], name: str, **resources) -> 
                   "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 1024}},
         "input": {"uri": str(manifest), "format": "parquet", "columns": {"media_type": None}},
         "task": {"prompt": "Describe."}, "sampling": {"max_tokens": 4},
-        # every media upscaled to the budget: one media per block of pixel values (runner.block_bytes)
+        # every media upscaled to the budget: one media per block of pixel values (plan/spec.block_bytes)
         "image": {"min_pixels": 65536, "max_pixels": 65536},
         "resources": {"preprocess": {"num_cpus": 0.25, "batch_size": 1, "max_actors": 1},
                       "model": {"num_cpus": 0.5, "batch_size": 1, "max_concurrent_batches": 2, **resources},
@@ -196,7 +196,7 @@ def test_progress_lines_come_before_the_first_commit(two_cpu_ray, tiny_ckpt, tmp
     which it does once it has seen the plan, the phases and two progress lines with the model
     loaded. Then the row is committed and the last line counts it."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     gate = _Gate(_pngs(1))
     try:
@@ -256,7 +256,7 @@ def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, 
     Before issue 33 the pixel blocks held every media of this job, so one model task held them
     all and nothing was committed before the end: the kill never came mid-run."""
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     files = _pngs(12)
     gate = _Gate(files)
@@ -293,7 +293,7 @@ def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, 
     assert summary.duplicate_ids == 0 and all(r["status"] == "ok" for r in rows), [r["error_message"] for r in rows]
     # the model's count of finished requests (the killed actor's sends included): each row once, plus at
     # most the calls the killed actor had in flight. Only an upper bound holds: the killed actor's increments
-    # not yet sent are lost by design (pipeline/meter.py: figures for people), so under load the count can
+    # not yet sent are lost by design (pipeline/telemetry/meter.py: figures for people), so under load the count can
     # be short by what it finished in its last second; the rows themselves are checked exactly above.
     generated = int(next(x for x in reversed(out.lines) if "generated" in x).split("generated ")[1].split()[0])
     in_flight = cfg["resources"]["model"]["max_concurrent_batches"] * cfg["resources"]["model"]["batch_size"]
@@ -326,9 +326,9 @@ def test_model_stage_runs_a_block_larger_than_its_batch_as_batch_size_calls(tmp_
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.model_stage import ModelStage
-    from vlbatch.pipeline.rows import Generated, MediaTask, from_table, to_table
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.rows import Generated, MediaTask, from_table, to_table
 
     rng = np.random.default_rng(5)
     tasks = []

@@ -39,13 +39,16 @@ def test_parallel_config_keys_and_run_id():
 
 
 def test_rank_0_actor_reserves_the_whole_replica():
-    from vlbatch.pipeline.replica import replica_resources
+    from vlbatch.pipeline.plan.spec import stage_specs
 
-    pool = {"num_cpus": 2.0, "memory": 2**30, "compute": "pool"}
-    assert replica_resources(validate_config(_cfg()), 1.0, pool) == {**pool, "num_gpus": 1.0}
-    cfg = validate_config(_cfg({"tensor_parallel_size": 4}))
-    assert replica_resources(cfg, 1.0, pool) == {"num_cpus": 8.0, "memory": 2**32, "compute": "pool", "num_gpus": 4.0}
-    assert replica_resources(cfg, 0.0, {"num_cpus": 0.5})["num_cpus"] == 2.0
+    def model_args(model: dict, gpus: float = 1.0, cpus: float = 2.0) -> dict:
+        res = {"model": {"num_cpus": cpus, "memory_gb": 1, "num_gpus": gpus}}
+        cfg = validate_config({**_cfg(model), "resources": res})
+        return next(s for s in stage_specs(cfg, None) if s.name == "model").ray_args()
+
+    assert model_args({}) == {"num_cpus": 2.0, "memory": 2**30, "num_gpus": 1.0}
+    assert model_args({"tensor_parallel_size": 4}) == {"num_cpus": 8.0, "memory": 2**32, "num_gpus": 4.0}
+    assert model_args({"tensor_parallel_size": 4}, gpus=0.0, cpus=0.5)["num_cpus"] == 2.0
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def _rows(cfg: dict) -> list[tuple]:
 
 @pytest.mark.slow
 def test_pipeline_with_2_rank_replicas_gives_the_rows_of_1_rank(ray_cluster, tiny_ckpt, tmp_path):
-    from vlbatch.pipeline.runner import run_job
+    from vlbatch.pipeline.graph import run_job
 
     ckpt = str(tiny_ckpt("dense"))
     one, two = (_job(tmp_path, ckpt, f"tp{n}", n) for n in (1, 2))

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from vlbatch.pipeline.config import validate_config
-from vlbatch.pipeline.rows import MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import MediaTask, Prepared, from_table, to_table
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def proc(tiny_ckpt):
 
 
 def _chat(proc, kind: str, prompt: str, system: str | None = None) -> str:
-    from vlbatch.pipeline.stages import chat_messages
+    from vlbatch.pipeline.stages.cpu import chat_messages
 
     return proc.apply_chat_template(chat_messages(prompt, kind, system), add_generation_prompt=True)
 
@@ -36,7 +36,7 @@ def _same(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
     from vlbatch.operators.types import VideoClip
-    from vlbatch.pipeline.stages import process_prompts, process_prompts_naive
+    from vlbatch.pipeline.stages.cpu import process_prompts, process_prompts_naive
 
     rng = np.random.default_rng(1)
     if kind == "image":
@@ -55,7 +55,7 @@ def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
 
 def test_process_prompts_raises_what_the_processor_raises(proc):
     from vlbatch.operators.errors import InputError
-    from vlbatch.pipeline.stages import process_prompts
+    from vlbatch.pipeline.stages.cpu import process_prompts
 
     with pytest.raises(InputError):  # 1:300 aspect ratio
         process_prompts(proc, [_chat(proc, "image", "q")], images=[np.zeros((300, 1, 3), np.uint8)])
@@ -71,7 +71,7 @@ def _job(tmp_path, ckpt, **resources) -> dict:
 def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
     from PIL import Image
 
-    from vlbatch.pipeline.stages import DecodeStage, PrepareStage, PreprocessStage
+    from vlbatch.pipeline.stages.cpu import DecodeStage, PrepareStage, PreprocessStage
 
     rng = np.random.default_rng(0)
     good = tmp_path / "a.png"
@@ -103,8 +103,8 @@ def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
 
 def test_write_actor_commits_what_write_batch_commits(tmp_path):
     from vlbatch.operators.sink.parquet import ParquetSink
-    from vlbatch.pipeline.rows import Generated
-    from vlbatch.pipeline.write_stage import WriteStage, write_batch
+    from vlbatch.pipeline.stages.rows import Generated
+    from vlbatch.pipeline.stages.write_stage import WriteStage, write_batch
 
     g = Generated("u1", "image", ("a", "b"), (0, 1), ("p0", "p1"), answers=("x", "y"), thinking=(None, None),
                   statuses=("ok", "ok"), req_error_types=(None, None), req_error_messages=(None, None),
@@ -122,7 +122,7 @@ def test_write_actor_commits_what_write_batch_commits(tmp_path):
 
 
 def test_progress_steady_rate_excludes_start_up():
-    from vlbatch.pipeline.progress import Progress
+    from vlbatch.pipeline.telemetry.progress import Progress
 
     t = [0.0]
     p = Progress(total=10, stream=io.StringIO(), tty=False, clock=lambda: t[0])
@@ -145,7 +145,11 @@ def test_progress_steady_rate_excludes_start_up():
 
 
 def test_cpu_fit_warning(tmp_path, caplog):
-    from vlbatch.pipeline.runner import check_cpus_fit
+    from vlbatch.pipeline.plan.cluster import Cluster
+    from vlbatch.pipeline.plan.fit import check_fit
+
+    def check_cpus_fit(cfg, cpus, fixed_size):  # the one fit check, on a cluster of `cpus` CPUs
+        check_fit(cfg, Cluster(cpus, 0.0, 64 << 30, fixed_size, "the cluster"))
 
     base = {"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}}
     res = {"preprocess": {"num_cpus": 0.5}, "decode": {"num_cpus": 0.5}, "model": {"num_cpus": 1}}
@@ -167,9 +171,9 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
 
     from PIL import Image
 
-    from vlbatch.pipeline.model_stage import ModelStage
-    from vlbatch.pipeline.rows import Generated
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.rows import Generated
 
     rng = np.random.default_rng(1)
     tasks = []
@@ -209,7 +213,7 @@ def _decoded_row(kind: str, prompts: tuple[str, ...]):
     """A decoded image (1 frame, 50 x 70) or video (5 frames, 48 x 64) asked three `prompts` -> (the
     `Decoded` row, the processor's media keyword arguments for the same frames)."""
     from vlbatch.operators.types import VideoClip
-    from vlbatch.pipeline.rows import Decoded
+    from vlbatch.pipeline.stages.rows import Decoded
 
     rng = np.random.default_rng(4)
     if kind == "image":
@@ -235,8 +239,8 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     from vlbatch.operators.factory import load_engine
     from vlbatch.operators.model.pixels import normalize_frames
     from vlbatch.operators.preprocess import Processor
-    from vlbatch.pipeline.backends import media_requests, pixel_specs
-    from vlbatch.pipeline.stages import PreprocessStage
+    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
+    from vlbatch.pipeline.stages.cpu import PreprocessStage
 
     prompts = ("Describe.", "What colour is it?", "Count things.")
     row, media = _decoded_row(kind, prompts)
@@ -282,7 +286,7 @@ def test_media_key_hashes_the_frames_and_tells_media_apart(proc):
     import torch
 
     from vlbatch.operators.engine.media_spans import MediaItem, media_hash
-    from vlbatch.pipeline.stages import media_key
+    from vlbatch.pipeline.stages.cpu import media_key
 
     rng = np.random.default_rng(3)
     img = rng.integers(0, 256, (70, 90, 3), dtype=np.uint8)

@@ -9,9 +9,17 @@ import pytest
 
 from vlbatch.operators.errors import ConfigError, InputError
 from vlbatch.pipeline.config import TaskConfig
-from vlbatch.pipeline.progress import Progress
-from vlbatch.pipeline.requests import expand, pending, request_id
-from vlbatch.pipeline.rows import TENSOR_TYPE, Decoded, Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.requests import expand, pending, request_id
+from vlbatch.pipeline.stages.rows import (
+    TENSOR_TYPE,
+    Decoded,
+    Generated,
+    MediaTask,
+    Prepared,
+    from_table,
+    to_table,
+)
+from vlbatch.pipeline.telemetry.progress import Progress
 
 
 def test_request_ids_hash_run_independent_inputs():
@@ -113,7 +121,7 @@ def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
     from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.write_stage import write_batch
+    from vlbatch.pipeline.stages.write_stage import write_batch
 
     ok = Generated("u1", "image", ("a", "b"), (0, 1), ("p0", "p1"), answers=("x", None), thinking=(None, None),
                    statuses=("ok", "error"), req_error_types=(None, "EngineError"), req_error_messages=(None, "oom"),
@@ -139,7 +147,7 @@ def test_write_stage_explodes_media_rows_into_one_fixed_schema(tmp_path):
 
 def test_one_media_extension_table_and_m4a_is_audio():
     from vlbatch.operators.media.load import media_type_of
-    from vlbatch.pipeline.requests import infer_media_type
+    from vlbatch.pipeline.stages.requests import infer_media_type
 
     for uri in ("a/x.JPG", "s3://b/y.jfif", "z.png?sig=1", "clip.3gp", "clip.MP4", "v.webm"):
         assert infer_media_type(uri, None) == media_type_of(uri, b"")  # the manifest and the loader agree
@@ -168,7 +176,7 @@ def test_columnar_output_tables_match_the_per_row_reference():
     """`output_tables` (Arrow kernels) == `output_tables_naive` (one OutputRow per request) on odd
     batches: mixed ok / error requests in one media, a media error, 0 visual tokens, answers on
     error requests (dropped), media of 1..5 requests, a null media_uri, an empty batch."""
-    from vlbatch.pipeline.write_stage import output_tables, output_tables_naive
+    from vlbatch.pipeline.stages.write_stage import output_tables, output_tables_naive
 
     def gen(j, n, *, err=False, visual=64):
         st = tuple("error" if err or (j + i) % 3 == 2 else "ok" for i in range(n))

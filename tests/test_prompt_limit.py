@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vlbatch.pipeline.config import validate_config
-from vlbatch.pipeline.rows import Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import Generated, MediaTask, Prepared, from_table, to_table
 
 LONG = "Tell me about " + "the colour of this picture and " * 60 + "everything else?"
 
@@ -19,7 +19,7 @@ LONG = "Tell me about " + "the colour of this picture and " * 60 + "everything e
 def _prepared(tmp_path, cfg):
     from PIL import Image
 
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.cpu import PrepareStage
 
     path = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(path)
@@ -36,8 +36,8 @@ def _job(tmp_path, ckpt, backend: str, limit: int | None) -> dict:
 @pytest.mark.parametrize("backend", ["engine", "transformers"])
 @pytest.mark.parametrize("where", ["config", "context"])
 def test_a_prompt_over_the_limit_is_an_input_error_row_without_model_time(tmp_path, tiny_ckpt, backend, where):
-    from vlbatch.pipeline.backends import prompt_limit
-    from vlbatch.pipeline.model_stage import ModelStage
+    from vlbatch.pipeline.stages.backends import prompt_limit
+    from vlbatch.pipeline.stages.model_stage import ModelStage
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt("dense"), ckpt)

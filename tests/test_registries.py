@@ -18,15 +18,15 @@ from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.media import decoders as decoders_pkg
 from vlbatch.operators.registry import Entry
-from vlbatch.pipeline import model_backends as model_backends_pkg
-from vlbatch.pipeline import sources as sources_pkg
 from vlbatch.pipeline.config import SCHEMA_PATH, job_schema, load_config, validate_config
+from vlbatch.pipeline.config import formats as formats_pkg
+from vlbatch.pipeline.config import model_backends as model_backends_pkg
 
 # (package, registry attribute, schema definition, property): every extension point
 POINTS = [(attention_pkg, "ATTENTION", "EngineBudgets", "attention"),
           (delta_rule_pkg, "DELTA_RULE", "EngineBudgets", "delta_rule"),
           (moe_pkg, "MOE", "EngineBudgets", "moe"),
-          (sources_pkg, "SOURCES", "InputConfig", "format"),
+          (formats_pkg, "SOURCES", "InputConfig", "format"),
           (sink_pkg, "SINKS", "OutputConfig", "format"),
           (decoders_pkg, "DECODERS", "VideoConfig", "decoder"),
           (model_backends_pkg, "MODEL_BACKENDS", "ModelConfig", "backend")]
@@ -104,7 +104,7 @@ def test_a_new_attention_kernel_is_its_module_and_one_entry(tmp_path, monkeypatc
     documents it, and an engine built from that config runs its steps through it."""
     from test_engine_support import image, request
 
-    from vlbatch.pipeline.backends import EngineBackend
+    from vlbatch.pipeline.stages.backends import EngineBackend
 
     (tmp_path / "counting_attention.py").write_text(textwrap.dedent(COUNTING))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -125,7 +125,7 @@ def test_a_new_attention_kernel_is_its_module_and_one_entry(tmp_path, monkeypatc
 
 
 def test_a_new_sink_is_its_module_and_one_entry(tmp_path, monkeypatch):
-    from vlbatch.pipeline.write_stage import open_sink
+    from vlbatch.pipeline.stages.write_stage import open_sink
 
     (tmp_path / "other_sink.py").write_text("from vlbatch.operators.sink.parquet import ParquetSink\n\n\n"
                                             "class OtherSink(ParquetSink):\n    pass\n")
@@ -153,7 +153,7 @@ def test_the_kernels_a_job_yaml_chooses_reach_the_model(tmp_path, tiny_ckpt):
     kernels answer as the defaults do (greedy tokens equal)."""
     from test_engine_support import image, request
 
-    from vlbatch.pipeline.backends import EngineBackend
+    from vlbatch.pipeline.stages.backends import EngineBackend
 
     ckpt = tiny_ckpt("moe")
     job = Path(tmp_path / "job.yaml")

@@ -24,7 +24,7 @@ from pathlib import Path
 from vlbatch.operators.engine.request import Result
 from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
 from vlbatch.operators.sink.parquet import ParquetSink
-from vlbatch.pipeline.backends import EngineBackend
+from vlbatch.pipeline.stages.backends import EngineBackend
 
 MARKS = Path({marks!r})
 
@@ -150,8 +150,8 @@ def test_a_broken_plugin_is_a_config_error_naming_it(tmp_path, monkeypatch):
     """Listed by name without importing it (entry points are read when a registry is read, not at
     import); chosen, the import error is one ConfigError naming the field, the plugin and its package."""
     from vlbatch.operators.media import decoders
-    from vlbatch.pipeline.checks import check_paths
     from vlbatch.pipeline.config import validate_config
+    from vlbatch.pipeline.plan.checks import check_paths
 
     root = _package(tmp_path / "site", "vlbatch-broken", BROKEN, {})
     monkeypatch.syspath_prepend(str(root))

@@ -1,5 +1,5 @@
 """No stale answers under a pinned run_id (issue 33): the run folder keeps the fingerprint of
-what its answers were made with (`pipeline/fingerprint.py`), and a rerun that would answer
+what its answers were made with (`pipeline/plan/fingerprint.py`), and a rerun that would answer
 differently is refused before any work, naming the changed fields, unless --allow-config-change.
 
 The CLI tests drive `vlbatch run` / `validate` as a user would (subprocesses); the one real
@@ -12,7 +12,7 @@ from pathlib import Path
 from test_jobs_support import REPO, read_output, vlbatch, write_job
 
 from vlbatch.pipeline.config import load_config
-from vlbatch.pipeline.fingerprint import (
+from vlbatch.pipeline.plan.fingerprint import (
     FINGERPRINT_NAME,
     changed_fields,
     checkpoint_identity,

@@ -12,7 +12,7 @@ from vlbatch.operators.sink.ids import IdIndex, id_keys
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.rolling import PartRoller, RollPolicy
 from vlbatch.operators.sink.schema import OutputRow, rows_to_table
-from vlbatch.pipeline.requests import expand_all, request_id
+from vlbatch.pipeline.stages.requests import expand_all, request_id
 
 
 def _rows(ids, status="ok", error_type=None):
@@ -127,9 +127,9 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
     from PIL import Image
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.rows import MediaTask, from_table, to_table
-    from vlbatch.pipeline.scan import ScanStage
-    from vlbatch.pipeline.stages import PrepareStage
+    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.rows import MediaTask, from_table, to_table
+    from vlbatch.pipeline.stages.scan import ScanStage
 
     img = tmp_path / ("bad.png" if bad else "ok.png")
     if bad:
@@ -141,10 +141,10 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
                                     "output": {"uri": str(tmp_path / "out")}, "image": {"max_pixels": 65536}})
     (task,), _ = expand_all([(str(img), None, None)], cfg.task)
     assert task.prompts == ("a?", "what is in it?")
-    (g,) = from_table(ScanStage(cfg)(to_table([task], MediaTask)), __import__("vlbatch.pipeline.rows",
+    (g,) = from_table(ScanStage(cfg)(to_table([task], MediaTask)), __import__("vlbatch.pipeline.stages.rows",
                                                                              fromlist=["Generated"]).Generated)
     prep = PrepareStage(cfg)
-    (p,) = from_table(prep(to_table([task], MediaTask)), __import__("vlbatch.pipeline.rows",
+    (p,) = from_table(prep(to_table([task], MediaTask)), __import__("vlbatch.pipeline.stages.rows",
                                                                     fromlist=["Prepared"]).Prepared)
     assert g.answers == (None, None) and g.generated_tokens == (None, None)
     if bad:
@@ -157,9 +157,10 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
 
 
 def test_scan_totals_and_histograms_from_stats_rows():
-    from vlbatch.pipeline.progress import Progress, token_histogram
-    from vlbatch.pipeline.runner import RunSummary, scan_line
-    from vlbatch.pipeline.write_stage import STATS_SCHEMA
+    from vlbatch.pipeline.stages.scan import scan_line
+    from vlbatch.pipeline.stages.write_stage import STATS_SCHEMA
+    from vlbatch.pipeline.telemetry.progress import Progress, token_histogram
+    from vlbatch.pipeline.telemetry.summary import RunSummary
 
     assert token_histogram([0, 1, 2, 3, 4, 255, 256, None]) == {"0": 1, "1-2": 1, "2-4": 2, "4-8": 1, "128-256": 1,
                                                                "256-512": 1}
@@ -184,8 +185,8 @@ def test_scan_blocks_spread_a_row_group_over_the_actors(tmp_path):
     blocks of hundreds to a few thousand media (a few preprocess batches each), never one block per actor;
     other modes keep `ray.block_mb`."""
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.rows import MediaTask, to_table
-    from vlbatch.pipeline.runner import block_bytes
+    from vlbatch.pipeline.plan.spec import block_bytes
+    from vlbatch.pipeline.stages.rows import MediaTask, to_table
 
     base = {"model": {"path": "m"}, "input": {"uri": str(tmp_path)}, "output": {"uri": str(tmp_path / "o")},
             "task": {"mode": "scan", "questions": ["What is shown?", "What colour is it?", "Is there text?", "Why?"]}}
@@ -206,9 +207,9 @@ def test_scan_actor_writes_its_rows_once_and_returns_stats(tmp_path, tiny_ckpt):
     from PIL import Image
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.rows import Generated, MediaTask, from_table, to_table
-    from vlbatch.pipeline.scan import ScanStage
-    from vlbatch.pipeline.write_stage import STATS_SCHEMA
+    from vlbatch.pipeline.stages.rows import Generated, MediaTask, from_table, to_table
+    from vlbatch.pipeline.stages.scan import ScanStage
+    from vlbatch.pipeline.stages.write_stage import STATS_SCHEMA
 
     imgs = []
     for i in range(5):
@@ -288,7 +289,7 @@ def test_scan_calls_take_256_media_unless_set_or_the_rows_embed_bytes(tmp_path):
     import pyarrow.parquet as pq
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.runner import SCAN_BATCH_SIZE, scan_batch_size
+    from vlbatch.pipeline.plan.spec import SCAN_BATCH_SIZE, scan_batch_size
     from vlbatch.pipeline.sources import open_source
 
     pq.write_table(pa.table({"media_uri": ["a.png", "b.png"]}), tmp_path / "uris.parquet")

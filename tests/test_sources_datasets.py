@@ -19,10 +19,10 @@ from PIL import Image
 from vlbatch.operators.errors import InputError, MediaError, StorageError
 from vlbatch.operators.storage import StorageOptions, read_bytes
 from vlbatch.operators.storage.http import HostLimiter
-from vlbatch.pipeline import keep as keep_cols
 from vlbatch.pipeline.config import validate_config
-from vlbatch.pipeline.requests import expand
+from vlbatch.pipeline.sources import keep as keep_cols
 from vlbatch.pipeline.sources.webdataset import expand_braces, read_shard, split_name
+from vlbatch.pipeline.stages.requests import expand
 
 
 def _png(seed: int, size=(40, 56)) -> bytes:

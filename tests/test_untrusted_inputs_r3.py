@@ -42,8 +42,8 @@ def _read_rows(cfg) -> list[dict]:
 
 
 def _expand(rows: list[dict], cfg):
-    from vlbatch.pipeline.requests import expand_all
     from vlbatch.pipeline.sources.base import COLUMNS
+    from vlbatch.pipeline.stages.requests import expand_all
 
     return expand_all([tuple(r[c] for c in COLUMNS) for r in rows], cfg.task)
 
@@ -66,7 +66,7 @@ def www(tmp_path):
 # -- item 5: remote manifests and links never reach local files ----------------------------------
 
 def test_remote_manifest_naming_a_local_file_is_an_error_row_never_read(www, tmp_path):
-    from vlbatch.pipeline.stages import DecodeStage
+    from vlbatch.pipeline.stages.cpu import DecodeStage
 
     root, url = www
     secret = tmp_path / "secret.png"
@@ -157,7 +157,7 @@ def test_a_bad_line_with_keep_is_one_error_row(tmp_path, fmt):
     line = 2 if fmt == "jsonl" else 3
     assert [r["identity"] for r in bad] == [f"{path}#L{line}"] and f"line {line}" in bad[0]["error"]
     assert [r["media_uri"] for r in good] == [str(tmp_path / "a.png"), str(tmp_path / "c.png")]
-    from vlbatch.pipeline.keep import decode
+    from vlbatch.pipeline.sources.keep import decode
 
     kept = decode([r["keep"] for r in good], [1, 1], pa.schema([("source_id", pa.int64())]))
     assert kept.column("source_id").to_pylist() == [1, 3]
@@ -175,7 +175,7 @@ def test_keep_types_come_from_the_good_lines(tmp_path):
 # -- item 8: every manifest line accounted for -----------------------------------------------------
 
 def test_null_and_missing_media_are_error_rows_with_their_line_numbers(tmp_path):
-    from vlbatch.pipeline.requests import request_id
+    from vlbatch.pipeline.stages.requests import request_id
 
     lines = [{"media_uri": f"i{i}.png"} for i in range(13)]
     lines += [{"other": 1}, {"media_uri": None}, {"media_uri": ""}, {"media_uri": "./a.png"}, {"media_uri": "a.png"}]
@@ -208,13 +208,13 @@ def test_null_media_in_parquet_rows_are_separate_error_rows(tmp_path):
 
 
 def _keep_blob(source_id: int) -> bytes:
-    from vlbatch.pipeline.keep import encode
+    from vlbatch.pipeline.sources.keep import encode
 
     return encode(pa.table({"source_id": [source_id]}))[0]
 
 
 def test_rows_of_one_media_with_different_keep_columns_are_separate_rows(tmp_path):
-    from vlbatch.pipeline.requests import expand_all, request_id
+    from vlbatch.pipeline.stages.requests import expand_all, request_id
 
     cfg = _cfg(tmp_path, tmp_path / "m.jsonl")
     records = [("/m/a.png", None, None, None, None, None, _keep_blob(i)) for i in range(50)]

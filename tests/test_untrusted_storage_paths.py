@@ -87,7 +87,7 @@ def test_checkpoint_index_shard_names_are_checked_before_any_download(ckpt_bucke
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "/abs/model.safetensors", "sub/../../x.safetensors"])
 def test_local_index_shard_names_outside_the_folder_are_refused(tmp_path, shard):
     from vlbatch.operators.model.loader import CheckpointError, checkpoint_files
-    from vlbatch.pipeline.preflight import _weights_problem
+    from vlbatch.pipeline.plan.checkpoint import _weights_problem
 
     root = tmp_path / "ckpt"
     root.mkdir()
@@ -228,9 +228,9 @@ def test_the_deadline_scales_with_max_bytes():
 
 @pytest.mark.timeout(120)
 def test_a_good_image_beside_a_trickling_one_still_gets_its_row(trickle, tmp_path):
-    from vlbatch.pipeline.requests import expand
-    from vlbatch.pipeline.rows import Decoded, MediaTask, from_table, to_table
-    from vlbatch.pipeline.stages import DecodeStage
+    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.requests import expand
+    from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)},
                            "storage": {"retries": 0, "http_total_timeout_s": 3, "http_min_bytes_per_s": 0}})
@@ -254,8 +254,8 @@ def test_a_nul_byte_in_a_path_is_an_input_error(tmp_path, uri):
 
 def test_a_nul_byte_in_a_media_uri_is_a_permanent_error_row(tmp_path):
     from vlbatch.operators.storage.retry import classify
-    from vlbatch.pipeline.requests import expand
-    from vlbatch.pipeline.stages import DecodeStage
+    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.requests import expand
 
     assert classify(ValueError("embedded null byte")) == "permanent"
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
@@ -264,7 +264,7 @@ def test_a_nul_byte_in_a_media_uri_is_a_permanent_error_row(tmp_path):
 
 
 def test_validate_refuses_a_remote_checkpoint_whose_keys_leave_the_folder(ckpt_bucket, tmp_path):
-    from vlbatch.pipeline.preflight import check_checkpoint
+    from vlbatch.pipeline.plan.checkpoint import check_checkpoint
 
     client, prefix = ckpt_bucket.client(), "ckpt-preflight"
     client.put_object(Bucket="issue48-ckpt", Key=f"{prefix}/config.json", Body=b"{}")

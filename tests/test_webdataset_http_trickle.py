@@ -107,8 +107,8 @@ def shards():
 
 @pytest.mark.timeout(120)
 def test_a_trickling_http_shard_ends_with_a_storage_error_row_and_the_good_shard_is_whole(shards, tmp_path):
-    from vlbatch.pipeline.requests import expand_all
     from vlbatch.pipeline.sources.base import COLUMNS
+    from vlbatch.pipeline.stages.requests import expand_all
 
     # small, test-chosen limits: the trickle (1 B/s) is far under 200 B/s over each 0.5 s window;
     # read_timeout_s is longer than a byte's wait, so only the rate rule can end the stream
@@ -164,8 +164,8 @@ def test_a_shard_whose_headers_trickle_is_a_storage_error_row(tmp_path):
         srv.close()
     assert row["media_uri"] == shard and row.get("identity") is None
     assert "no response headers within 1 s" in row["error"]
-    from vlbatch.pipeline.requests import expand_all
     from vlbatch.pipeline.sources.base import COLUMNS
+    from vlbatch.pipeline.stages.requests import expand_all
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})
     (task,), _ = expand_all([tuple({"media_uri": shard, **row}.get(c) for c in COLUMNS)], cfg.task)

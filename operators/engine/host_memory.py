@@ -13,7 +13,7 @@ Process-wide, as malloc's parameters are (whatever else runs in the process keep
 freed memory too; peak RSS is unchanged, the resident set just does not shrink between
 steps); idempotent. Where libc is not glibc, nothing is changed. Because it changes the
 whole process, a library constructor must not call it: the process owner does (the
-pipeline's model actor, `pipeline/model_stage.py`, when the model runs on the CPU;
+pipeline's model actor, `pipeline/stages/model_stage.py`, when the model runs on the CPU;
 `benchmarks/bench_engine.py` at the start of its process, for both contenders alike).
 An embedding application that wants it calls it once itself.
 """

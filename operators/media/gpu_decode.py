@@ -4,7 +4,7 @@ Owns where a video may be decoded on a device and the device-side decode itself.
 
 - `decode_device_problem(device, model_device)`: None if `device` can decode here, else one line
   (the model runs on the CPU, TorchCodec or its FFmpeg libraries are missing, no CUDA device);
-  `vlbatch validate` / `run` print it before any work starts (`pipeline/checks.py`).
+  `vlbatch validate` / `run` print it before any work starts (`pipeline/plan/checks.py`).
 - `decode_planned(data, indices, total_frames, device)`: the model stage's half of the deferred
   decode: the frames at `indices`, which the CPU stage planned (`DecodeWorker.plan`) over
   `total_frames`, by the same route as `decode_on_device`; `MediaError` when the file decodes to

@@ -31,12 +31,12 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
 - `finish()`: called once at the end of a run, after the summary: drop what the commits left
   behind that is not output (an empty temp folder); never a committed row. Default: nothing.
 - Nothing here creates a bucket: on an object store "directories" need no creation, and a
-  missing bucket is the caller's config error (`vlbatch.pipeline.write_stage.check_output`).
+  missing bucket is the caller's config error (`vlbatch.pipeline.stages.write_stage.check_output`).
 
 A new sink (Lance, Iceberg) is one new file in `operators/sink/` with a subclass, taking
 `(uri, storage, schema)` (`schema`: `OUTPUT_SCHEMA` plus the run's kept input columns), and one
 `Entry` in `SINKS` (`operators/sink/__init__.py`): `output.format` then accepts its name,
-`vlbatch.pipeline.write_stage.open_sink` builds it, and the contract test checks it.
+`vlbatch.pipeline.stages.write_stage.open_sink` builds it, and the contract test checks it.
 """
 from __future__ import annotations
 

@@ -143,7 +143,7 @@ class ParquetSink(Sink):
         fs, root = filesystem(uri, storage)
         super().__init__(with_protocol(uri, root), storage)
         self.fs, self.root = fs, root
-        self.schema = schema  # OUTPUT_SCHEMA, then the run's kept input columns (pipeline/keep.py)
+        self.schema = schema  # OUTPUT_SCHEMA, then the run's kept input columns (pipeline/sources/keep.py)
 
     def _retry(self, fn, what: str):
         return with_retries(fn, what=what, storage=self.storage)

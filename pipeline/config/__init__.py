@@ -11,7 +11,7 @@ object (pydantic models with ``frozen=True``), never raw dicts.
   (dict -> `JobConfig` or one `ConfigError`), `export_schema` (``configs/job.schema.json``:
   ``python -m vlbatch.pipeline.config --schema``).
 
-`vlbatch.pipeline.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before
+`vlbatch.pipeline.plan.checks.check_paths(config)` (run by `vlbatch run` and `vlbatch validate` before
 Ray starts; not by `submit`, whose paths are the cluster's) checks local paths on disk: the model
 folder holds config.json, *.safetensors and tokenizer.json, and the input matches at least one
 file. s3:// and other remote URIs (a remote `model.path` is downloaded by each node at run time:

@@ -5,7 +5,7 @@ Each field states its type, default, bounds and description (these become
 reaches a `JobConfig` is consistent. A field naming an implementation
 (`model.backend`, `model.engine.attention` / `delta_rule` / `moe`, `video.decoder`, `input.format`,
 `output.format`) takes its
-choices from that extension point's registry (`pipeline/choices.py`). Reading YAML,
+choices from that extension point's registry (`pipeline/config/choices.py`). Reading YAML,
 overrides and error messages are `load.py`'s.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.media import decoders as decoders_pkg
-from vlbatch.pipeline import model_backends as model_backends_pkg
-from vlbatch.pipeline import sources as sources_pkg
-from vlbatch.pipeline.choices import registry_choice
+from vlbatch.pipeline.config import formats as formats_pkg
+from vlbatch.pipeline.config import model_backends as model_backends_pkg
+from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 from vlbatch.pipeline.config.storage import OutputConfig, StorageConfig
 
@@ -35,7 +35,7 @@ from vlbatch.pipeline.config.storage import OutputConfig, StorageConfig
 AttentionChoice = registry_choice(attention_pkg, "ATTENTION")
 DeltaRuleChoice = registry_choice(delta_rule_pkg, "DELTA_RULE")
 MoeChoice = registry_choice(moe_pkg, "MOE")
-SourceChoice = registry_choice(sources_pkg, "SOURCES")
+SourceChoice = registry_choice(formats_pkg, "SOURCES")
 DecoderChoice = registry_choice(decoders_pkg, "DECODERS")
 ModelBackendChoice = registry_choice(model_backends_pkg, "MODEL_BACKENDS")
 
@@ -83,7 +83,7 @@ class ModelConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
     engine: EngineBudgets = EngineBudgets()
     tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/replica.py); "
+        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/stages/replica.py); "
                                     "resources.model.num_cpus / num_gpus are per rank")
     expert_parallel: bool = Field(False, description="MoE experts split whole across the replica's ranks "
                                                      "(else each expert's matrices are split)")
@@ -114,7 +114,7 @@ class InputConfig(_Section):
                                                     "glob of media, or a folder whose media (image and video files, "
                                                     "recursively) are read; local path (relative: to the config file's "
                                                     "folder; given by --set: to the current directory) or s3://")
-    format: SourceChoice = sources_pkg.SOURCES.default
+    format: SourceChoice = formats_pkg.SOURCES.default
     columns: InputColumns = InputColumns()
     limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
     follow_symlinks: bool = Field(False, description="format=glob: read a symlink that leads out of the glob's "
@@ -261,7 +261,7 @@ class ResumeConfig(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")
     retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
     allow_config_change: bool = Field(
-        False, description="resume a run whose answers were made with another config (pipeline/fingerprint.py): "
+        False, description="resume a run whose answers were made with another config (pipeline/plan/fingerprint.py): "
                            "keep the old rows of the ids already done (`vlbatch run --allow-config-change`)")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from vlbatch.operators import sink as sink_pkg
-from vlbatch.pipeline.choices import registry_choice
+from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 
 SinkChoice = registry_choice(sink_pkg, "SINKS")

@@ -1,31 +1,18 @@
 """Input sources: one `Source` per input format (the contract is `base.py`).
 
-`SOURCES` names them: the job config's `input.format` and its schema take their choices from
-it, and `open_source` builds the chosen one as `target(cfg)`. Importing this package imports
-no Ray and not the job config: a source's module is imported when chosen. A new input
-format: its module (a `Source` subclass) and one `Entry` below.
+`SOURCES` (`pipeline/config/formats.py`, under the config: the config never imports this package)
+names them; `open_source` builds the chosen one as `target(cfg)`. Importing this package imports
+no Ray: a source's module is imported when chosen. A new input format: its module (a `Source`
+subclass) and one `Entry` in `SOURCES`.
 """
 from __future__ import annotations
 
-from vlbatch.operators.registry import Entry, Registry
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.config.formats import SOURCES
 
-_MANIFEST = "vlbatch.pipeline.sources.manifest:ManifestSource"
-
-SOURCES = Registry("input format", "input.format", "parquet", (
-    Entry("parquet", _MANIFEST, "Parquet manifests of media URIs (local, s3://, http(s)://) or of embedded media "
-                                "bytes (a binary column, or Hugging Face datasets' Image / Video structs)"),
-    Entry("jsonl", _MANIFEST, "JSON Lines manifests of media URIs, read line by line (a bad line is one error row)"),
-    Entry("csv", _MANIFEST, "CSV manifests of media URIs, with a header row"),
-    Entry("glob", "vlbatch.pipeline.sources.glob:GlobSource",
-          "`uri` is a glob of media files (or a folder, read recursively): one media per file"),
-    Entry("webdataset", "vlbatch.pipeline.sources.webdataset:WebDatasetSource",
-          "tar shards of samples; `uri` a glob or brace notation: shards/train-{000000..000127}.tar"),
-), group="vlbatch.sources")
-
-__all__ = ["SOURCES", "open_source"]
+__all__ = ["open_source"]
 
 
-def open_source(cfg):
-    """The `base.Source` of a `JobConfig`'s `input.format` (not annotated: the config imports
-    this package for `SOURCES`, so this package never imports the config)."""
+def open_source(cfg: JobConfig):
+    """The `base.Source` of `cfg`'s `input.format`."""
     return SOURCES.load(cfg.input.format)(cfg)

@@ -13,7 +13,7 @@ media, with exactly the columns of `MANIFEST_SCHEMA`:
   sample key); null: the `media_uri`;
 - `error` (string or null): the source could not produce this media (a truncated shard, a
   corrupt tar member): the row becomes an `InputError` row with this message;
-- `keep` (large_binary or null): the `input.columns.keep` values of the row (`pipeline/keep.py`),
+- `keep` (large_binary or null): the `input.columns.keep` values of the row (`pipeline/sources/keep.py`),
   cast to `keep_schema()`.
 
 Rules every source keeps:
@@ -31,10 +31,10 @@ Rules every source keeps:
   (file metadata), else None (the runner then counts beside the run for the ETA).
 - `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
-  rows holds all its media's bytes (`pipeline/runner.py:scan_batch_size`).
+  rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).
 
 A new input format is one new module here with a `Source` subclass (built as `cls(cfg)`), and
-one `Entry` in `SOURCES` (`pipeline/sources/__init__.py`): `input.format` then accepts its name.
+one `Entry` in `SOURCES` (`pipeline/config/formats.py`): `input.format` then accepts its name.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class Source:
 
     def embeds_media(self) -> bool:
         """Whether rows carry the media's bytes (not URIs): then a batch of rows holds its media
-        in memory, and scan mode keeps small batches (`runner.scan_batch_size`)."""
+        in memory, and scan mode keeps small batches (`plan/spec.scan_batch_size`)."""
         return False
 
 

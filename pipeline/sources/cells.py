@@ -28,9 +28,9 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.media.load import media_type_of
-from vlbatch.pipeline.keep import encode as encode_keep
-from vlbatch.pipeline.keep import select as select_keep
 from vlbatch.pipeline.sources.base import manifest_table
+from vlbatch.pipeline.sources.keep import encode as encode_keep
+from vlbatch.pipeline.sources.keep import select as select_keep
 
 LOCAL = ("file", "local")
 

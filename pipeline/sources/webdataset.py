@@ -128,7 +128,7 @@ BLOCK_SAMPLES = 256  # samples per manifest block (bounded memory per read task)
 
 
 def _block(rows: list[dict], keep: tuple[str, ...]) -> pa.Table:
-    from vlbatch.pipeline.keep import encode
+    from vlbatch.pipeline.sources.keep import encode
 
     cols = {k: [r.get(k) for r in rows] for k in ("media_uri", "media_type", "media_bytes", "identity", "error")}
     if keep:

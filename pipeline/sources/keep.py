@@ -1,7 +1,7 @@
 """Passthrough columns (`input.columns.keep`): the user's columns, with their Arrow types, from
 a manifest row to every output row of that media.
 
-Rows between the stages have one fixed schema (`pipeline/rows.py`), so a media's kept values
+Rows between the stages have one fixed schema (`pipeline/stages/rows.py`), so a media's kept values
 travel as one opaque `keep` cell: the Arrow IPC stream of a one-row table of those columns
 (`encode`), turned back into typed columns by the writer (`decode`). The run's schema of the
 kept columns (`keep_schema`, from the manifest's schema, see `Source.keep_schema`) is fixed

@@ -5,7 +5,7 @@ or NVLink) and their resources are reserved all at once (placing rank 0 first an
 for its followers' GPUs later deadlocks when two half-placed replicas each hold a GPU the
 other waits for). Both come from one Ray resource request: the model actor of the Ray Data
 pool (rank 0) asks for the whole replica, N * (`resources.model.num_cpus`, `num_gpus`,
-`memory_gb`) (`replica_resources`), and one actor's resources always lie on one node, as
+`memory_gb`) (`plan/spec.Pool`: `ranks`), and one actor's resources always lie on one node, as
 a STRICT_PACK placement group's bundles would. Rank 0's `Replica` starts the N-1 `Follower`
 actors with zero resources, pinned to its node (`NodeAffinitySchedulingStrategy`, hard), and
 hands rank i its slice of the actor's GPU ids, which the follower makes its only visible
@@ -46,18 +46,6 @@ log = logging.getLogger("vlbatch.pipeline")
 # as the model stage idles (start-up, a slow upstream), so far beyond torch's 30 minutes.
 COLLECTIVE_TIMEOUT = timedelta(hours=12)
 CLOSE_WAIT_S = 60.0  # for the followers to leave their loop after rank 0's close
-
-
-def replica_resources(cfg: JobConfig, num_gpus: float, pool_kw: dict) -> dict:
-    """The model stage's `map_batches` resources: `pool_kw` (one rank's num_cpus / memory
-    and the actor pool) with `num_gpus` (per rank, as the runner resolved it), each times
-    `model.tensor_parallel_size` (rank 0's actor holds the whole replica)."""
-    n = cfg.model.tensor_parallel_size
-    # rounded to Ray's resource unit (1e-4): 3 x 0.1 is 0.30000000000000004, a request Ray cannot hold exactly
-    out = {**pool_kw, "num_cpus": round(pool_kw["num_cpus"] * n, 4), "num_gpus": round(num_gpus * n, 4)}
-    if "memory" in out:
-        out["memory"] = out["memory"] * n
-    return out
 
 
 def free_port() -> int:

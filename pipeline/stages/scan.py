@@ -1,7 +1,7 @@
 """`task.mode: scan`: the pipeline without a model.
 
 Every request is read, decoded and preprocessed exactly as a real run does it (the
-`PrepareStage` of `pipeline/stages.py`, in the same actor), and becomes a `Generated` row
+`PrepareStage` of `pipeline/stages/cpu.py`, in the same actor), and becomes a `Generated` row
 with the status and error of its media, its prompt token count (the processor's
 `input_ids`, visual placeholders included) and the media's visual tokens; answer,
 generated tokens and finish reason stay null. No model is loaded and no GPU is asked for;
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.rows import Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import Generated, MediaTask, Prepared, from_table, to_table
 
 
 def scanned(p: Prepared) -> Generated:
@@ -41,18 +41,18 @@ class ScanStage:
     (tests) it returns the Generated scan rows."""
 
     def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None, meter=None):
-        from vlbatch.pipeline.stages import PrepareStage
+        from vlbatch.pipeline.stages.cpu import PrepareStage
 
-        self.prepare = PrepareStage(cfg, meter)  # progress: its decoded / preprocessed counts (pipeline/meter.py)
+        self.prepare = PrepareStage(cfg, meter)  # progress: its decoded / preprocessed counts (pipeline/telemetry/meter.py)
         self.writer = None
         if run_dir is not None:
-            from vlbatch.pipeline.write_stage import WriteStage
+            from vlbatch.pipeline.stages.write_stage import WriteStage
 
             self.writer = WriteStage(cfg, run_dir, run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from vlbatch.pipeline.meter import DECODED, PREPROCESSED
-        from vlbatch.pipeline.stages import requests_of
+        from vlbatch.pipeline.stages.cpu import requests_of
+        from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 
         p = self.prepare
         tasks = from_table(batch, MediaTask)
@@ -73,7 +73,7 @@ def _hist_text(h: dict) -> str:
 
 
 def scan_line(s) -> str:
-    """The scan's final line (`s`: the run's `runner.RunSummary`): totals and the token histograms."""
+    """The scan's final line (`s`: the run's `telemetry/summary.RunSummary`): totals and the token histograms."""
     return (f"vlbatch scan: {s.requests_computed} requests, {s.processed_by_status.get('error', 0)} errors "
             f"{dict(sorted(s.error_types.items()))}; prompt tokens {s.prompt_tokens}, visual tokens {s.visual_tokens}; "
             f"prompt histogram {_hist_text(s.token_histogram.get('prompt', {}))}; "

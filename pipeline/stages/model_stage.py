@@ -23,7 +23,7 @@ runs out alone becomes an `EngineError` row. Each split halves the batch, so a c
 about 2n engine batches for n requests.
 
 A call holds one Ray Data block (the runner maps the model stage with `batch_size=None`, so a
-task is one block and its rows are handed on when it returns; `runner.block_bytes` sizes blocks
+task is one block and its rows are handed on when it returns; `plan/spec.block_bytes` sizes blocks
 to about `resources.model.batch_size` media); a block of more media is run as calls of
 `batch_size` media at once on the same loop.
 
@@ -31,7 +31,7 @@ On the CPU the actor owns its process: it keeps freed step memory in the heap
 (`engine/host_memory.py`) and, with the engine backend, has the compiled kernels built at the
 SIMD width timed fastest on this machine (`operators/host_simd.py`, before anything defines one).
 
-Progress (`meter`, `pipeline/meter.py`): the actor says when its model is loaded, and the
+Progress (`meter`, `pipeline/telemetry/meter.py`): the actor says when its model is loaded, and the
 engine backend counts each request as generated when the engine finishes it.
 
 A `SetupError` (the job's checkpoint or device, not a request) fails the run instead.
@@ -45,11 +45,11 @@ from dataclasses import replace
 import pyarrow as pa
 
 from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
-from vlbatch.pipeline.backends import resolve_device
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.meter import GENERATED, MODEL_READY, MeterClient
-from vlbatch.pipeline.model_backends import MODEL_BACKENDS
-from vlbatch.pipeline.rows import Generated, Prepared, from_table, to_table
+from vlbatch.pipeline.config.model_backends import MODEL_BACKENDS
+from vlbatch.pipeline.stages.backends import resolve_device
+from vlbatch.pipeline.stages.rows import Generated, Prepared, from_table, to_table
+from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -63,7 +63,7 @@ class ModelStage:
         from vlbatch.operators.host_simd import use_fastest_simd
 
         torch.set_num_threads(max(1, int(cfg.resources.model.num_cpus)))
-        backend = MODEL_BACKENDS.load(cfg.model.backend)  # a class (pipeline/model_backends.py)
+        backend = MODEL_BACKENDS.load(cfg.model.backend)  # a class (pipeline/config/model_backends.py)
         if resolve_device(cfg.model.device) == "cpu":  # the actor owns its process: its heap and its SIMD width
             if getattr(backend, "compiled_kernels", False):  # before the engine defines its compiled kernels
                 log.info(use_fastest_simd().describe())

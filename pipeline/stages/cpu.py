@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.meter import DECODED, PREPROCESSED
-from vlbatch.pipeline.rows import Decoded, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import Decoded, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 
 if TYPE_CHECKING:  # annotations only: the processor is imported when the stage starts
     from vlbatch.operators.preprocess.processor import MediaInputs
@@ -67,7 +67,7 @@ class DecodeStage:
     def __init__(self, cfg: JobConfig, meter=None):
         from vlbatch.operators.media.video import FrameSampling
         from vlbatch.operators.media.worker import DecodeWorker
-        from vlbatch.pipeline.meter import CPU_READY, MeterClient
+        from vlbatch.pipeline.telemetry.meter import CPU_READY, MeterClient
 
         self.cfg = cfg
         self.storage = cfg.storage.options()
@@ -133,11 +133,11 @@ class DecodeStage:
 
 def require_processor_files(model_dir: str) -> None:
     """SetupError (the actor does not start) when the checkpoint lacks a file the processor reads:
-    every row would otherwise become a permanent error row (`pipeline/preflight.py` checks the
+    every row would otherwise become a permanent error row (`pipeline/plan/checkpoint.py` checks the
     same at validate)."""
     from pathlib import Path
 
-    from vlbatch.pipeline.preflight import processor_problems
+    from vlbatch.pipeline.plan.checkpoint import processor_problems
 
     problems = processor_problems(Path(model_dir))
     if problems:
@@ -163,8 +163,8 @@ class PreprocessStage:
 
     def __init__(self, cfg: JobConfig, meter=None):
         from vlbatch.operators.preprocess import Processor
-        from vlbatch.pipeline.backends import local_model_path
-        from vlbatch.pipeline.meter import CPU_READY, MeterClient
+        from vlbatch.pipeline.stages.backends import local_model_path
+        from vlbatch.pipeline.telemetry.meter import CPU_READY, MeterClient
 
         self.cfg = cfg
         self.lock = threading.Lock()

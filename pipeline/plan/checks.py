@@ -1,4 +1,5 @@
-"""Start-up checks of a validated job config against the disk: `check_paths(config)`.
+"""Start-up checks of a validated job config against the disk and the output: `check_paths(config)`,
+`check_output(config)` (steps of `plan/preflight.py`).
 
 Also that the chosen implementations (`video.decoder`, `model.backend`, ...: each registry entry's
 check, e.g. TorchCodec needs FFmpeg's shared libraries; a plugin must import) and `video.decode_device`
@@ -6,11 +7,11 @@ check, e.g. TorchCodec needs FFmpeg's shared libraries; a plugin must import) an
 
 Run by `vlbatch run` and `vlbatch validate` before Ray starts (not by `submit`, whose paths
 are the cluster's). Local paths only: the model folder holds config.json, *.safetensors and
-tokenizer.json (the whole checkpoint: `pipeline/preflight.py`), the input matches at least one
+tokenizer.json (the whole checkpoint: `pipeline/plan/checkpoint.py`), the input matches at least one
 file, and a local output.uri is (or can become) a folder. s3:// and other remote URIs are left
 to run time (checking them needs the storage settings and the network; a remote `model.path`
 is downloaded by each node: `operators/storage/checkpoint_cache.py`). The output bucket is
-checked by `vlbatch.pipeline.write_stage.check_output`.
+checked by `check_output` (needs the storage settings: s3:// only).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig, is_local
 
 MODEL_FILES = ("config.json", "*.safetensors", "tokenizer.json")
@@ -63,7 +65,7 @@ def _choice_problems(config: JobConfig) -> list[str]:
     """The chosen implementations (video decoder, model backend, sink, ...: `choices.choice_problems`,
     from each registry's checks; a broken plugin) and the decode device can run on this machine:
     one line each if not."""
-    from vlbatch.pipeline.choices import choice_problems
+    from vlbatch.pipeline.config.choices import choice_problems
 
     v, problems = config.video, choice_problems(config)
     if v.decode_device != "cpu":
@@ -104,3 +106,15 @@ def check_paths(config: JobConfig) -> None:
         raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
 
 
+def check_output(cfg: JobConfig) -> None:
+    """Before any work: the bucket of an object-store `output.uri` must exist (`ConfigError`
+    naming output.uri otherwise). Nothing ever creates a bucket: a typo in output.uri must not
+    make a new one. An unreachable endpoint is `StorageError` after the retries."""
+    storage = cfg.storage.options()
+    fs, path = filesystem(cfg.output.uri, storage)
+    if not is_object_store(fs):
+        return
+    bucket = path.split("/", 1)[0]
+    if not bucket_exists(fs, bucket, storage):
+        raise ConfigError(f"output.uri: the bucket {bucket!r} of {cfg.output.uri!r} does not exist (or these "
+                          "credentials cannot see it); buckets are never created: create it, or fix output.uri")

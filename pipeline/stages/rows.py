@@ -40,7 +40,7 @@ class MediaTask:
     error_type: str | None = None
     error_message: str | None = None
     media_bytes: bytes | None = None  # the media itself when the input carries it (not read again); dropped after decode
-    keep: bytes | None = None  # input.columns.keep values of the media (pipeline/keep.py), carried to the writer
+    keep: bytes | None = None  # input.columns.keep values of the media (pipeline/sources/keep.py), carried to the writer
 
     def failed(self, err: BaseException) -> Any:
         """The same row as an error row (`err`'s class name and message, without object addresses)."""

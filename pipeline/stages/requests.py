@@ -37,7 +37,7 @@ from vlbatch.operators.errors import InputError, source_error
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
 from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.pipeline.config import TaskConfig
-from vlbatch.pipeline.rows import MediaTask
+from vlbatch.pipeline.stages.rows import MediaTask
 
 MEDIA_TYPES = ("image", "video")
 
@@ -178,7 +178,7 @@ def expand_all(records: Iterable[tuple], task: TaskConfig,
 def _expand_records(records: Iterable[tuple], task: TaskConfig) -> list[MediaTask]:
     """Each record's MediaTasks; a record whose ids were already seen with other kept values gets
     ids of its own (module docstring), so no manifest row's kept values are lost to a duplicate."""
-    from vlbatch.pipeline.keep import digest
+    from vlbatch.pipeline.sources.keep import digest
 
     first_keep: dict[str, bytes | None] = {}  # id -> the kept values of the first row that had it
     out: list[MediaTask] = []

@@ -19,16 +19,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.sink import new_sink
 from vlbatch.operators.sink.base import Sink
 from vlbatch.operators.sink.rolling import PartRoller
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow, Timings, rows_to_table
-from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.keep import decode as decode_keep
-from vlbatch.pipeline.keep import output_schema
-from vlbatch.pipeline.rows import Generated, from_table
+from vlbatch.pipeline.sources.keep import decode as decode_keep
+from vlbatch.pipeline.sources.keep import output_schema
+from vlbatch.pipeline.stages.rows import Generated, from_table
 
 STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),
@@ -52,20 +50,6 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
             prompt_tokens=g.prompt_tokens[i], visual_tokens=g.visual_tokens or None,
             generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings))
     return out
-
-
-def check_output(cfg: JobConfig) -> None:
-    """Before any work: the bucket of an object-store `output.uri` must exist (`ConfigError`
-    naming output.uri otherwise). Nothing ever creates a bucket: a typo in output.uri must not
-    make a new one. An unreachable endpoint is `StorageError` after the retries."""
-    storage = cfg.storage.options()
-    fs, path = filesystem(cfg.output.uri, storage)
-    if not is_object_store(fs):
-        return
-    bucket = path.split("/", 1)[0]
-    if not bucket_exists(fs, bucket, storage):
-        raise ConfigError(f"output.uri: the bucket {bucket!r} of {cfg.output.uri!r} does not exist (or these "
-                          "credentials cannot see it); buckets are never created: create it, or fix output.uri")
 
 
 def keep_schema(cfg: JobConfig) -> pa.Schema | None:

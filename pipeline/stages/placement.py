@@ -87,7 +87,7 @@ def start_failures():
     """A new `StartFailures` actor for one run, on the driver's node (no CPU)."""
     import ray
 
-    from vlbatch.pipeline.meter import driver_node
+    from vlbatch.pipeline.telemetry.meter import driver_node
 
     return ray.remote(num_cpus=0, scheduling_strategy=driver_node())(StartFailures).remote()
 

@@ -4,7 +4,8 @@
 block: one request per question, committed ids dropped, identical requests of a block once);
 `count_pending` counts a materialised one (a resumed run); on a fresh run the tasks tell a
 `Tally` actor their counts as they go, so the ETA's total never needs a second read of the
-manifest. The runner (`runner.py`) decides which of the two a run uses.
+manifest. The graph (`pipeline/graph.py`) decides which of the two a run uses; the streamed read's
+CPUs and concurrency are the plan's (`plan/spec.read_spec`).
 """
 from __future__ import annotations
 
@@ -12,15 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.requests import expand_all
-from vlbatch.pipeline.rows import MediaTask, to_table
+from vlbatch.pipeline.stages.requests import expand_all
+from vlbatch.pipeline.stages.rows import MediaTask, to_table
 
-# CPUs per read / expand task when they stream into the graph beside the actor pools (which
-# hold most of the CPUs), and one such task at a time: expansion costs microseconds per media
-# against the seconds the model spends on it, and every concurrent task is another worker
-# process to start (about 1.5 CPU-s each) while the actors are starting. The materialised
-# expansion of a resumed run keeps Ray's defaults.
-STREAMED_EXPAND = {"num_cpus": 0.05, "concurrency": 1}
 DUPLICATES_COLUMN = "duplicates_dropped"  # per expanded block: identical requests dropped, on its first row
 
 
@@ -78,13 +73,3 @@ class Tally:
 
     def get(self) -> tuple[int, int, int]:
         return self.media, self.requests, self.dropped
-
-
-def requests_per_media(cfg: JobConfig) -> int | None:
-    """Requests every manifest row expands to, when the config alone decides it (else None)."""
-    t = cfg.task
-    if t.mode == "caption":
-        return 1
-    if cfg.input.columns.questions:
-        return None
-    return (len(t.questions) + int(t.caption)) or 1

@@ -1,7 +1,7 @@
 """The checkpoint half of the start-up checks: `check_checkpoint(config)`, run by `vlbatch validate`
 and at the start of `vlbatch run` before any Ray process starts (the resource half is
-`pipeline/resources.py`). What a model actor or a CPU actor would die on, found here in a
-second, one line per problem naming the field:
+`pipeline/plan/fit.py`). What a model actor or a CPU actor would die on, found here in a
+second, one line per problem naming the field (a step of `plan/preflight.py`):
 
 - config.json is readable and its `model_type` one we implement (`operators/model/config.py`);
 - the files the CPU stage loads: tokenizer.json, a chat template (chat_template.jinja or
@@ -13,7 +13,7 @@ second, one line per problem naming the field:
   linear-head, vocabulary, width and expert counts (`operators/parallel/plan.py`);
 - every tensor's name and shape against config.json (safetensors headers only, no weight is
   read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
-- `model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA (`device_problems`).
+- (`model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA: `plan/fit.device_problems`, against the cluster.)
 
 An s3:// (or other remote) `model.path` is checked by reading its config.json (the architecture
 and the tensor-parallel split) and by the download's own name checks (one listing: object keys
@@ -28,7 +28,7 @@ from pathlib import Path
 from vlbatch.operators.errors import ConfigError, VlbatchError
 from vlbatch.operators.storage.names import printable, relative_name_problem
 from vlbatch.pipeline.config import JobConfig, is_local
-from vlbatch.pipeline.resources import check_fit, fit_defaults, fit_problems, problems_error
+from vlbatch.pipeline.plan.fit import problems_error
 
 PROCESSOR_FILES = ("tokenizer.json", "preprocessor_config.json")
 INDEX_FILE = "model.safetensors.index.json"
@@ -144,19 +144,6 @@ def _remote_problems(config: JobConfig) -> list[str]:
     return _architecture(raw, uri, config)
 
 
-def device_problems(config: JobConfig, *, gpus: float) -> list[str]:
-    """The engine's settings against the device the model actor gets (`gpus`: GPUs the cluster has
-    now; with none, `device: auto` runs the model on the CPU: `pipeline/resources.model_gpus`)."""
-    m, r = config.model, config.resources.model
-    on_cpu = m.device == "cpu" or (m.device == "auto" and (r.num_gpus == 0 or gpus == 0))
-    if m.backend != "engine" or not on_cpu:
-        return []
-    cuda_only = (("attention", m.engine.attention, "triton"), ("delta_rule", m.engine.delta_rule, "fla"))
-    return [f"model.engine.{field}: {kernel} is a CUDA kernel but the model runs on the CPU (use auto, or give "
-            "the model a GPU: model.device=cuda, resources.model.num_gpus)"
-            for field, chosen, kernel in cuda_only if chosen == kernel]
-
-
 def check_checkpoint(config: JobConfig) -> None:
     """ConfigError naming every problem of `model.path` a model or CPU actor would die on (see the
     module docstring); returns quietly when the checkpoint would load."""
@@ -171,19 +158,3 @@ def check_checkpoint(config: JobConfig) -> None:
             problems.append(f"model.path: {e}")
     if problems:
         raise problems_error(problems)
-
-
-def check_plan(config: JobConfig, cluster) -> tuple[JobConfig, dict[str, float]]:
-    """The start-up checks against the cluster a run uses (`pipeline/resources.Cluster`): the engine
-    against the device, the pool plan against the cluster's CPUs, GPUs and memory. -> (the
-    config to run, with the default pools sized to the cluster; {stage: num_cpus} of what was
-    sized down). One ConfigError names every problem; on a cluster that may grow, what does not
-    fit now is a warning (`resources.check_fit`)."""
-    fitted, sized = fit_defaults(config, cluster)
-    problems = device_problems(fitted, gpus=cluster.gpus)
-    if cluster.fixed_size:
-        problems += fit_problems(fitted, cluster)
-    if problems:
-        raise problems_error(problems)
-    check_fit(fitted, cluster)  # warnings only, on a cluster that may grow
-    return fitted, sized

@@ -1,7 +1,7 @@
 """Progress and the run summary.
 
 `Progress` aggregates the write stage's per-request stats rows as they arrive on the
-driver, and the stages' counters (`pipeline/meter.py`: rows decoded, preprocessed and
+driver, and the stages' counters (`pipeline/telemetry/meter.py`: rows decoded, preprocessed and
 generated, actors ready) that the driver's `Ticker` reads every interval. On a terminal it
 redraws one status line (phase, stage counts, committed rows, rows/s, visual tokens/s,
 generated tokens/s, prefix-cache hit rate, errors, ETA); elsewhere (cron, Airflow) it prints
@@ -21,7 +21,7 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from vlbatch.pipeline.meter import MODEL_READY
+from vlbatch.pipeline.telemetry.meter import MODEL_READY
 
 
 def _fmt_eta(s: float | None) -> str:
@@ -61,7 +61,7 @@ class Progress:
     prompt_hist: Counter = field(default_factory=Counter)  # prompt tokens per request (token_histogram)
     visual_hist: Counter = field(default_factory=Counter)  # visual tokens per request
     stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
-    counts: dict = field(default_factory=dict)  # the stages' counters (pipeline/meter.py), latest snapshot
+    counts: dict = field(default_factory=dict)  # the stages' counters (pipeline/telemetry/meter.py), latest snapshot
     phase: str | None = None  # what the run is doing while nothing is committed (None: running)
     expect_models: int | None = None  # model actors the phase waits for (None: no model stage)
 

@@ -55,10 +55,10 @@ def _points() -> list[tuple[ModuleType, str]]:
     from vlbatch.operators import sink
     from vlbatch.operators.kernels import attention, delta_rule, moe
     from vlbatch.operators.media import decoders
-    from vlbatch.pipeline import model_backends, sources
+    from vlbatch.pipeline.config import formats, model_backends
 
     return [(model_backends, "MODEL_BACKENDS"), (attention, "ATTENTION"), (delta_rule, "DELTA_RULE"),
-            (moe, "MOE"), (decoders, "DECODERS"), (sources, "SOURCES"), (sink, "SINKS")]
+            (moe, "MOE"), (decoders, "DECODERS"), (formats, "SOURCES"), (sink, "SINKS")]
 
 
 def chosen(config: Any) -> list[tuple[Registry, Entry]]:

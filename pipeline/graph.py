@@ -1,0 +1,251 @@
+"""`run_job(plan) -> RunSummary`: the checked plan's stages as one Ray Data graph, manifest to committed output.
+
+    manifest (parquet/json/csv or a glob)                  Ray read tasks (fractional CPUs; never 1-CPU tasks
+                                                           once the pools hold the cluster, see sources/manifest.py)
+      -> expand to requests, drop committed ids (resume)   tasks; streamed into the graph on a fresh run,
+         and identical requests within a block (once)
+                                                           materialised (and counted) first on a resumed one
+      -> decode: bytes -> frames                           actor pool (CPU), killable subprocess
+      -> preprocess: frames -> pixel values + tokens       actor pool (CPU); with
+                                                           resources.fuse_cpu_stages one pool does both
+      -> model: engine generate, batches cut by visual tokens   actor pool (num_gpus, min..max)
+      -> write: one atomic sink commit per batch           actor pool (small); stats rows back to the driver
+
+With `task.mode: scan` the model stage and the write pool are left out: one CPU pool decodes,
+preprocesses and writes the scan rows (`pipeline/stages/scan.py`); nothing asks for a GPU. Its Ray
+Data blocks are small (`block_bytes`), so every actor of the pool gets work.
+
+Counting: a resumed run counts its pending requests while it expands (materialised); a fresh
+one takes the manifest's row count from the source (`Source.count()`: Parquet footers) and
+the expansion tasks' counts from a `Tally` actor (`expansion.py`), never a second read of the manifest.
+Resume memory: the committed ids are one `IdIndex` (16 B per id, sorted numpy), `ray.put`
+once and mapped zero-copy by each expansion task (no per-task copy of a Python set).
+
+Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Parquet: rolling
+part files and `_summary.json` beside them; `sink.seal()` after the graph publishes what the
+writers still held). Only the sink contract is used here
+(`vlbatch.operators.sink.base`): before the graph starts its committed index is read:
+committed ok / permanent-error rows are skipped, transient error rows purged and redone.
+After it finishes the index is read again to count the whole run (all attempts), and the
+sink's `finish()` drops what the commits left behind (an empty `_tmp/`).
+
+The stages are the checked plan's (`plan/spec.RunPlan.stages`, one loop in `build_graph`); what
+would fail later was refused before (`plan/preflight.py`: an output bucket that does not exist,
+answers of another config under the run id, pools that cannot all start on a local Ray): `run_job`
+checks nothing again. An actor that fails to start on a node (a model replica whose
+checkpoint cache there is unwritable): its pool avoids that node and the run goes on
+(`RunSummary.failed_starts`), or stops in one line when no node is left (`pipeline/stages/placement.py`).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+
+from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.storage import join
+from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.plan.fingerprint import record_fingerprint
+from vlbatch.pipeline.plan.spec import RunPlan, StageSpec, block_bytes
+from vlbatch.pipeline.stages.expansion import Tally, count_pending, expanded
+from vlbatch.pipeline.stages.placement import INIT_DEATHS
+from vlbatch.pipeline.stages.scan import scan_line
+from vlbatch.pipeline.stages.write_stage import open_sink
+from vlbatch.pipeline.telemetry.attempts import with_attempts
+from vlbatch.pipeline.telemetry.meter import driver_node
+from vlbatch.pipeline.telemetry.progress import Progress
+from vlbatch.pipeline.telemetry.summary import RunSummary, summarize
+from vlbatch.pipeline.telemetry.timeline import Timeline
+
+log = logging.getLogger("vlbatch.pipeline")
+
+
+def _init_ray(cfg: JobConfig) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray.address, log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    # an actor that dies while starting is replaced (Ray Data's default, 0, fails the run at once): one
+    # that cannot start on a node is retried off that node (pipeline/stages/placement.py)
+    ctx.max_consecutive_actor_init_deaths = INIT_DEATHS
+    # A CPU-stage task emits its output (pixel values) in blocks of up to this size, and a
+    # model task takes whole blocks: with Ray Data's default (128 MiB, ~100 media of a few
+    # hundred visual tokens) the model stage took ~100 media per task and committed them only
+    # at its end (first commit after minutes). 16 MiB: a few media per block.
+    ctx.target_max_block_size = block_bytes(cfg)
+
+
+def _load(target: str) -> type:
+    """The stage class a spec names ("module:attr")."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _map(ds, spec: StageSpec, runtime: dict, failures):
+    """One actor stage of the plan on `ds`: its class, kwargs (the plan's, then the named run-time ones),
+    batch size and resources (the actor pool at min..max actors)."""
+    import ray
+
+    from vlbatch.pipeline.stages.placement import map_stage
+
+    compute = ray.data.ActorPoolStrategy(min_size=spec.pool.min_actors, max_size=spec.pool.max_actors,
+                                         **spec.strategy)
+    kwargs = {**spec.kwargs, **{k: runtime[k] for k in spec.runtime}}
+    return map_stage(ds, _load(spec.target), failures, fn_constructor_kwargs=kwargs,
+                     batch_size=spec.batch_size, batch_format="pyarrow", compute=compute, **spec.ray_args())
+
+
+def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None):
+    """The lazy dataset of write stats rows: the plan's stages over `tasks_ds`, in order (`run_dir`: the
+    run's URI, where its sink is; `meter`: the run's `Meter` actor the stages count into,
+    pipeline/telemetry/meter.py; `failures`: its `RunPlacement`: failed starts and each pool's
+    resources, pipeline/stages/placement.py)."""
+    runtime = {"meter": meter, "run_dir": run_dir, "run_id": run_id}
+    ds = tasks_ds
+    for spec in plan.stages:
+        ds = _map(ds, spec, runtime, failures)
+    return ds
+
+
+def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress, tally,
+                  known: int | None, timeline: Timeline) -> list[str]:
+    """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
+    tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
+    start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
+    from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures, watching_nodes
+    from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
+
+    cfg = plan.cfg
+    meter, placement = start_meter(), RunPlacement(start_failures())
+    graph = build_graph(plan, tasks_ds, sink.uri, run_id, meter=meter, failures=placement)
+    progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
+                       "starting the actors", sticky=cfg.task.mode != "scan")
+    every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
+    with Ticker(progress, meter, tally, known, every_s=every), watching_nodes(placement, cfg.ray):
+        # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
+        for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+            progress.update(stats)
+            timeline.update(stats)
+    return failed_lines(placement.failures)
+
+
+def _open_run(cfg: JobConfig, run_uri: str):
+    """(sink, index before the run, transient rows purged, committed ids to skip)."""
+    sink = open_sink(cfg, run_uri)
+    sink.prepare()
+    index = sink.index()
+    if index.files and not cfg.resume.enabled:
+        raise ConfigError(f"resume.enabled=false but {run_uri} already holds {len(index.files)} committed files; "
+                          "set resume.enabled=true to continue that run or choose a new output.run_id")
+    purged = sink.purge(index.purgeable_ids) if cfg.resume.retry_transient else 0
+    done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
+    return sink, index, purged, done
+
+
+def _checked(job: RunPlan | JobConfig, stream) -> RunPlan:
+    """A `JobConfig` (an in-process caller: tests, benchmarks) goes through the one preflight first, on
+    the running Ray (or this machine when none runs yet), and its plan line is printed; a `RunPlan` is
+    the caller's, checked and printed already (`jobs/local.py`)."""
+    if isinstance(job, RunPlan):
+        return job
+    import ray
+
+    from vlbatch.pipeline.plan.cluster import joined_cluster, local_cluster
+    from vlbatch.pipeline.plan.preflight import preflight
+
+    plan = preflight(job, joined_cluster("the running Ray") if ray.is_initialized() else local_cluster())
+    _say(stream, plan.line())
+    return plan
+
+
+def run_job(job: RunPlan | JobConfig, *, stream=None) -> RunSummary:
+    """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`.
+    `job`: the run's checked `RunPlan` (`plan/preflight.py`), run as it is: nothing is checked again;
+    a `JobConfig`: checked here first by the same preflight (`_checked`)."""
+    import ray
+
+    stream = stream or sys.stderr
+    t0 = time.monotonic()
+    plan = _checked(job, stream)
+    cfg = plan.cfg
+    run_id = cfg.resolved_run_id()
+    run_uri = join(cfg.output.uri.rstrip("/"), run_id)
+    sink, index, purged, done = _open_run(cfg, run_uri)
+    record_fingerprint(cfg, had_rows=bool(index.files))
+
+    if not ray.is_initialized():
+        _say(stream, "[vlbatch] starting Ray")
+    _init_ray(cfg)
+    t_expand = time.monotonic()
+    tasks_ds, pending_n, dropped, tally, known = _expansion(plan, done, stream)
+    del done  # the driver keeps only its length (below) and the index
+    t_graph = time.monotonic()
+    models = next((s.pool.min_actors for s in plan.stages if s.name == "model"), None)
+    progress = Progress(total=pending_n if pending_n is not None else plan.requests, stream=stream,
+                        interval_s=cfg.ray.progress_interval_s, expect_models=models)
+    timeline, failed = Timeline(), []
+    if pending_n is None or pending_n:
+        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, known, timeline)
+    for line in failed:
+        _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
+    return _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, timeline, failed, stream,
+                   t0=t0, expand_s=t_graph - t_expand, graph_at=t_graph - t0)
+
+
+def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, timeline, failed, stream, *, t0,
+            expand_s, graph_at) -> RunSummary:
+    """After the graph: seal what writers still held, count the whole run, write `_summary.json`."""
+    import ray
+
+    cfg = plan.cfg
+    progress.set_phase(None)
+    policy = cfg.output.roll_policy()
+    sealed = sink.seal(policy.target_rows, policy.target_bytes)  # what writers still held at the end
+    if tally is not None:
+        dropped = ray.get(tally.get.remote())[2]
+    elif dropped is None:  # nothing reached the writer: no duplicate was dropped either
+        dropped = 0
+    if pending_n is None:  # the graph completed: every pending request gave one stats row
+        pending_n = progress.total = progress.done
+    progress.tick(final=True)
+    after = sink.index()
+    run_id = cfg.resolved_run_id()
+    summary = summarize(cfg, run_id, join(cfg.output.uri.rstrip("/"), run_id), progress, index, after, purged,
+                        dropped, pending_n, elapsed=time.monotonic() - t0, expand_s=expand_s, graph_at=graph_at,
+                        timeline=timeline, failed_starts=failed)
+    log.debug("sealed %d parts at the end", len(sealed))
+    summary = with_attempts(summary, sink.read_summary())  # the earlier calls' records, kept
+    sink.write_summary(summary.to_json())
+    sink.finish()
+    if cfg.task.mode == "scan":
+        stream.write(scan_line(summary) + "\n")
+    return summary
+
+
+def _expansion(plan: RunPlan, done, stream):
+    """-> (tasks_ds, pending count, duplicates dropped, tally, known media): the plan's read. Resuming:
+    what is left, counted first (tally and known None). Fresh: streamed into the graph, a `Tally`
+    counting (counts None)."""
+    import ray
+
+    source = plan.source  # one per run: its listing and first schema were read once, by the preflight
+    if len(done):  # resuming: count what is left first, and start nothing when that is nothing
+        _say(stream, f"[vlbatch] resuming: {len(done)} rows already committed; counting what is left")
+        # one object-store copy of the committed ids, mapped zero-copy by every expansion task
+        tasks_ds = expanded(source, ray.put(done)).materialize()
+        pending_n, dropped = count_pending(tasks_ds)
+        return tasks_ds, pending_n, dropped, None, None
+    tally = ray.remote(num_cpus=0, scheduling_strategy=driver_node())(Tally).remote()  # asked until the end
+    read = plan.read.pool
+    return (expanded(source, done, num_cpus=read.num_cpus, concurrency=read.max_actors, tally=tally), None, None,
+            tally, plan.media)
+
+
+def _say(stream, line: str) -> None:
+    stream.write(line + "\n")
+    stream.flush()

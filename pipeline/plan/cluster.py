@@ -1,0 +1,98 @@
+"""The cluster a run's actors reserve on: `Cluster`, found before the graph starts.
+
+    cluster = local_cluster()            # a new local Ray: what it would register, no process started
+    cluster = joined_cluster(address)    # a Ray joined by --address / ray.address (connected first)
+
+A local Ray (`fixed_size`) never grows; a joined cluster may add nodes (autoscaling). The pools set
+against it are the plan's (`plan/spec.py`), the fit checks `plan/fit.py`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The resources a run's actors may reserve. `fixed_size`: a local Ray started for the run
+    (never grows); `where`: how lines name it."""
+
+    cpus: float
+    gpus: float
+    memory_bytes: int
+    fixed_size: bool
+    where: str
+
+
+OBJECT_STORE_SHARE = 0.3  # a local Ray's object store takes this share of the available memory ...
+OBJECT_STORE_MAX = 200 * GIB  # ... up to this (Ray's defaults); its `memory` resource is the rest
+
+
+def local_cluster() -> Cluster:
+    """What a new local Ray on this machine registers, computed as Ray does it without starting a
+    process (and without Ray's private API): the machine's CPUs (within a cgroup quota), the GPUs CUDA_VISIBLE_DEVICES or nvidia-smi lists, and the `memory` resource (the
+    available memory less the object store)."""
+    cpus = float(os.cpu_count() or 1)  # as Ray counts them (not the affinity mask)
+    quota = _cgroup_cpus()
+    if quota is not None:
+        cpus = min(cpus, quota)
+    available = _available_memory()
+    memory = available - min(int(available * OBJECT_STORE_SHARE), OBJECT_STORE_MAX)
+    return Cluster(cpus, float(_visible_gpus()), int(memory), True, "this machine")
+
+
+def _available_memory() -> int:
+    """Bytes available now: /proc/meminfo's MemAvailable (the physical size elsewhere), within a
+    cgroup v2 limit (``memory.max`` less ``memory.current``) when there is one."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(0, available)
+
+
+def _cgroup_cpus() -> float | None:
+    """CPUs of a cgroup v2 quota (``cpu.max``: quota period), None without one."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else max(1.0, float(int(quota) // int(period)))
+
+
+def _visible_gpus() -> int:
+    """GPUs a local Ray would find: CUDA_VISIBLE_DEVICES when set, else what nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def joined_cluster(where: str) -> Cluster:
+    """The connected Ray's resources now (it may grow: not fixed-size)."""
+    import ray
+
+    res = ray.cluster_resources()
+    return Cluster(float(res.get("CPU", 0)), float(res.get("GPU", 0)), int(res.get("memory", 0)), False, where)

@@ -1,0 +1,1 @@
+"""What a run reports: the meter, progress, timeline and the summary; imports none of its modules."""

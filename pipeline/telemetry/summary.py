@@ -1,0 +1,91 @@
+"""`RunSummary`: what one `run_job` call did and what the run directory now holds (`_summary.json`),
+and `summarize`, made from the run's `Progress`, its sink's index before and after, and its timeline."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one `run_job` call did and what the run directory now holds."""
+
+    run_id: str
+    output_dir: str  # full URI of the run directory
+    requests_pending: int  # requests still pending when this call ended (0: a finished run)
+    requests_skipped: int  # requests already committed before this call
+    requests_computed: int = 0  # requests this call computed (those pending when it started)
+    processed_by_status: dict = field(default_factory=dict)  # this call
+    error_types: dict = field(default_factory=dict)  # this call
+    committed_by_status: dict = field(default_factory=dict)  # the whole run directory, after this call
+    committed_total: int = 0
+    purged_transient: int = 0
+    duplicate_ids: int = 0  # ids committed more than once (duplicates in different manifest blocks)
+    duplicates_dropped: int | None = 0  # identical requests run once, not again (this call; None: not counted
+    # before the run ended)
+    elapsed_s: float = 0.0
+    rows_per_s: float = 0.0  # this call's rows / elapsed since the graph started (start-up included)
+    time_to_first_row_s: float | None = None  # start-up: Ray actors, model load, first batch (from the graph's start)
+    first_row_after_s: float | None = None  # from the start of `run_job` (sink, Ray, expansion included) to the
+    # first committed row
+    model_ready_after_s: float | None = None  # from the start of `run_job` to the first model actor ready (as the
+    # progress ticker saw it: within one tick)
+    steady_rows_per_s: float | None = None  # rows after the first commit / time from the first to the last commit
+    expand_s: float = 0.0  # reading + expanding the manifest before the graph starts (a resumed run; ~0 on a
+    # fresh run, whose expansion streams into the graph)
+    visual_tokens_per_s: float = 0.0
+    generated_tokens_per_s: float = 0.0
+    prefix_cache_hit_rate: float = 0.0  # prompt tokens served by the prefix cache / prompt tokens
+    vision_cache_hit_rate: float = 0.0  # media served by the vision cache / media looked up
+    error_fraction: float = 0.0
+    max_error_fraction: float = 0.0
+    files_written: int = 0
+    stage_seconds: dict = field(default_factory=dict)  # summed busy time per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    prompt_tokens: int = 0  # this call, summed over requests (visual placeholders included)
+    visual_tokens: int = 0  # this call, per request (a media asked 3 questions counts 3 times)
+    token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
+    timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
+    failed_starts: list = field(default_factory=list)  # "<Stage> on node IP (id): cause" per actor that failed to start
+    attempts: list = field(default_factory=list)  # every call's record on this run, this one last (pipeline/telemetry/attempts.py)
+
+    @property
+    def exceeded_error_fraction(self) -> bool:
+        return self.error_fraction > self.max_error_fraction
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the error share is within `max_error_fraction`, else 1."""
+        return 1 if self.exceeded_error_fraction else 0
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["exceeded_error_fraction"] = self.exceeded_error_fraction
+        d["exit_code"] = self.exit_code
+        return json.dumps(d, indent=2, sort_keys=True)
+
+
+def summarize(cfg, run_id, run_uri, progress, before, after, purged, dropped, pending_n, *, elapsed, expand_s,
+             graph_at, timeline=None, failed_starts=()):
+    total = sum(after.status_counts.values())
+    errors = after.status_counts.get("error", 0)
+    rates = progress.rates()
+    skipped = len(before.done_ids) if cfg.resume.retry_transient else len(before.done_ids | before.transient_ids)
+    return RunSummary(
+        run_id=run_id, output_dir=run_uri, requests_pending=max(0, pending_n - progress.done),
+        requests_skipped=skipped, requests_computed=pending_n,
+        processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
+        committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
+        duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=elapsed,
+        rows_per_s=rates["rows_per_s"], visual_tokens_per_s=rates["visual_tokens_per_s"],
+        time_to_first_row_s=rates["time_to_first_row_s"], steady_rows_per_s=rates["steady_rows_per_s"],
+        first_row_after_s=None if rates["time_to_first_row_s"] is None else graph_at + rates["time_to_first_row_s"],
+        model_ready_after_s=None if progress.model_ready_at is None else
+        graph_at + progress.model_ready_at - progress.start,
+        expand_s=round(expand_s, 3), generated_tokens_per_s=rates["generated_tokens_per_s"],
+        prefix_cache_hit_rate=rates["prefix_cache_hit_rate"], vision_cache_hit_rate=rates["vision_cache_hit_rate"],
+        error_fraction=(errors / total) if total else 0.0, max_error_fraction=cfg.max_error_fraction,
+        files_written=len(set(after.files) - set(before.files)),
+        stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()},
+        prompt_tokens=progress.prompt_tokens, visual_tokens=progress.visual_tokens,
+        token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)},
+        timeline=timeline.to_json() if timeline is not None else {}, failed_starts=list(failed_starts))
