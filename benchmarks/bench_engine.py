@@ -313,7 +313,8 @@ def main(argv=None) -> int:
         images = [rng.integers(0, 256, (*SIZES[i % len(SIZES)], 3), dtype=np.uint8) for i in range(args.requests)]
         cap_texts = [_chat(proc, "image", "Describe this image.")] * args.requests
         cap_reqs = _requests(proc, ref, cap_texts, images, "image", args.new_tokens, "img")
-        videos = [rng.integers(0, 256, (16, 224, 224, 3), dtype=np.uint8) for _ in range(args.videos)]  # 392 visual tokens
+        # 392 visual tokens each
+        videos = [rng.integers(0, 256, (16, 224, 224, 3), dtype=np.uint8) for _ in range(args.videos)]
         vqa_media = [v for v in videos for _ in range(args.questions)]
         vqa_texts = [_chat(proc, "video", QUESTIONS[q % len(QUESTIONS)]) for _ in videos for q in range(args.questions)]
         vqa_reqs = _requests(proc, ref, vqa_texts, vqa_media, "video", args.video_new_tokens, "vid")

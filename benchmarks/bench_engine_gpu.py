@@ -165,7 +165,8 @@ def check_kernels(engine, reqs: list, device: str, budgets: dict, names=("torch"
     runs = {}
     for k, name in enumerate(names):
         engine.model.use_delta_kernels(select_delta_rule(device, name))
-        runs[k] = {r.id: r.token_ids for r in Engine(engine.model, engine.tokenizer, engine.eos_ids, cfg).generate(reqs)}
+        run_engine = Engine(engine.model, engine.tokenizer, engine.eos_ids, cfg)
+        runs[k] = {r.id: r.token_ids for r in run_engine.generate(reqs)}
     pairs = [(a, b) for rid in runs[0] for a, b in zip(runs[0][rid], runs[1][rid], strict=True)]
     first = [next((i for i, (a, b) in enumerate(zip(runs[0][r], runs[1][r], strict=True)) if a != b), None)
              for r in runs[0]]
@@ -232,7 +233,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--delta-kernels", default="auto", choices=DELTA_RULE.choices())
     ap.add_argument("--kv-gb", type=float, default=16.0, help="paged KV pool")
     ap.add_argument("--peak-gbs", type=float, default=None, help="nominal bandwidth, GB/s (H200: 4800)")
-    ap.add_argument("--check-kernels", action="store_true", help="first compare the torch and fla kernels' greedy tokens (CUDA)")
+    ap.add_argument("--check-kernels", action="store_true",
+                    help="first compare the torch and fla kernels' greedy tokens (CUDA)")
     ap.add_argument("--dir", default=None, help="checkpoint folder (reused when it holds one)")
     ap.add_argument("--attention", default="sdpa", choices=ATTENTION.choices())
     ap.add_argument("--static-decode", action="store_true", help="decode steps on static buffers (CUDA graphs)")
@@ -289,8 +291,8 @@ def report(args, engine, run: dict, bandwidth: float, kernels: str) -> dict:
           f"DeltaNet kernels {kernels}, attention {args.attention}, static decode {args.static_decode}")
     print(f"  end to end: {res['generated']} tokens in {res['wall_s']:.2f} s: {res['tokens_per_s']:.1f} tok/s, "
           f"{res['images_per_s']:.2f} images/s")
-    print(f"  decode-only steps: {len(dec)}, {d_tokens} tokens in {d_time:.2f} s: {res['decode_tokens_per_s']:.1f} tok/s "
-          f"(mean batch {d_tokens / max(len(dec), 1):.1f})")
+    print(f"  decode-only steps: {len(dec)}, {d_tokens} tokens in {d_time:.2f} s: "
+          f"{res['decode_tokens_per_s']:.1f} tok/s (mean batch {d_tokens / max(len(dec), 1):.1f})")
     print(f"  a decode step moves {weights / 2**30:.2f} GiB of weights + K/V + states: {moved / 2**30:.1f} GiB over "
           f"those steps; at the measured {bandwidth / 1e9:.0f} GB/s (copy) that takes {moved / bandwidth:.2f} s: "
           f"{res['roofline_fraction']:.2f} of the roofline")

@@ -98,8 +98,9 @@ def _bytes_table(stage, cases) -> None:
         table = torch.from_numpy(stage.processor.norm_table(row.media_type))
         made = normalize_frames(torch.from_numpy(prep.pixels), table, patch=patch, merge=merge, temporal=temporal)
         same = np.array_equal(made.numpy().view(np.uint32), old.pixels.view(np.uint32))
-        print(f"{name:<20} {before / 1e6:>14.1f} MB {mid / 1e6:>11.1f} MB {now / 1e6:>16.1f} MB {before / now:>6.2f}x   "
-              f"{str(prep.pixels.shape):<18} normalised on the model side == float32 bit for bit: {same}")
+        print(f"{name:<20} {before / 1e6:>14.1f} MB {mid / 1e6:>11.1f} MB {now / 1e6:>16.1f} MB "
+              f"{before / now:>6.2f}x   {str(prep.pixels.shape):<18} "
+              f"normalised on the model side == float32 bit for bit: {same}")
 
 
 def _median_cpu(fn, iters: int) -> float:
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         stage = _stage(model_dir)
         rng = np.random.default_rng(0)
         cases = _cases(rng)
-        print(f"torch threads: {args.threads}; processor files: {'tiny (9B values)' if args.model_dir is None else model_dir}")
+        files = "tiny (9B values)" if args.model_dir is None else model_dir
+        print(f"torch threads: {args.threads}; processor files: {files}")
         _bytes_table(stage, cases)
         _cpu_table(stage, AutoProcessor.from_pretrained(model_dir), cases, args.iters)
         _memory_table(stage, rng, args.questions, model_dir)

@@ -72,7 +72,9 @@ def manifest_for(work: Path, n_req: int) -> Path:
 def job(model: str, man: Path, out: Path, cpus: int) -> dict:
     return {"model": {"path": model}, "input": {"uri": str(man), "format": "parquet"},
             "task": {"mode": "scan", "questions": QUESTIONS}, "image": {"max_pixels": 65536},
-            "resources": {"preprocess": {"num_cpus": round((cpus - 0.2) / cpus, 3), "min_actors": cpus, "max_actors": cpus},  # batch: the scan default
+            # preprocess batch_size: the scan default
+            "resources": {"preprocess": {"num_cpus": round((cpus - 0.2) / cpus, 3), "min_actors": cpus,
+                                         "max_actors": cpus},
                           "write": {"num_cpus": 0.1, "min_actors": 1, "max_actors": 2, "batch_size": 1024}},
             "output": {"uri": str(out), "run_id": "scan"}, "max_error_fraction": 1.0}
 

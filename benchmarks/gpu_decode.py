@@ -79,7 +79,8 @@ def measure(data: bytes, device: str, fps: float, backend: str) -> dict:
     diff = np.abs(got.astype(np.int16) - ref.astype(np.int16)) if got.shape == ref.shape else None
     t_def = {k: round(t_plan[k] + t_dev[k], 4) for k in t_plan}
     return {"frames": n, "size": list(size), "plan": t_plan, "cpu": t_cpu, "deferred": t_def,
-            "cpu_fps": round(n / max(t_cpu["wall_s"], 1e-9), 1), "deferred_fps": round(n / max(t_def["wall_s"], 1e-9), 1),
+            "cpu_fps": round(n / max(t_cpu["wall_s"], 1e-9), 1),
+            "deferred_fps": round(n / max(t_def["wall_s"], 1e-9), 1),
             "wall_x_cpu": round(t_cpu["wall_s"] / max(t_def["wall_s"], 1e-9), 2),
             "cpu_s_x_cpu": round(t_cpu["cpu_s"] / max(t_def["cpu_s"], 1e-9), 2),
             "identical": diff is not None and not diff.any(),
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
                 make_clip(path, *clips[name])
             r = report["clips"][name] = measure(path.read_bytes(), args.device, args.fps, args.backend)
             print(f"{name:>10}: {r['frames']} frames -> {r['size'][1]}x{r['size'][0]} | cpu {r['cpu']['wall_s']:.3f} s "
-                  f"wall, {r['cpu']['cpu_s']:.3f} CPU s | deferred on {args.device} {r['deferred']['wall_s']:.3f} s wall, "
+                  f"wall, {r['cpu']['cpu_s']:.3f} CPU s | deferred on {args.device} "
+                  f"{r['deferred']['wall_s']:.3f} s wall, "
                   f"{r['deferred']['cpu_s']:.3f} CPU s (plan {r['plan']['wall_s']:.3f} s) | wall x{r['wall_x_cpu']}, "
                   f"CPU s x{r['cpu_s_x_cpu']} | identical {r['identical']} (max diff {r['max_abs_diff']}, "
                   f"equal bytes {r['equal_bytes']})")

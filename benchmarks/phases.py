@@ -110,8 +110,10 @@ class PhaseTimer:
         achieved GFLOP/s beside this CPU's sgemm GFLOP/s, and the chosen prefill form."""
         host = total - sum(self.seconds.values())
         rule = self.seconds["prefill delta rule"]
-        lines = [f"    overhead factor (engine cpu / its matmul cpu): {total / self.seconds['matmuls']:.2f} (target <= 1.5)",
-                 f"    host share (python / host above): {100 * host / total:.1f}% (target <= 15 %); host per engine step "
+        lines = [f"    overhead factor (engine cpu / its matmul cpu): {total / self.seconds['matmuls']:.2f} "
+                 "(target <= 1.5)",
+                 f"    host share (python / host above): {100 * host / total:.1f}% (target <= 15 %); "
+                 "host per engine step "
                  f"{1e3 * host / max(self.steps, 1):.2f} ms ({self.steps} steps), per running sequence per step "
                  f"{1e6 * host / max(self.seq_steps, 1):.0f} us ({self.seq_steps} sequence-steps)",
                  f"    prefill delta rule: {self.delta_flops / max(rule, 1e-9) / 1e9:.2f} GFLOP/s achieved "

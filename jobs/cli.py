@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only run preprocessing over generated samples and print what it produced")
     demo.set_defaults(func=_cmd_demo)
 
-    ins = sub.add_parser("inspect", help="what a run produced: counts, errors, tokens, throughput attempt by attempt, sample rows")
+    ins = sub.add_parser("inspect", help="what a run produced: counts, errors, tokens, throughput attempt by attempt, "
+                                         "sample rows")
     ins.add_argument("run", help="run directory (<output.uri>/<run_id>, local or s3://) or a job config")
     ins.add_argument("--sample", type=int, default=8, help="rows to show (default 8)")
     ins.add_argument("--where", action="append", metavar="COLUMN=VALUE",

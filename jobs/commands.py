@@ -70,7 +70,9 @@ def _print_state(state, as_json: bool) -> None:
     if as_json:
         print(json.dumps(state.to_json(), indent=2))
         return
-    when = dt.datetime.fromtimestamp(state.start_time, dt.UTC).isoformat(timespec="seconds") if state.start_time else "-"
+    when = "-"
+    if state.start_time:
+        when = dt.datetime.fromtimestamp(state.start_time, dt.UTC).isoformat(timespec="seconds")
     print(f"{state.submission_id}  {state.status}  job={state.job_name} slot={state.slot} run_id={state.run_id}")
     print(f"  attempt {state.attempt}, started {when}; {state.message or ''}".rstrip())
 
@@ -262,7 +264,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _address_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", help=f"Ray dashboard / Jobs API address (default: $VLBATCH_ADDRESS or {DEFAULT_ADDRESS})")
+    p.add_argument("--address",
+                   help=f"Ray dashboard / Jobs API address (default: $VLBATCH_ADDRESS or {DEFAULT_ADDRESS})")
 
 
 def _wait_args(p: argparse.ArgumentParser) -> None:
@@ -285,7 +288,8 @@ def add_job_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_run_and_validate(sub: argparse._SubParsersAction) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("run", help="run a job here (on a new local Ray unless an address is given)", formatter_class=fmt,
+    p = sub.add_parser("run", help="run a job here (on a new local Ray unless an address is given)",
+                       formatter_class=fmt,
                        description="Run a job in this process. Rerunning the same config resumes it.\n"
                        "The first line names the Ray cluster used, the last what the run produced.\n"
                        "An unreachable cluster, or one that refuses us, is exit 5.")

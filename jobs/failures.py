@@ -111,7 +111,8 @@ def describe(exc: BaseException, config, log_path: Path) -> Failure:
     with log_path.open("a") as f:
         f.write(text)
     what, is_config = cause(exc)
-    is_config = is_config or any(getattr(e, "config", False) is True for e in _chain(exc) if isinstance(e, ActorStartError))
+    is_config = is_config or any(getattr(e, "config", False) is True
+                                 for e in _chain(exc) if isinstance(e, ActorStartError))
     started = [e.stage for e in _chain(exc) if isinstance(e, ActorStartError)]  # no actor of a stage could start
     names = started or [n for e in _chain(exc) for n in _STAGE.findall(str(e))]
     stage, field = STAGES.get(names[0], (names[0], None)) if names else (None, None)

@@ -40,7 +40,8 @@ h2{font-size:16px;margin:26px 0 10px}.muted{color:#6b7280}.fp{font:12px ui-monos
 .ok{background:#d9f2e3;color:#11693a}.error{background:#fde2e1;color:#a3231b}.other{background:#e5e7eb}
 .panel{background:#fff;border-radius:8px;box-shadow:0 1px 2px #0002;padding:12px 16px}
 .row{display:flex;gap:16px;flex-wrap:wrap}.hist{flex:1;min-width:220px}.hist table{width:100%;font-size:12px}
-.hist td{padding:1px 4px}.hist td.k{width:80px;white-space:nowrap}.hist td.n{text-align:right;width:48px}.hist .b{background:#6b8fd6;height:10px;border-radius:2px}
+.hist td{padding:1px 4px}.hist td.k{width:80px;white-space:nowrap}.hist td.n{text-align:right;width:48px}
+.hist .b{background:#6b8fd6;height:10px;border-radius:2px}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));grid-auto-flow:dense;gap:14px}
 .plots{display:flex;flex-wrap:wrap;gap:8px 24px}
 .card{background:#fff;border-radius:8px;box-shadow:0 1px 2px #0002;display:flex;gap:12px;padding:10px;min-width:0}
@@ -52,10 +53,13 @@ h2{font-size:16px;margin:26px 0 10px}.muted{color:#6b7280}.fp{font:12px ui-monos
 text-align:center;font-size:11px;color:#6b7280;padding:6px;box-sizing:border-box;overflow:hidden}
 .uri{font:12px ui-monospace,monospace;word-break:break-all;color:#374151}.q{color:#6b7280;margin-top:6px}
 .a{margin-top:2px;font-size:15px}.err{color:#a3231b;margin-top:6px;word-break:break-word}
-.meta{font-size:11px;color:#6b7280;margin-top:6px}.badge{font-size:11px;padding:1px 7px;border-radius:8px;margin-left:6px}
-.etype{margin-bottom:16px}.etype h3{margin:0 0 4px;font-size:15px}.emedia{display:flex;gap:10px;flex-wrap:wrap;margin-top:8px}
+.meta{font-size:11px;color:#6b7280;margin-top:6px}
+.badge{font-size:11px;padding:1px 7px;border-radius:8px;margin-left:6px}
+.etype{margin-bottom:16px}.etype h3{margin:0 0 4px;font-size:15px}
+.emedia{display:flex;gap:10px;flex-wrap:wrap;margin-top:8px}
 .emedia .item{width:200px;font-size:11px}.emedia img{max-width:200px}.emedia .strip img{max-width:48px}
-.emedia .strip{flex-wrap:wrap}.emedia .placeholder{width:200px}.badge{white-space:nowrap}.emedia .item .uri{font-size:11px}
+.emedia .strip{flex-wrap:wrap}.emedia .placeholder{width:200px}.badge{white-space:nowrap}
+.emedia .item .uri{font-size:11px}
 svg text{font:11px system-ui,sans-serif;fill:#4b5563}
 .headline{font-size:16px;margin:2px 0 6px}.headline b{font-size:18px}details.fp summary{cursor:pointer;color:#c7ccd6}
 table.attempts{border-collapse:collapse;font-size:13px;margin-bottom:10px}table.attempts td,table.attempts th{
@@ -197,8 +201,10 @@ def _errors(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
     for et, n in sorted(rep.errors.items(), key=lambda x: (-x[1], x[0])):
         items = "".join(f'<div class="item">{_media(m["media_uri"], thumbs)[0]}<div class="uri">'
                         f'{e(m["media_uri"] or "(no media_uri)")}</div></div>' for m in rep.error_media.get(et, []))
-        blocks.append(f'<div class="etype panel"><h3>{e(et)} <span class="muted">{n} row{"s" if n != 1 else ""}</span></h3>'
-                      f'<div class="err">e.g. {e(rep.examples.get(et) or "")}</div><div class="emedia">{items}</div></div>')
+        count = f'{n} row{"s" if n != 1 else ""}'
+        blocks.append(f'<div class="etype panel"><h3>{e(et)} <span class="muted">{count}</span></h3>'
+                      f'<div class="err">e.g. {e(rep.examples.get(et) or "")}</div>'
+                      f'<div class="emedia">{items}</div></div>')
     return f'<h2>Errors by type</h2><section id="errors">{"".join(blocks)}</section>'
 
 
@@ -207,7 +213,8 @@ def _histograms(rep: RunReport) -> str:
     for name in TOKENS:
         h = rep.hist[name]
         top = max(h.values(), default=1)
-        rows = "".join(f'<tr><td class="k">{e(k)}</td><td><div class="b" style="width:{100 * h[k] / top:.0f}%"></div></td>'
+        rows = "".join(f'<tr><td class="k">{e(k)}</td>'
+                       f'<td><div class="b" style="width:{100 * h[k] / top:.0f}%"></div></td>'
                        f'<td class="n">{h[k]}</td></tr>' for k in sorted(h, key=hist_key))
         out.append(f'<div class="hist panel"><b>{name}</b><table>{rows or "<tr><td>none recorded</td></tr>"}'
                    f'</table></div>')

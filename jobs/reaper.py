@@ -6,15 +6,16 @@ dashboard, log monitor, the dashboard and runtime-env agents) and, through the r
 Ray ties only some of them to the driver's life; after a SIGKILL of the driver its dashboard and
 runtime-env agents were found alive 15 s later (issue 48). So `vlbatch run` marks the session: before
 `ray.init` it sets ``VLBATCH_RAY_OWNER=<token>`` (`MARK_VAR`) in its environment, which every process of
-the session inherits (read back from ``/proc/<pid>/environ``, fixed at exec), and starts this module as a child in its own session (so a terminal's Ctrl-C does not reach
-it) holding the read end of a pipe whose write end only the driver holds (close-on-exec: no Ray process
-inherits it). The driver's death, or the end of the run (`reaped_ray` closing it after `ray.shutdown`),
-ends the pipe. Meanwhile the reaper notes, every `WATCH_S`, the driver's descendants and the processes
-carrying the token, with theirs (`watch`): a process's title set by setproctitle, as Ray sets
-`ray::DashboardAgent`, overwrites the start of its environment's memory, and with it, at times, the
-token. At EOF it sends SIGTERM to every process of this user carrying the token or noted (pid and start
-time: a reused pid is not noted), and to their descendants, gives them `GRACE_S` to exit, SIGKILLs the
-rest, and scans again until none is left (a raylet may start a worker meanwhile), at most `ROUNDS` times.
+the session inherits (read back from ``/proc/<pid>/environ``, fixed at exec), and starts this module as
+a child in its own session (so a terminal's Ctrl-C does not reach it) holding the read end of a pipe
+whose write end only the driver holds (close-on-exec: no Ray process inherits it). The driver's death,
+or the end of the run (`reaped_ray` closing it after `ray.shutdown`), ends the pipe. Meanwhile the
+reaper notes, every `WATCH_S`, the driver's descendants and the processes carrying the token, with
+theirs (`watch`): a process's title set by setproctitle, as Ray sets `ray::DashboardAgent`, overwrites
+the start of its environment's memory, and with it, at times, the token. At EOF it sends SIGTERM to
+every process of this user carrying the token or noted (pid and start time: a reused pid is not noted),
+and to their descendants, gives them `GRACE_S` to exit, SIGKILLs the rest, and scans again until none is
+left (a raylet may start a worker meanwhile), at most `ROUNDS` times.
 
 What is left after it: nothing of the session's processes; Ray's session folder (logs, sockets) under
 its temp dir stays, as after any Ray run. Linux only (it reads /proc); elsewhere nothing is started.
@@ -57,8 +58,9 @@ def reaped_ray() -> Iterator[None]:
     token = f"{os.getpid()}-{uuid.uuid4().hex}"
     read_end, write_end = os.pipe()  # both close-on-exec; the reaper gets the read end as its stdin
     try:
-        reaper = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.reaper", token, str(os.getpid())], stdin=read_end,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        reaper = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.reaper", token, str(os.getpid())],
+                                  stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
     finally:
         os.close(read_end)
     saved = os.environ.get(MARK_VAR)

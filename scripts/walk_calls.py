@@ -13,8 +13,8 @@ A room is a module of `vlbatch.jobs` or `vlbatch.pipeline` (the flow; the operat
 leaves, not rooms); the walk is the sequence of rooms entered: a move is a call (a profile `call` event)
 into a room from code of another module, other than the room the walk is in (a call within one module,
 or from a library back into the room the walk is in, is no move; module bodies run by an
-import are not counted, since what is imported already depends on the process). Printed per path: rooms (distinct modules entered),
-moves, returns (moves into a room entered before, i.e. already left once) and how many times
+import are not counted, since what is imported already depends on the process). Printed per path: rooms
+(distinct modules entered), moves, returns (moves into a room entered before, i.e. already left once) and how many times
 `write_stage`, `fingerprint` and `preflight` are entered (moves into a module whose last dotted part
 is that name). The demo config's media are written first when missing
 (`pipeline/demo.prepare_demo`, as `vlbatch demo` does).

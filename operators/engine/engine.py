@@ -135,7 +135,8 @@ class Engine:
         for m in seq.request.media:
             t, h, w = m.grid_thw
             if m.num_tokens * merge2 != t * h * w:
-                return f"{m.kind} grid {m.grid_thw} needs {t * h * w // merge2} placeholders, the prompt has {m.num_tokens}"
+                return (f"{m.kind} grid {m.grid_thw} needs {t * h * w // merge2} placeholders, "
+                        f"the prompt has {m.num_tokens}")
         if max(seq.request.prompt_token_ids) >= self.model.config.text.vocab_size:
             return "prompt token id beyond the vocabulary"
         if not self.scheduler.fits_at_all(seq):

@@ -79,7 +79,8 @@ class Request:
         if n < 1:
             raise InputError(f"request {self.id!r}: empty prompt")
         if tuple(self.position_ids.shape) != (3, n):
-            raise InputError(f"request {self.id!r}: position_ids must be [3, {n}], got {tuple(self.position_ids.shape)}")
+            raise InputError(f"request {self.id!r}: position_ids must be [3, {n}], "
+                             f"got {tuple(self.position_ids.shape)}")
         for m in self.media:
             if any(s < 0 or e > n or s >= e for s, e in m.spans):
                 raise InputError(f"request {self.id!r}: media span outside the prompt: {m.spans}")
@@ -105,7 +106,10 @@ class Request:
         the processor's, 2 for every Qwen3.5 checkpoint).
         """
         ids = as_tensor(out["input_ids"])
-        keep = as_tensor(out["attention_mask"])[index].bool() if "attention_mask" in out else torch.ones_like(ids[index]).bool()
+        if "attention_mask" in out:
+            keep = as_tensor(out["attention_mask"])[index].bool()
+        else:
+            keep = torch.ones_like(ids[index]).bool()
         types = as_tensor(out["mm_token_type_ids"]) if "mm_token_type_ids" in out else torch.zeros_like(ids)
         media = split_media(ids, types, out, index, keep, merge_size, temporal_patch_size)
         pos = as_tensor(out["position_ids"])[:, index][:, keep].to(torch.int64).contiguous()

@@ -130,7 +130,8 @@ class Qwen35Model(nn.Module):
         b, length = input_ids.shape
         embeds = self.embed(input_ids)
         embeds = self._place(input_ids, embeds, pixel_values, image_grid_thw, self.config.image_token_id, "image")
-        embeds = self._place(input_ids, embeds, pixel_values_videos, video_grid_thw, self.config.video_token_id, "video")
+        embeds = self._place(input_ids, embeds, pixel_values_videos, video_grid_thw, self.config.video_token_id,
+                             "video")
         if cache is None:
             cache = ContiguousCache(self.config.text, b, device=self.device, dtype=self.dtype, capacity=length)
         if cache.batch_size != b:
@@ -176,7 +177,8 @@ class Qwen35Model(nn.Module):
         if fresh:
             if has_media:
                 if mm_token_type_ids is None:
-                    mm_token_type_ids = mm_token_types(input_ids, self.config.image_token_id, self.config.video_token_id)
+                    mm_token_type_ids = mm_token_types(input_ids, self.config.image_token_id,
+                                                       self.config.video_token_id)
                 pos, deltas = mrope_positions(
                     mm_token_type_ids, image_grid_thw, video_grid_thw, self.config.vision.spatial_merge_size
                 )

@@ -45,7 +45,8 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
 
 
-def vision_rope(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def vision_rope(rows: torch.Tensor, cols: torch.Tensor, head_dim: int,
+                theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """rows / cols [N] patch coordinates -> (cos, sin) [N, head_dim], float32."""
     half = head_dim // 2
     inv_freq = 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float32, device=rows.device) / half))

@@ -101,7 +101,8 @@ class DecodePlan:
     def of(cls, indices, total_frames: int, grid_thw, layout: tuple[int, int, int]) -> DecodePlan:
         """The plan whose frames fill `grid_thw` under `layout` (h = grid h * patch, as the CPU stage resized)."""
         patch = layout[0]
-        plan = cls(tuple(int(i) for i in indices), int(total_frames), (int(grid_thw[1]) * patch, int(grid_thw[2]) * patch))
+        size = (int(grid_thw[1]) * patch, int(grid_thw[2]) * patch)
+        plan = cls(tuple(int(i) for i in indices), int(total_frames), size)
         if not plan.indices or -(-len(plan.indices) // layout[2]) != int(grid_thw[0]):
             raise InputError(f"a decode plan of {len(plan.indices)} frames does not fill grid {tuple(grid_thw)}")
         return plan
@@ -140,7 +141,8 @@ def patches_to_frames(values, grid_thw, merge: int, temporal: int = 2, *,
     n, d = x.shape
     patch = round((d / (3 * temporal)) ** 0.5)
     if n != t * h * w or 3 * temporal * patch * patch != d or h % merge or w % merge:
-        raise InputError(f"pixel values [{n}, {d}] do not fill grid {(t, h, w)} with merge {merge}, temporal {temporal}")
+        raise InputError(f"pixel values [{n}, {d}] do not fill grid {(t, h, w)} "
+                         f"with merge {merge}, temporal {temporal}")
     x = x.reshape(t, h // merge, w // merge, merge, merge, 3, temporal, patch, patch)
     x = x.permute(0, 6, 5, 1, 3, 7, 2, 4, 8)  # [t, tp, C, bh, mh, p, bw, mw, p]: frames_to_patches undone
     frames = x.reshape(t * temporal, 3, h * patch, w * patch).permute(0, 2, 3, 1)  # [F, H, W, C]

@@ -8,7 +8,8 @@ name) it rebuilds the pipeline as transformers 5 does: that class defines its no
 and takes only the vocabulary, merges and post-processor from tokenizer.json, so a file
 whose own normaliser or pre-tokeniser differ still gives the reference's ids. Any other
 named class would need its own code: `load_tokenizer` then falls back to transformers'
-AutoTokenizer (same interface, exact by construction, slower to start). Its chat-template rendering configures jinja2 as transformers'
+AutoTokenizer (same interface, exact by construction, slower to start). Its chat-template rendering
+configures jinja2 as transformers'
 `apply_chat_template` does (sandboxed, `trim_blocks`, `lstrip_blocks`, `loopcontrols`,
 a JSON `tojson`, `raise_exception`, `strftime_now`, a no-op `{% generation %}` block,
 the special tokens as variables), so the rendered prompt and the ids equal the
@@ -202,7 +203,8 @@ def compile_template(source: str):
         # not jinja's tojson, which escapes HTML characters
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -60,8 +60,9 @@ def masked(messages: list[dict]) -> tuple[list[dict], list[str]]:
         if isinstance(content, str):
             m = {**m, "content": mask(content)}
         elif isinstance(content, (list, tuple)):
-            m = {**m, "content": [{**p, "text": mask(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str)
-                                  else p for p in content]}
+            m = {**m, "content": [{**p, "text": mask(p["text"])}
+                                  if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+                                  for p in content]}
         out.append(m)
     return out, texts
 

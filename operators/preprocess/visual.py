@@ -33,7 +33,8 @@ from vlbatch.operators.types import VideoClip, VideoPlan
 
 @dataclass(frozen=True)
 class VisualBatch:
-    """pixel_values float32 `[N, D]` (uint8 levels with `uint8=True`); grid_thw int64 `[M, 3]`; timestamps: per item, seconds per temporal group."""
+    """pixel_values float32 `[N, D]` (uint8 levels with `uint8=True`); grid_thw int64 `[M, 3]`;
+    timestamps: per item, seconds per temporal group."""
 
     pixel_values: np.ndarray
     grid_thw: np.ndarray

@@ -2,7 +2,8 @@
 
 A `Sink` is one run's output location (`<output.uri>/<run_id>`), built from
 `(uri, storage: StorageOptions)`; its `uri` attribute is that location in a form any process
-can open (absolute for local paths), so workers build the same sink from it. Rows are tables in `OUTPUT_SCHEMA` (`sink/schema.py`).
+can open (absolute for local paths), so workers build the same sink from it. Rows are tables in
+`OUTPUT_SCHEMA` (`sink/schema.py`).
 Every implementation keeps these promises (tests/test_sink_contract.py checks them):
 
 - `prepare()`: make the location and drop what a killed writer left (never visible output).

@@ -8,7 +8,8 @@ appears whole or not at all (`vlbatch.operators.storage.put_atomic`: one PUT on 
 removed by `prepare()`; an empty `_tmp/` is removed by `finish()`. Cleanup deletes only names this
 sink writes (`is_ours`: staged `part-<hash>.parquet` files, temp names with `put_atomic`'s
 `.vlbatch-tmp` mark) and then the folders left empty: a foreign file under `_tmp/` stays. On an object store no
-directory (and never a bucket) is created: keys need no parent. Every storage call follows the one retry policy (`operators/storage`).
+directory (and never a bucket) is created: keys need no parent. Every storage call follows the one
+retry policy (`operators/storage`).
 
 Rolling parts (exactly once, sized for object storage). A run's writers do not publish one
 part per batch: each writer (`sink/rolling.py:PartRoller`, one per write actor) *stages*
@@ -163,9 +164,9 @@ class ParquetSink(Sink):
                 self._retry(lambda p=path: self.fs.rm_file(p), f"deleting {path}")
 
     def _clean(self, folder: str) -> None:
-        """Delete the files under `folder` (`_tmp/` or a folder in it) that this sink writes there (`is_ours`), then the folders
-        left empty; anything else stays, whoever put it there (the sink never deletes what it did
-        not create)."""
+        """Delete the files under `folder` (`_tmp/` or a folder in it) that this sink writes there
+        (`is_ours`), then the folders left empty; anything else stays, whoever put it there (the sink
+        never deletes what it did not create)."""
         if not self._retry(lambda: self.fs.exists(folder), f"listing {folder}"):
             return
         found = self._retry(lambda: self.fs.find(folder, withdirs=True, detail=True), f"listing {folder}")

@@ -19,7 +19,8 @@ TIMINGS_TYPE = pa.struct(
     [
         pa.field("decode_s", pa.float64()),  # media read + decode (per media, shared by its requests)
         pa.field("preprocess_s", pa.float64()),  # resize, patchify, tokenise (per media)
-        pa.field("model_s", pa.float64()),  # wall time of the model-stage call holding this request (queue + generation)
+        # wall time of the model-stage call holding this request (queue + generation)
+        pa.field("model_s", pa.float64()),
     ]
 )
 

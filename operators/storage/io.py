@@ -12,15 +12,17 @@
 - `open_input(fs, path, storage)`: a seekable binary stream (manifests, part files) whose
   reads are ranged requests, each retried on its own, so a transient failure in the middle
   of a large file costs one range, not the file.
-- (`arrow_filesystem` lives in storage/arrow.py, so this module does not import it back) the same for pyarrow readers (Ray Data's read_parquet /
-  read_json / read_csv): metadata calls and file opens retry, reads go through `open_input`.
+- (`arrow_filesystem` lives in storage/arrow.py, so this module does not import it back) the same for
+  pyarrow readers (Ray Data's read_parquet / read_json / read_csv): metadata calls and file opens
+  retry, reads go through `open_input`.
 - `put_atomic(fs, path, data, storage, tmp_dir=...)`: a file that is visible whole or not at
   all. Object stores (s3): one PUT (or one multipart upload, visible only at
   CompleteMultipartUpload) straight to the final key. Local / POSIX: the bytes go to a unique
   temp name (`<name>.<32 hex>.vlbatch-tmp`, under `tmp_dir` or beside `path`: the mark by which
-  a sink knows its own debris), then `os.replace` onto `path` (atomic within one filesystem). Other fsspec protocols: temp name + `mv`, atomic only where the store's
-  rename is. Each attempt of the retry loop writes a fresh temp name, and deletes it when it fails; a
-  full disk or quota (ENOSPC / EDQUOT) is `StorageError: no space left on <folder>` (not retried).
+  a sink knows its own debris), then `os.replace` onto `path` (atomic within one filesystem). Other
+  fsspec protocols: temp name + `mv`, atomic only where the store's rename is. Each attempt of the
+  retry loop writes a fresh temp name, and deletes it when it fails; a full disk or quota (ENOSPC /
+  EDQUOT) is `StorageError: no space left on <folder>` (not retried).
 """
 from __future__ import annotations
 

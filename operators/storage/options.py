@@ -1,11 +1,12 @@
 """Where and how to reach storage: `StorageOptions` and one fsspec filesystem per URI.
 
 Local paths (`/a/b.mp4`, relative paths, `file:///a/b.mp4`) and `s3://bucket/key` (`s3a://`
-too) are supported; `memory://` for tests (never for output: `OUTPUT_PROTOCOLS`); `http(s)://` URLs are read by `storage.http`
-(urllib, no listing: `filesystem` gives fsspec's HTTP filesystem only for completeness). `s3://` uses s3fs with the options' endpoint URL,
-region, profile and anonymous flag. Credentials are never part of the options: botocore finds
-them in the standard places (AWS_* environment variables, shared credentials / config files
-and profiles, instance metadata), and nothing here logs them.
+too) are supported; `memory://` for tests (never for output: `OUTPUT_PROTOCOLS`); `http(s)://` URLs are
+read by `storage.http` (urllib, no listing: `filesystem` gives fsspec's HTTP filesystem only for
+completeness). `s3://` uses s3fs with the options' endpoint URL, region, profile and anonymous flag.
+Credentials are never part of the options: botocore finds them in the standard places (AWS_*
+environment variables, shared credentials / config files and profiles, instance metadata), and
+nothing here logs them.
 
 s3fs's and botocore's own retry loops are set to a single attempt, so the one retry loop is
 `vlbatch.operators.storage.retry.with_retries` (visible and testable). The listings cache is

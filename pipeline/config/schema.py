@@ -274,8 +274,9 @@ class RayConfig(_Section):
                                    "such node lost mid-run) before the run stops (exit 8; committed rows are kept): "
                                    "time for a node to come back or an autoscaler to add one")
     block_mb: int = Field(
-        16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes whole "
-                                       "blocks, so smaller blocks reach the model and commit sooner (Ray's default: 128)")
+        16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes "
+                                       "whole blocks, so smaller blocks reach the model and commit sooner "
+                                       "(Ray's default: 128)")
 
 
 class JobConfig(_Section):
@@ -322,7 +323,8 @@ class JobConfig(_Section):
             basis["model"].pop(how, None)
         if not self.input.follow_symlinks:  # the default: run ids made before the field existed stay
             basis["input"].pop("follow_symlinks", None)  # (on: links are read that a default run refused)
-        for how in ("decoder", "decode_device"):  # every decoder returns the same frames (tests/test_media_torchcodec.py)
+        # every decoder returns the same frames (tests/test_media_torchcodec.py)
+        for how in ("decoder", "decode_device"):
             basis["video"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return f"run-{digest[:12]}"

@@ -1,1 +1,2 @@
-"""The one plan (`spec.py`: `RunPlan`, its `StageSpec`s) and the one preflight (`preflight.py`); imports none of its modules."""
+"""The one plan (`spec.py`: `RunPlan`, its `StageSpec`s) and the one preflight (`preflight.py`); imports none
+of its modules."""

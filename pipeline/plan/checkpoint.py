@@ -13,7 +13,8 @@ second, one line per problem naming the field (a step of `plan/preflight.py`):
   linear-head, vocabulary, width and expert counts (`operators/parallel/plan.py`);
 - every tensor's name and shape against config.json (safetensors headers only, no weight is
   read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
-- (`model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA: `plan/fit.device_problems`, against the cluster.)
+- (`model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA: `plan/fit.device_problems`,
+  against the cluster.)
 
 An s3:// (or other remote) `model.path` is checked by reading its config.json (the architecture
 and the tensor-parallel split) and by the download's own name checks (one listing: object keys

@@ -35,8 +35,9 @@ OBJECT_STORE_MAX = 200 * GIB  # ... up to this (Ray's defaults); its `memory` re
 
 def local_cluster() -> Cluster:
     """What a new local Ray on this machine registers, computed as Ray does it without starting a
-    process (and without Ray's private API): the machine's CPUs (within a cgroup quota), the GPUs CUDA_VISIBLE_DEVICES or nvidia-smi lists, and the `memory` resource (the
-    available memory less the object store)."""
+    process (and without Ray's private API): the machine's CPUs (within a cgroup quota), the GPUs
+    CUDA_VISIBLE_DEVICES or nvidia-smi lists, and the `memory` resource (the available memory less the
+    object store)."""
     cpus = float(os.cpu_count() or 1)  # as Ray counts them (not the affinity mask)
     quota = _cgroup_cpus()
     if quota is not None:

@@ -220,9 +220,11 @@ def block(lines: list[Line], cfg, base_uri: str, file_uri: str, keep: pa.Schema 
         table.update({f.name: pa.array([], f.type) for f in keep if f.name not in table})
     out = normalise(pa.table(table), cfg, base_uri, keep=keep)
     if bad:
-        errors = manifest_table(len(bad), media_uri=[blank.get(n) for n, _ in bad], identity=[f"{file_uri}#L{n}" for n, _ in bad],
+        errors = manifest_table(len(bad), media_uri=[blank.get(n) for n, _ in bad],
+                                identity=[f"{file_uri}#L{n}" for n, _ in bad],
                                 error=[f"manifest {file_uri} line {n}: {msg}" for n, msg in bad])
-        order = sorted(range(len(good) + len(bad)), key=lambda i: good[i][0] if i < len(good) else bad[i - len(good)][0])
+        order = sorted(range(len(good) + len(bad)),
+                       key=lambda i: good[i][0] if i < len(good) else bad[i - len(good)][0])
         out = pa.concat_tables([out, errors]).take(pa.array(order, pa.int64()))
     return out
 

@@ -13,7 +13,8 @@ extension. A sample's media is its first member whose extension is in `IMAGE_EXT
 or `VIDEO_EXTS` (a video); its row: `media_uri` = `<shard>#<key>.<ext>`, the bytes in
 `media_bytes`, `identity` = the key (request ids hash the key, so they survive moving the
 shards; keys must be unique across the dataset, as WebDataset writers make them: two samples
-with one key are one media to resume and to duplicate dropping). `input.columns.keep` names member extensions (`txt`, `json`, `cls`) kept as strings.
+with one key are one media to resume and to duplicate dropping). `input.columns.keep` names member
+extensions (`txt`, `json`, `cls`) kept as strings.
 
 Members are read with a bound (`MemberLimits`): a media member's size in its tar header is
 checked against `image.max_bytes` / `video.max_bytes` before a byte of it is read (over it: the

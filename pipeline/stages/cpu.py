@@ -310,7 +310,8 @@ def requests_of(rows) -> int:
 
 
 def process_prompts(proc, texts: list[str], images: list[np.ndarray] | None = None, videos: list | None = None, *,
-                    uint8: bool = False, frames: bool = False) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+                    uint8: bool = False,
+                    frames: bool = False) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     """`[proc(text=t, images=..., videos=...) for t in texts]` with the pixel work done once.
 
     Returns (visual, per_text): `visual` holds the prompt-independent outputs

@@ -198,5 +198,6 @@ def _columns(o) -> tuple:
     if isinstance(o, VlbatchError):
         return None, None, None, None, None, None, o.error_type, stable_message(str(o))
     if o.finish_reason == "error":
-        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, o.error_type or "EngineError", stable_message(o.error)
+        error_type = o.error_type or "EngineError"
+        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, error_type, stable_message(o.error)
     return o.text, o.thinking, o.finish_reason, o.prompt_tokens, o.generated_tokens, o.cached_tokens, None, None

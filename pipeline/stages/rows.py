@@ -39,8 +39,9 @@ class MediaTask:
     status: str = "ok"
     error_type: str | None = None
     error_message: str | None = None
-    media_bytes: bytes | None = None  # the media itself when the input carries it (not read again); dropped after decode
-    keep: bytes | None = None  # input.columns.keep values of the media (pipeline/sources/keep.py), carried to the writer
+    # the media itself when the input carries it (not read again); dropped after decode
+    media_bytes: bytes | None = None
+    keep: bytes | None = None  # input.columns.keep values (pipeline/sources/keep.py), carried to the writer
 
     def failed(self, err: BaseException) -> Any:
         """The same row as an error row (`err`'s class name and message, without object addresses)."""

@@ -43,7 +43,7 @@ class ScanStage:
     def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None, meter=None):
         from vlbatch.pipeline.stages.cpu import PrepareStage
 
-        self.prepare = PrepareStage(cfg, meter)  # progress: its decoded / preprocessed counts (pipeline/telemetry/meter.py)
+        self.prepare = PrepareStage(cfg, meter)  # progress: its decoded / preprocessed counts (telemetry/meter.py)
         self.writer = None
         if run_dir is not None:
             from vlbatch.pipeline.stages.write_stage import WriteStage

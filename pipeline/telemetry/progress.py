@@ -60,7 +60,8 @@ class Progress:
     files: set = field(default_factory=set)
     prompt_hist: Counter = field(default_factory=Counter)  # prompt tokens per request (token_histogram)
     visual_hist: Counter = field(default_factory=Counter)  # visual tokens per request
-    stage_s: Counter = field(default_factory=Counter)  # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    stage_s: Counter = field(default_factory=Counter)
     counts: dict = field(default_factory=dict)  # the stages' counters (pipeline/telemetry/meter.py), latest snapshot
     phase: str | None = None  # what the run is doing while nothing is committed (None: running)
     expect_models: int | None = None  # model actors the phase waits for (None: no model stage)
@@ -147,8 +148,8 @@ class Progress:
         brps = basis / e
         return {"rows_per_s": rps, "visual_tokens_per_s": self.visual_tokens / e,
                 "generated_tokens_per_s": self.generated_tokens / e, "prefix_cache_hit_rate": hit,
-                "vision_cache_hit_rate": self.vision_hits / lookups if (lookups := self.vision_hits + self.vision_encodes)
-                else 0.0,
+                "vision_cache_hit_rate": (self.vision_hits / lookups
+                                          if (lookups := self.vision_hits + self.vision_encodes) else 0.0),
                 "eta_s": (left / brps) if brps > 0 and left is not None else None, **self.startup()}
 
     def startup(self) -> dict:

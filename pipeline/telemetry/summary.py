@@ -40,13 +40,14 @@ class RunSummary:
     error_fraction: float = 0.0
     max_error_fraction: float = 0.0
     files_written: int = 0
-    stage_seconds: dict = field(default_factory=dict)  # summed busy time per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    # summed busy time per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
+    stage_seconds: dict = field(default_factory=dict)
     prompt_tokens: int = 0  # this call, summed over requests (visual placeholders included)
     visual_tokens: int = 0  # this call, per request (a media asked 3 questions counts 3 times)
     token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
     timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
     failed_starts: list = field(default_factory=list)  # "<Stage> on node IP (id): cause" per actor that failed to start
-    attempts: list = field(default_factory=list)  # every call's record on this run, this one last (pipeline/telemetry/attempts.py)
+    attempts: list = field(default_factory=list)  # every call's record on this run, this one last (attempts.py)
 
     @property
     def exceeded_error_fraction(self) -> bool:

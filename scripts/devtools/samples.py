@@ -115,7 +115,8 @@ def encode_video(
         tone = _tone_stream(out) if audio else None  # every stream exists before the first packet
         t = done = 0
         for i in range(n):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(pattern(i, width, height), -k)), format="rgb24")
+            upright = np.ascontiguousarray(np.rot90(pattern(i, width, height), -k))
+            frame = av.VideoFrame.from_ndarray(upright, format="rgb24")
             if durations_ms is not None:
                 frame.pts, frame.time_base = t, Fraction(1, 1000)
                 t += durations_ms[i % len(durations_ms)]

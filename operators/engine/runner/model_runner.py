@@ -60,9 +60,10 @@ class ModelRunner:
         self.scratch_block = num_blocks if static_decode else None  # past the BlockManager's ids
         self.kv = torch.zeros(len(text.full_layers), 2, num_blocks + int(static_decode), block_size,
                               text.num_key_value_heads, text.head_dim, dtype=self.dtype, device=self.device)
-        self.pool = self.pool_class(num_slots, len(text.linear_layers), text.linear_conv_dim, text.linear_conv_kernel_dim,
-                              text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim,
-                              dtype=self.dtype, device=self.device, scratch=static_decode)
+        self.pool = self.pool_class(num_slots, len(text.linear_layers), text.linear_conv_dim,
+                                    text.linear_conv_kernel_dim, text.linear_num_value_heads,
+                                    text.linear_key_head_dim, text.linear_value_head_dim,
+                                    dtype=self.dtype, device=self.device, scratch=static_decode)
         self.vision_cache = vision_cache
         # chosen once; its decode gathers' buffers are reused across layers and steps
         self.attention = attention if attention is not None else select_attention("auto", model.device)

@@ -112,9 +112,9 @@ def causal_conv1d_packed(
 def causal_conv1d_packed_torch(
     x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, lens: tuple[int, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`causal_conv1d_packed` in torch ops (every device and dtype). Each sequence's K stored inputs and then its own rows are laid out in one buffer
-    [B * K + T, C]; the conv is K shifted multiply-adds over it (no transposes), and a
-    row's window never reaches into another sequence's segment.
+    """`causal_conv1d_packed` in torch ops (every device and dtype). Each sequence's K stored inputs and
+    then its own rows are laid out in one buffer [B * K + T, C]; the conv is K shifted multiply-adds over
+    it (no transposes), and a row's window never reaches into another sequence's segment.
     """
     t, c = x.shape
     b, _, k = conv_state.shape
@@ -122,7 +122,8 @@ def causal_conv1d_packed_torch(
     lengths = torch.tensor(lens, dtype=torch.long)
     seg_end = (lengths + k).cumsum(0)  # [B] end of each segment in the buffer
     seg_start = seg_end - lengths - k
-    x_rows = torch.arange(t) + k * (torch.repeat_interleave(torch.arange(b), lengths) + 1)  # [T] buffer row of each token
+    # [T] buffer row of each token
+    x_rows = torch.arange(t) + k * (torch.repeat_interleave(torch.arange(b), lengths) + 1)
     s_rows = (seg_start[:, None] + torch.arange(k)).view(-1)  # [B * K]
     buf = x.new_empty(b * k + t, c)
     buf.index_copy_(0, x_rows.to(dev), x)

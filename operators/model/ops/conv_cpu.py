@@ -161,7 +161,8 @@ def _four_taps(x, base, row_stride, wt, row):  # pragma: no cover - compiled
     the output row (the tap-by-tap loop above makes four; ~2x slower at C = 1024)."""
     n_c = row.shape[0]
     x0, x1 = x[base: base + n_c], x[base + row_stride: base + row_stride + n_c]
-    x2, x3 = x[base + 2 * row_stride: base + 2 * row_stride + n_c], x[base + 3 * row_stride: base + 3 * row_stride + n_c]
+    x2 = x[base + 2 * row_stride: base + 2 * row_stride + n_c]
+    x3 = x[base + 3 * row_stride: base + 3 * row_stride + n_c]
     w0, w1, w2, w3 = wt[0], wt[1], wt[2], wt[3]
     for c in range(n_c):
         acc = w0[c] * x0[c]

@@ -128,7 +128,8 @@ def tiny_config_dict(variant: str = "dense", vision_overrides: dict | None = Non
 
 
 def build_reference_model(
-    variant: str = "dense", seed: int = 0, init_std: float = 0.05, vision_overrides: dict | None = None, **text_overrides
+    variant: str = "dense", seed: int = 0, init_std: float = 0.05, vision_overrides: dict | None = None,
+    **text_overrides,
 ):
     """The transformers model for a variant, randomly initialised from `seed` (fp32, eval)."""
     import torch

@@ -9,7 +9,8 @@ Seeds split the data: training draws scene seeds from `[0, HELDOUT_SEED_BASE)`,
 the held-out set uses `HELDOUT_SEED_BASE + i`. `heldout_items(n_images, n_videos)`
 is reusable by any runner (transformers, our engine, the full pipeline):
 `item.messages()` is the request, `item.image` / `item.video` / `item.video_bytes()`
-the media (`item.write_media(dir)` writes it as a PNG / H.264 MP4 file), `item.qa` the truth, scored by `score.score_answers`.
+the media (`item.write_media(dir)` writes it as a PNG / H.264 MP4 file), `item.qa` the truth, scored by
+`score.score_answers`.
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ class Scores:
         def pct(v):
             return "n/a" if v is None else f"{100 * v:.1f}%"
 
-        return (f"image attributes {pct(self.image_attribute_accuracy)}, video motion {pct(self.video_motion_accuracy)}, "
+        return (f"image attributes {pct(self.image_attribute_accuracy)}, "
+                f"video motion {pct(self.video_motion_accuracy)}, "
                 f"video colours {pct(self.video_colour_accuracy)}, exact answers {pct(self.exact_answers)}")
 
 
@@ -174,7 +175,8 @@ def _grammar() -> dict[str, re.Pattern]:
     place = _alt(POSITION_PHRASES.values())
     shape = rf"an? {size} {colour} {kind} {place}"
     number = _alt(NUMBER_WORDS.values())
-    active = (rf"(?:a {colour} {kind} moves {_alt(DIRECTIONS)} {_alt(SPEEDS)}|a {kind} changes from {colour} to {colour}"
+    active = (rf"(?:a {colour} {kind} moves {_alt(DIRECTIONS)} {_alt(SPEEDS)}"
+              rf"|a {kind} changes from {colour} to {colour}"
               rf"|a {colour} {kind} stays still)\.")
     flags = re.IGNORECASE
     return {

@@ -96,5 +96,6 @@ def vision_targets(batch: dict, items: list[SceneItem]):
     images = [it for it in items if it.media_type == "image"]
     videos = [it for it in items if it.media_type == "video"]
     parts = [image_targets(it.scene, g) for it, g in zip(images, batch.get("image_grid_thw", []), strict=True)]
-    parts += [video_targets(it.video.frames, g, it.scene.shapes) for it, g in zip(videos, batch.get("video_grid_thw", []), strict=True)]
+    parts += [video_targets(it.video.frames, g, it.scene.shapes)
+              for it, g in zip(videos, batch.get("video_grid_thw", []), strict=True)]
     return torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros((0, 6), dtype=torch.long)

@@ -102,7 +102,8 @@ class SceneBatches(torch.utils.data.IterableDataset):
 
 def _batches(out: Path, seed: int, batch: int, video_share: float, image_weights=None):
     return iter(torch.utils.data.DataLoader(
-        SceneBatches(str(out), seed, batch, video_share, image_weights), batch_size=None, num_workers=1, prefetch_factor=4,
+        SceneBatches(str(out), seed, batch, video_share, image_weights), batch_size=None, num_workers=1,
+        prefetch_factor=4,
         persistent_workers=False,
     ))
 
@@ -150,7 +151,8 @@ def _initial_model(args):
     checkpoint of exactly these sizes), or with `--init-vision`'s vision tower (same vision sizes)."""
     from transformers import AutoModelForImageTextToText
 
-    vision = dict(VISION, hidden_size=args.vision_width, intermediate_size=2 * args.vision_width, depth=args.vision_depth)
+    vision = dict(VISION, hidden_size=args.vision_width, intermediate_size=2 * args.vision_width,
+                  depth=args.vision_depth)
     model = tiny.build_reference_model("dense", seed=args.seed, init_std=args.init_std, vision_overrides=vision, **TEXT)
     _reset_norms(model)
     if args.init:

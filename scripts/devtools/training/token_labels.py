@@ -53,7 +53,8 @@ def colour_classes(img: np.ndarray) -> np.ndarray:
     best = np.zeros(img.shape[:2], dtype=np.int64)
     best_d = np.full(img.shape[:2], np.iinfo(np.int16).max, dtype=np.int16)
     for i, rgb in enumerate(_RGB):  # one pass per colour over [H, W] planes (a 4-D reduce is ~10x slower)
-        d = np.maximum(np.maximum(np.abs(px[..., 0] - rgb[0]), np.abs(px[..., 1] - rgb[1])), np.abs(px[..., 2] - rgb[2]))
+        d = np.maximum(np.maximum(np.abs(px[..., 0] - rgb[0]), np.abs(px[..., 1] - rgb[1])),
+                       np.abs(px[..., 2] - rgb[2]))
         better = d < best_d
         best[better] = i + 1
         best_d = np.minimum(best_d, d)
@@ -99,7 +100,8 @@ def token_grid(grid_thw, merge: int = 2) -> tuple[int, int, int]:
 
 
 def image_targets(scene, grid_thw) -> np.ndarray:
-    """`[N, 6]` (colour, kind, size, row, column, motion=IGNORE) targets of an image scene's N merged tokens, row-major."""
+    """`[N, 6]` (colour, kind, size, row, column, motion=IGNORE) targets of an image scene's N merged
+    tokens, row-major."""
     img = scene.image[::STRIDE, ::STRIDE]
     h, w = img.shape[:2]
     cls = colour_classes(img)
@@ -115,7 +117,8 @@ def image_targets(scene, grid_thw) -> np.ndarray:
     kind = _labels(cover, np.array([KINDS.index(s.kind) + 1 for s in scene.shapes]))
     size = _labels(cover, np.array([SIZES.index(s.size) + 1 for s in scene.shapes]))
     motion = np.full_like(colour, IGNORE)
-    return np.concatenate([np.stack([colour, kind, size], axis=1), position_targets(1, gh, gw), motion[:, None]], axis=1)
+    return np.concatenate([np.stack([colour, kind, size], axis=1), position_targets(1, gh, gw), motion[:, None]],
+                          axis=1)
 
 
 def _motion_of_colours(shapes) -> np.ndarray:

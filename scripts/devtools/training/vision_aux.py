@@ -22,7 +22,8 @@ _ON_SHAPES = {0, 1, 2, 5}  # heads whose accuracy is reported on shape tokens on
 
 
 class VisionAux(torch.nn.Module):
-    """Linear head `[N, D] -> [N, colour | kind | size | row | col | motion]` over the merger outputs of the last forward."""
+    """Linear head `[N, D] -> [N, colour | kind | size | row | col | motion]` over the merger outputs of the
+    last forward."""
 
     def __init__(self, model):
         super().__init__()
@@ -54,7 +55,8 @@ class VisionAux(torch.nn.Module):
 
     @torch.no_grad()
     def accuracy(self, targets: torch.Tensor) -> dict[str, float]:
-        """Accuracy per head, for logs: on shape tokens (target > 0) for colour / kind / size / motion, all for places."""
+        """Accuracy per head, for logs: on shape tokens (target > 0) for colour / kind / size / motion, all
+        for places."""
         out = {}
         for k, (name, logits) in enumerate(zip(NAMES, self._logits(), strict=True)):
             mask = targets[:, k] > 0 if k in _ON_SHAPES else targets[:, k] != IGNORE
