@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.pipeline.config import TaskConfig, load_config, validate_config
+from vlbatch.pipeline.config import TaskSection, load_config, validate_config
 from vlbatch.pipeline.stages.requests import expand, request_id
 from vlbatch.pipeline.stages.rows import Generated, MediaTask, Prepared, from_table, to_table
 
@@ -44,15 +44,15 @@ def test_fields_a_mode_uses_are_fine_and_null_unsets_a_prompt(tmp_path):
 
 def test_caption_rides_after_the_questions_with_the_questions_ids_unchanged():
     qs = ("What colour?", "How many?")
-    only = expand("a/x.png", None, None, TaskConfig(mode="questions", questions=qs))
-    both = expand("a/x.png", None, None, TaskConfig(mode="questions", questions=qs, caption=True, prompt="Describe."))
+    only = expand("a/x.png", None, None, TaskSection(mode="questions", questions=qs))
+    both = expand("a/x.png", None, None, TaskSection(mode="questions", questions=qs, caption=True, prompt="Describe."))
     assert both.prompts == (*qs, "Describe.") and both.request_indices == (0, 1, 2)
     assert both.ids[:2] == only.ids and both.ids[2] == request_id("a/x.png", 2, "Describe.")
-    video = expand("a/v.mp4", None, ["Why?"], TaskConfig(mode="questions", caption=True, video_prompt="What happens?"))
+    video = expand("a/v.mp4", None, ["Why?"], TaskSection(mode="questions", caption=True, video_prompt="What happens?"))
     assert video.prompts == ("Why?", "What happens?") and video.status == "ok"
-    none_asked = expand("a/x.png", None, [], TaskConfig(mode="questions", caption=True, prompt="Describe."))
+    none_asked = expand("a/x.png", None, [], TaskSection(mode="questions", caption=True, prompt="Describe."))
     assert none_asked.prompts == ("Describe.",) and none_asked.status == "ok"  # the caption alone, no error
-    scan = expand("a/x.png", None, None, TaskConfig(mode="scan", questions=qs, caption=True, prompt="Describe."))
+    scan = expand("a/x.png", None, None, TaskSection(mode="scan", questions=qs, caption=True, prompt="Describe."))
     assert scan.prompts == (*qs, "Describe.")
 
 

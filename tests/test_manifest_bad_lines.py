@@ -67,10 +67,10 @@ def test_a_lone_surrogate_in_a_csv_questions_cell_is_an_error_row(one_cpu_ray, t
 
 
 def test_blank_questions_become_error_rows_and_do_not_shift_ids():
-    from vlbatch.pipeline.config import TaskConfig
+    from vlbatch.pipeline.config import TaskSection
     from vlbatch.pipeline.stages.requests import expand_all, request_id
 
-    task = TaskConfig(mode="questions", questions=["default?"])
+    task = TaskSection(mode="questions", questions=["default?"])
     rows, _ = expand_all([("/m/a.png", None, ["What?", "", "  ", "Why?"]), ("/m/b.png", None, ["", " "])], task)
     got = [(r.media_uri, r.status, r.error_type, r.request_indices, r.prompts) for r in rows]
     assert got == [("/m/a.png", "ok", None, (0, 3), ("What?", "Why?")),

@@ -131,11 +131,11 @@ def test_auto_picks_the_first_working_backend_of_the_measured_order():
 
 
 def test_video_config_decoder_defaults_to_auto_and_accepts_the_old_name():
-    from vlbatch.pipeline.config import VideoConfig
+    from vlbatch.pipeline.config import VideoSection
 
-    assert VideoConfig().decoder == "auto" and VideoConfig().decode_device == "cpu"
-    assert VideoConfig(backend="pyav").decoder == "pyav"
-    assert VideoConfig(decoder="torchcodec").decoder == "torchcodec"
+    assert VideoSection().decoder == "auto" and VideoSection().decode_device == "cpu"
+    assert VideoSection(backend="pyav").decoder == "pyav"
+    assert VideoSection(decoder="torchcodec").decoder == "torchcodec"
 
 
 def test_validate_without_torchcodec_says_what_to_install_in_one_line(tmp_path, tiny_ckpt):

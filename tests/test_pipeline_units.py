@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from vlbatch.operators.errors import ConfigError, InputError
-from vlbatch.pipeline.config import TaskConfig
+from vlbatch.pipeline.config import TaskSection
 from vlbatch.pipeline.stages.requests import expand, pending, request_id
 from vlbatch.pipeline.stages.rows import (
     TENSOR_TYPE,
@@ -30,11 +30,11 @@ def test_request_ids_hash_run_independent_inputs():
 
 
 def test_caption_and_question_expansion():
-    cap = TaskConfig(prompt="P img", video_prompt="P vid")
+    cap = TaskSection(prompt="P img", video_prompt="P vid")
     assert expand("a/x.JPG", None, None, cap).prompts == ("P img",)
     v = expand("a/x.mp4", None, None, cap)
     assert v.media_type == "video" and v.prompts == ("P vid",) and v.request_indices == (0,)
-    qa = TaskConfig(mode="questions", questions=("default?",))
+    qa = TaskSection(mode="questions", questions=("default?",))
     r = expand("a/x.png", "image", ["q1", "q2", "q3"], qa)
     assert r.prompts == ("q1", "q2", "q3") and r.request_indices == (0, 1, 2)
     assert r.ids == tuple(request_id("a/x.png", i, q) for i, q in enumerate(["q1", "q2", "q3"]))
@@ -43,16 +43,16 @@ def test_caption_and_question_expansion():
 
 
 def test_unusable_rows_become_error_rows_not_drops():
-    bad_ext = expand("a/file.xyz", None, None, TaskConfig())
+    bad_ext = expand("a/file.xyz", None, None, TaskSection())
     assert bad_ext.status == "error" and bad_ext.error_type == "InputError" and len(bad_ext.ids) == 1
-    bad_type = expand("a/x.jpg", "audio", None, TaskConfig())
+    bad_type = expand("a/x.jpg", "audio", None, TaskSection())
     assert bad_type.error_type == "InputError" and "'image', 'video'" in bad_type.error_message
-    no_q = expand("a/x.jpg", None, [], TaskConfig(mode="questions", questions=()))
+    no_q = expand("a/x.jpg", None, [], TaskSection(mode="questions", questions=()))
     assert no_q.status == "error" and "no questions" in no_q.error_message
 
 
 def test_pending_drops_only_committed_requests():
-    r = expand("a/x.png", None, ["q1", "q2", "q3"], TaskConfig(mode="questions", questions=("z",)))
+    r = expand("a/x.png", None, ["q1", "q2", "q3"], TaskSection(mode="questions", questions=("z",)))
     p = pending(r, {r.ids[1]})
     assert p.ids == (r.ids[0], r.ids[2]) and p.request_indices == (0, 2) and p.prompts == ("q1", "q3")
     assert pending(r, set(r.ids)) is None and pending(r, set()) is r
@@ -154,7 +154,7 @@ def test_one_media_extension_table_and_m4a_is_audio():
     assert infer_media_type("clip.3gp", None) == "video" and infer_media_type("p.jfif", None) == "image"
     with pytest.raises(InputError, match="audio"):
         infer_media_type("song.m4a", None)
-    assert expand("song.m4a", None, None, TaskConfig()).error_type == "InputError"
+    assert expand("song.m4a", None, None, TaskSection()).error_type == "InputError"
     assert infer_media_type("song.m4a", "video") == "video"  # an explicit media_type still wins
 
 
@@ -164,9 +164,9 @@ def test_job_config_dtypes_are_the_loader_dtypes():
     import torch
 
     from vlbatch.operators.model.loader import DTYPES, torch_dtype
-    from vlbatch.pipeline.config import ModelConfig
+    from vlbatch.pipeline.config import ModelSection
 
-    assert set(typing.get_args(ModelConfig.model_fields["dtype"].annotation)) == set(DTYPES)
+    assert set(typing.get_args(ModelSection.model_fields["dtype"].annotation)) == set(DTYPES)
     assert torch_dtype("bfloat16") is torch.bfloat16 and torch_dtype(torch.float16) is torch.float16
     with pytest.raises(ConfigError, match="unsupported dtype"):
         torch_dtype("float64")

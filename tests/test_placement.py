@@ -147,7 +147,7 @@ def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path
 
     from vlbatch.jobs.failures import describe
     from vlbatch.operators.errors import NodesLostError
-    from vlbatch.pipeline.config.schema import RayConfig
+    from vlbatch.pipeline.config.schema import RaySection
     from vlbatch.pipeline.stages.placement import RunPlacement, map_stage, start_failures, watching_nodes
 
     class ModelStage:
@@ -167,7 +167,7 @@ def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path
         kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
         ds = map_stage(ray.data.range(4), ModelStage, placement, **kw)
         placement.needs["ModelStage"] = {"num_cpus": 0.25, "num_gpus": 1}  # as a GPU pool asks (none here)
-        grace = RayConfig(node_loss_timeout_s=0.5, progress_interval_s=0.1)
+        grace = RaySection(node_loss_timeout_s=0.5, progress_interval_s=0.1)
         with pytest.raises(NodesLostError) as info, watching_nodes(placement, grace, nodes=nodes):
             for _ in ds.iter_batches(batch_size=None):
                 pass

@@ -26,10 +26,10 @@ from vlbatch.pipeline.config import model_backends as model_backends_pkg
 POINTS = [(attention_pkg, "ATTENTION", "EngineBudgets", "attention"),
           (delta_rule_pkg, "DELTA_RULE", "EngineBudgets", "delta_rule"),
           (moe_pkg, "MOE", "EngineBudgets", "moe"),
-          (formats_pkg, "SOURCES", "InputConfig", "format"),
-          (sink_pkg, "SINKS", "OutputConfig", "format"),
-          (decoders_pkg, "DECODERS", "VideoConfig", "decoder"),
-          (model_backends_pkg, "MODEL_BACKENDS", "ModelConfig", "backend")]
+          (formats_pkg, "SOURCES", "InputSection", "format"),
+          (sink_pkg, "SINKS", "OutputSection", "format"),
+          (decoders_pkg, "DECODERS", "VideoSection", "decoder"),
+          (model_backends_pkg, "MODEL_BACKENDS", "ModelSection", "backend")]
 IDS = [p[1] for p in POINTS]
 
 

@@ -114,9 +114,9 @@ def test_a_plugin_adds_a_decoder_a_model_backend_and_a_sink(tmp_path, plugin, ti
 
     monkeypatch.syspath_prepend(str(root))  # this process sees the plugin as installed
     defs = job_schema()["$defs"]
-    assert "fake" in defs["VideoConfig"]["properties"]["decoder"]["enum"]
-    assert "tagged" in defs["ModelConfig"]["properties"]["backend"]["enum"]
-    assert "marker" in defs["OutputConfig"]["properties"]["format"]["enum"]
+    assert "fake" in defs["VideoSection"]["properties"]["decoder"]["enum"]
+    assert "tagged" in defs["ModelSection"]["properties"]["backend"]["enum"]
+    assert "marker" in defs["OutputSection"]["properties"]["format"]["enum"]
     loaded = load_config(str(cfg))
     assert (loaded.video.decoder, loaded.model.backend, loaded.output.format) == ("fake", "tagged", "marker")
 

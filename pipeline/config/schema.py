@@ -29,7 +29,7 @@ from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import model_backends as model_backends_pkg
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
-from vlbatch.pipeline.config.storage import OutputConfig, StorageConfig
+from vlbatch.pipeline.config.storage import OutputSection, StorageSection
 
 # the extension points' fields: choices, their docs and errors come from each one's registry
 AttentionChoice = registry_choice(attention_pkg, "ATTENTION")
@@ -71,7 +71,7 @@ class EngineBudgets(_Section):
         return out
 
 
-class ModelConfig(_Section):
+class ModelSection(_Section):
     path: str = Field(..., min_length=1, description="checkpoint folder in the Hugging Face layout: a local path "
                                                      "(relative: to the config file's folder), an fsspec URI "
                                                      "(s3://..., downloaded once per node into cache_dir), or "
@@ -89,7 +89,7 @@ class ModelConfig(_Section):
                                                      "(else each expert's matrices are split)")
 
     @model_validator(mode="after")
-    def _parallel(self) -> ModelConfig:
+    def _parallel(self) -> ModelSection:
         if self.tensor_parallel_size > 1 and self.backend != "engine":
             raise ValueError("tensor_parallel_size > 1 needs backend=engine")
         if self.expert_parallel and self.tensor_parallel_size == 1:
@@ -109,7 +109,7 @@ class InputColumns(_Section):
                                                   "their Arrow types (webdataset: member extensions, as strings)")
 
 
-class InputConfig(_Section):
+class InputSection(_Section):
     uri: str = Field(..., min_length=1, description="manifest file, folder of manifests or glob; format=glob: a "
                                                     "glob of media, or a folder whose media (image and video files, "
                                                     "recursively) are read; local path (relative: to the config file's "
@@ -121,7 +121,7 @@ class InputConfig(_Section):
                                                      "folder (by default its row is an InputError, never read)")
 
 
-class TaskConfig(_Section):
+class TaskSection(_Section):
     mode: Literal["caption", "questions", "scan"] = Field(
         "caption", description="scan: no model; every request is read, decoded and preprocessed as a real run "
                                "would and gets its row (status, error, token counts; answer null): broken files "
@@ -171,7 +171,7 @@ class TaskConfig(_Section):
         return out
 
 
-class SamplingConfig(_Section):
+class SamplingSection(_Section):
     temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=1)
@@ -183,19 +183,19 @@ class SamplingConfig(_Section):
                                 "(max_position_embeddings in its config.json)")
 
 
-class ImageConfig(_Section):
+class ImageSection(_Section):
     min_pixels: int | None = Field(None, ge=1, description="None = the model's preprocessor_config value")
     max_pixels: int | None = Field(None, ge=1)
     max_bytes: int = Field(64 << 20, ge=1, description="files larger than this are error rows (InputError)")
 
     @model_validator(mode="after")
-    def _order(self) -> ImageConfig:
+    def _order(self) -> ImageSection:
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise ValueError("min_pixels must be <= max_pixels")
         return self
 
 
-class VideoConfig(_Section):
+class VideoSection(_Section):
     fps: float | None = Field(2.0, gt=0.0, description="sampling rate; exclusive with num_frames")
     num_frames: int | None = Field(None, ge=1)
     min_frames: int = Field(4, ge=1)
@@ -213,7 +213,7 @@ class VideoConfig(_Section):
     max_bytes: int = Field(2 << 30, ge=1)
 
     @model_validator(mode="after")
-    def _exclusive(self) -> VideoConfig:
+    def _exclusive(self) -> VideoSection:
         if self.fps is not None and self.num_frames is not None:
             raise ValueError("set either fps or num_frames, not both (set fps: null to use num_frames)")
         if self.min_frames > self.max_frames:
@@ -247,7 +247,7 @@ class ModelResources(StageResources):
                                  "the engine hold more (a call alone always runs)")
 
 
-class ResourcesConfig(_Section):
+class ResourcesSection(_Section):
     fuse_cpu_stages: bool = Field(
         True, description="true: decode and preprocess run in one CPU actor pool sized by `preprocess` (one process "
                           "fewer, frames never leave it; `decode` is unused); false: one pool each")
@@ -257,7 +257,7 @@ class ResourcesConfig(_Section):
     write: StageResources = StageResources(num_cpus=0.25, min_actors=1, max_actors=4, batch_size=256)  # rows per call
 
 
-class ResumeConfig(_Section):
+class ResumeSection(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")
     retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
     allow_config_change: bool = Field(
@@ -265,7 +265,7 @@ class ResumeConfig(_Section):
                            "keep the old rows of the ids already done (`vlbatch run --allow-config-change`)")
 
 
-class RayConfig(_Section):
+class RaySection(_Section):
     address: str | None = Field(None, description="Ray (GCS) address to join; None = $RAY_ADDRESS, else a new local "
                                                   "Ray; 'auto' = the Ray already running on this machine")
     progress_interval_s: float = Field(10.0, gt=0.0, description="log line period when not on a terminal")
@@ -280,17 +280,17 @@ class RayConfig(_Section):
 
 
 class JobConfig(_Section):
-    model: ModelConfig
-    input: InputConfig
-    task: TaskConfig = TaskConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    image: ImageConfig = ImageConfig()
-    video: VideoConfig = VideoConfig()
-    resources: ResourcesConfig = ResourcesConfig()
-    output: OutputConfig
-    storage: StorageConfig = StorageConfig()
-    resume: ResumeConfig = ResumeConfig()
-    ray: RayConfig = RayConfig()
+    model: ModelSection
+    input: InputSection
+    task: TaskSection = TaskSection()
+    sampling: SamplingSection = SamplingSection()
+    image: ImageSection = ImageSection()
+    video: VideoSection = VideoSection()
+    resources: ResourcesSection = ResourcesSection()
+    output: OutputSection
+    storage: StorageSection = StorageSection()
+    resume: ResumeSection = ResumeSection()
+    ray: RaySection = RaySection()
     max_error_fraction: float = Field(0.05, ge=0.0, le=1.0, description="exit non-zero above this error share")
 
     @model_validator(mode="after")

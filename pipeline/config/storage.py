@@ -11,7 +11,7 @@ from vlbatch.pipeline.config.section import Section as _Section
 SinkChoice = registry_choice(sink_pkg, "SINKS")
 
 
-class OutputConfig(_Section):
+class OutputSection(_Section):
     uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, file:// "
                                                     "or s3://; nothing else: memory:// and http(s):// are "
                                                     "refused); files go to <uri>/<run_id>/")
@@ -54,7 +54,7 @@ class OutputConfig(_Section):
                           target_rows=self.part_rows, interval_s=self.commit_interval_s)
 
 
-class StorageConfig(_Section):
+class StorageSection(_Section):
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
     region: str | None = None
     anonymous: bool = False

@@ -36,7 +36,7 @@ from dataclasses import replace
 from vlbatch.operators.errors import InputError, source_error
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
 from vlbatch.operators.sink.ids import IdIndex
-from vlbatch.pipeline.config import TaskConfig
+from vlbatch.pipeline.config import TaskSection
 from vlbatch.pipeline.stages.rows import MediaTask
 
 MEDIA_TYPES = ("image", "video")
@@ -69,7 +69,7 @@ def infer_media_type(uri: str, given: str | None) -> str:
                      "add a media_type column with 'image' or 'video'")
 
 
-def _questions(raw, task: TaskConfig) -> list[str]:
+def _questions(raw, task: TaskSection) -> list[str]:
     if raw is None:
         return list(task.questions)
     if isinstance(raw, str):  # CSV cells: a JSON list
@@ -92,13 +92,13 @@ def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, Inp
         return "unknown", e
 
 
-def expand(media_uri: str | None, media_type: str | None, questions, task: TaskConfig, media_bytes=None,
+def expand(media_uri: str | None, media_type: str | None, questions, task: TaskSection, media_bytes=None,
            identity: str | None = None, error: str | None = None, keep: bytes | None = None) -> MediaTask:
     """One manifest row -> its first MediaTask (`expand_rows`: the questions that are not blank)."""
     return expand_rows(media_uri, media_type, questions, task, media_bytes, identity, error, keep)[0]
 
 
-def expand_rows(media_uri: str | None, media_type: str | None, questions, task: TaskConfig, media_bytes=None,
+def expand_rows(media_uri: str | None, media_type: str | None, questions, task: TaskSection, media_bytes=None,
                 identity: str | None = None, error: str | None = None, keep: bytes | None = None) -> list[MediaTask]:
     """One manifest row -> its MediaTasks (all requests, none filtered): the media's requests, then one
     `InputError` row for its empty or whitespace-only questions, if any. A question's request index
@@ -162,7 +162,7 @@ def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[Med
     return out, dropped
 
 
-def expand_all(records: Iterable[tuple], task: TaskConfig,
+def expand_all(records: Iterable[tuple], task: TaskSection,
                done: IdIndex | Collection[str] = frozenset()) -> tuple[list[MediaTask], int]:
     """[(uri, media_type, questions[, media_bytes, identity, error, keep])] -> (pending MediaTasks,
     duplicate requests dropped). `done`: the committed ids (an `IdIndex` is looked up once for
@@ -175,7 +175,7 @@ def expand_all(records: Iterable[tuple], task: TaskConfig,
     return drop_duplicates((r for r in rows if r is not None), set())
 
 
-def _expand_records(records: Iterable[tuple], task: TaskConfig) -> list[MediaTask]:
+def _expand_records(records: Iterable[tuple], task: TaskSection) -> list[MediaTask]:
     """Each record's MediaTasks; a record whose ids were already seen with other kept values gets
     ids of its own (module docstring), so no manifest row's kept values are lost to a duplicate."""
     from vlbatch.pipeline.sources.keep import digest
