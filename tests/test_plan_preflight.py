@@ -16,7 +16,7 @@ import pytest
 
 from vlbatch.pipeline.config import load_config, validate_config
 
-CHECKS = ("check_paths", "open_source", "check_checkpoint", "check_output", "check_fingerprint", "check_plan")
+CHECKS = ("check_paths", "open_source", "check_model", "check_output", "check_fingerprint", "check_plan")
 
 
 def _job(tmp_path, tiny_ckpt, *extra: str):

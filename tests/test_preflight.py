@@ -65,9 +65,9 @@ def test_tp_that_does_not_divide_is_refused_in_one_line_before_torch(tmp_path, c
     assert r.stdout == ""
     # fast: the split is read from config.json without importing torch (or Ray)
     probe = ("import sys\nfrom vlbatch.pipeline.config import load_config\n"
-             "from vlbatch.pipeline.plan.checkpoint import check_checkpoint\n"
+             "from vlbatch.pipeline.plan.checkpoint import check_model\n"
              f"c = load_config({cfg!r}, ['model.tensor_parallel_size=3'])\n"
-             "try:\n    check_checkpoint(c)\nexcept Exception as e:\n    print(type(e).__name__)\n"
+             "try:\n    check_model(c)\nexcept Exception as e:\n    print(type(e).__name__)\n"
              "print('torch' in sys.modules, 'ray' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.stdout.split() == ["ConfigError", "False", "False"], out.stdout + out.stderr

@@ -264,7 +264,7 @@ def test_a_nul_byte_in_a_media_uri_is_a_permanent_error_row(tmp_path):
 
 
 def test_validate_refuses_a_remote_checkpoint_whose_keys_leave_the_folder(ckpt_bucket, tmp_path):
-    from vlbatch.pipeline.plan.checkpoint import check_checkpoint
+    from vlbatch.pipeline.plan.checkpoint import check_model
 
     client, prefix = ckpt_bucket.client(), "ckpt-preflight"
     client.put_object(Bucket="issue48-ckpt", Key=f"{prefix}/config.json", Body=b"{}")
@@ -273,5 +273,5 @@ def test_validate_refuses_a_remote_checkpoint_whose_keys_leave_the_folder(ckpt_b
                            "output": {"uri": str(tmp_path)},
                            "storage": {"endpoint_url": ckpt_bucket.endpoint_url, "region": "us-east-1", "retries": 0}})
     with pytest.raises(ConfigError, match=r"model.path: the object .*\.\./\.\./") as e:
-        check_checkpoint(cfg)
+        check_model(cfg)
     assert "outside" in str(e.value)

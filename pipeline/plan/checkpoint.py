@@ -1,4 +1,4 @@
-"""The checkpoint half of the start-up checks: `check_checkpoint(config)`, run by `vlbatch validate`
+"""The checkpoint half of the start-up checks: `check_model(config)`, run by `vlbatch validate`
 and at the start of `vlbatch run` before any Ray process starts (the resource half is
 `pipeline/plan/fit.py`). What a model actor or a CPU actor would die on, found here in a
 second, one line per problem naming the field (a step of `plan/preflight.py`):
@@ -145,7 +145,7 @@ def _remote_problems(config: JobConfig) -> list[str]:
     return _architecture(raw, uri, config)
 
 
-def check_checkpoint(config: JobConfig) -> None:
+def check_model(config: JobConfig) -> None:
     """ConfigError naming every problem of `model.path` a model or CPU actor would die on (see the
     module docstring); returns quietly when the checkpoint would load."""
     local = is_local(config.model.path)

@@ -4,7 +4,7 @@
 
 1. `paths`: the config's local paths (`plan/checks.check_paths`: model folder, input, decoder, output folder);
 2. `input`: the run's `Source` opened and counted (a manifest listed in the driver, no Ray);
-3. `checkpoint`: what a model or CPU actor would die on (`plan/checkpoint.check_checkpoint`);
+3. `checkpoint`: what a model or CPU actor would die on (`plan/checkpoint.check_model`);
 4. `output`: the output bucket exists (`plan/checks.check_output`) and the run folder's answers were
    made with this config (`plan/fingerprint.check_fingerprint`);
 5. `fit`: the engine against the device the model gets, the pools against the cluster's CPUs, GPUs
@@ -19,7 +19,7 @@ GPUs as configured) and `fit_plan(plan, cluster)` runs the rest, once connected.
 from __future__ import annotations
 
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.plan.checkpoint import check_checkpoint
+from vlbatch.pipeline.plan.checkpoint import check_model
 from vlbatch.pipeline.plan.checks import check_output, check_paths
 from vlbatch.pipeline.plan.cluster import Cluster
 from vlbatch.pipeline.plan.fingerprint import check_fingerprint
@@ -36,7 +36,7 @@ def preflight(cfg: JobConfig, cluster: Cluster | None) -> RunPlan:
     check_paths(cfg)  # paths
     source = open_source(cfg)  # input: one per run, its listing and first schema read once
     media = source.count()
-    check_checkpoint(cfg)  # checkpoint
+    check_model(cfg)  # checkpoint
     check_output(cfg)  # output: a missing bucket is a ConfigError now, never a new bucket ...
     check_fingerprint(cfg)  # ... and answers made with another config under this run id too
     if cluster is None:  # a joined Ray, not connected yet: the GPUs as configured

@@ -40,7 +40,7 @@ _STAGES = "vlbatch.pipeline.stages"
 @dataclass(frozen=True)
 class Pool:
     """One stage's actors: `min_actors`..`max_actors` of `ranks` x (num_cpus, num_gpus, memory_bytes)
-    each (a model replica's rank 0 holds every rank's share, `pipeline/stages/replica.py`), and so
+    each (a model replica's rank 0 holds every rank's share, `pipeline/stages/followers.py`), and so
     `actor_cpus`, `actor_gpus`, `actor_memory` per actor (`of`). `field`: the config section that
     sizes it (resources.<stage>; the read: "input (manifest read)")."""
 

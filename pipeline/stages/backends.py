@@ -19,7 +19,7 @@ model's GPU (or CPU), into the same frames (`shared_pixels`).
 - `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product. All requests
   of a media share one pixel tensor and the CPU stage's content hash. With
-  `model.tensor_parallel_size` > 1 the engine is rank 0's of a `pipeline/stages/replica.py` replica.
+  `model.tensor_parallel_size` > 1 the engine is rank 0's of a `pipeline/stages/followers.py` replica.
 - `TransformersBackend`: transformers' `generate()`, one request at a time, calls
   serialised: the reference and the benchmark baseline (no caches, slow); it normalises
   a media's frames once (float32 patches, the processor's values) for all its questions.
@@ -205,10 +205,10 @@ class EngineBackend:
         kw = {"device": resolve_device(cfg.model.device), "dtype": cfg.model.dtype, **cfg.model.engine.engine_kwargs()}
         model_dir = local_model_path(cfg)  # once: for s3:// it lists (and maybe fetches) the checkpoint
         self.replica = None
-        if cfg.model.tensor_parallel_size > 1:  # this actor is rank 0 of a replica (pipeline/stages/replica.py)
-            from vlbatch.pipeline.stages.replica import Replica
+        if cfg.model.tensor_parallel_size > 1:  # this actor is rank 0 of a replica (pipeline/stages/followers.py)
+            from vlbatch.pipeline.stages.followers import Followers
 
-            self.replica = Replica(cfg, model_dir, kw)
+            self.replica = Followers(cfg, model_dir, kw)
             self.engine = self.replica.engine
         else:
             self.engine = load_engine(model_dir, **kw)

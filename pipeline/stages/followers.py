@@ -6,7 +6,7 @@ for its followers' GPUs later deadlocks when two half-placed replicas each hold 
 other waits for). Both come from one Ray resource request: the model actor of the Ray Data
 pool (rank 0) asks for the whole replica, N * (`resources.model.num_cpus`, `num_gpus`,
 `memory_gb`) (`plan/spec.Pool`: `ranks`), and one actor's resources always lie on one node, as
-a STRICT_PACK placement group's bundles would. Rank 0's `Replica` starts the N-1 `Follower`
+a STRICT_PACK placement group's bundles would. Rank 0's `Followers` starts the N-1 `Follower`
 actors with zero resources, pinned to its node (`NodeAffinitySchedulingStrategy`, hard), and
 hands rank i its slice of the actor's GPU ids, which the follower makes its only visible
 devices before CUDA starts (rank 0 keeps all of them and computes on the first). So on every
@@ -78,7 +78,7 @@ class Follower:
             dist.destroy_process_group()
 
 
-class Replica:
+class Followers:
     """Rank 0's side: starts the followers on this actor's node, joins them and builds the
     `LeaderEngine` (`engine`). `model_dir`: the checkpoint on this node (the followers share the
     node, so its download too); `engine_kw`: the `load_engine` keywords (device,
