@@ -118,12 +118,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config, pools = plan.cfg, plan.pools_line()
     if args.json:
         print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json"),
-                          "plan": pools, "sized_down": plan.sized}, indent=2))
+                          "plan": pools, "sized_down": plan.sized, "media": plan.media}, indent=2))
     else:
         print(f"{args.config}: valid (run_id={config.resolved_run_id()}, output={config.output.uri})")
+        print(f"  input: {_media_text(plan)}")
         print(f"  pools: {pools}" + (" (default CPU shares sized down to fit)" if plan.sized else ""))
         print(f"  implementations: {chosen_text(config)}")
     return EXIT_OK
+
+
+def _media_text(plan) -> str:
+    """'14 media (parquet metadata)', or 'media unknown until read (csv)' where the source cannot count cheaply."""
+    if plan.media is None:
+        return f"media unknown until read ({plan.cfg.input.format})"
+    return f"{plan.media} media ({plan.source.counted_by()})"
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:

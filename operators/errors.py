@@ -14,6 +14,7 @@ permanent failures (kept on resume) from transient ones (retried on resume).
   an `InputError` unless written by `transient_source_error` (`source_error` reads it back).
 - `EngineError`: the model stage failed for this request (transient by default).
 - `ConfigError`: a job config is invalid; names the field. Raised before work starts.
+- `StorageCheckError`: a `ConfigError` for storage the start-up checks cannot reach (the field, the cause).
 - `SetupError`: a `ConfigError` found while the job's own setup runs (a checkpoint without a
   chat template, a kernel the device lacks): it fails the run, never becomes an error row.
 
@@ -68,6 +69,12 @@ class EngineError(VlbatchError):
 
 class ConfigError(VlbatchError):
     """Invalid job configuration; the message names the field."""
+
+
+class StorageCheckError(ConfigError):
+    """The start-up checks could not reach the storage a field names (no credentials, an endpoint that
+    does not answer, a refused listing): nothing started, so exit 2 as for a bad config; the message
+    names the field and the cause (`pipeline/plan/preflight.py`)."""
 
 
 class ActorStartError(VlbatchError):

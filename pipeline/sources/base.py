@@ -28,7 +28,11 @@ Rules every source keeps:
   input's schema (None when nothing is kept); cheap (file metadata), called by the driver
   and every write actor.
 - `count()` is the number of rows when the source knows it without reading the rows
-  (file metadata), else None (the runner then counts beside the run for the ETA).
+  (file metadata), else None (the runner then counts beside the run for the ETA); `counted_by()`
+  says how (`vlbatch validate`'s input line).
+- `check()` (the preflight's input step) refuses a configured column the input's schema lacks,
+  naming the field and the columns there are, from bounded reads only (a Parquet footer, a text
+  manifest's first lines, a shard's first sample), so a typo is no run of error rows.
 - `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
   rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).
@@ -67,9 +71,17 @@ class Source:
             raise ConfigError(f"input.columns.keep: input.format={self.cfg.input.format} has no columns to keep")
         return None
 
+    def check(self) -> None:
+        """`ConfigError` naming a configured column the input does not have (bounded reads only)."""
+        self.keep_schema()
+
     def count(self) -> int | None:
         """Rows, when known without reading them; None otherwise."""
         return None
+
+    def counted_by(self) -> str:
+        """How `count()` knows the rows, when it does ('parquet metadata', 'glob listing')."""
+        return "listing"
 
     def embeds_media(self) -> bool:
         """Whether rows carry the media's bytes (not URIs): then a batch of rows holds its media

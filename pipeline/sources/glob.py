@@ -69,6 +69,9 @@ class GlobSource(Source):
         n = len(self._uris)
         return n if self.cfg.input.limit is None else min(n, self.cfg.input.limit)
 
+    def counted_by(self) -> str:
+        return "glob listing"
+
 
 def _glob_root(path: str) -> str:
     """The folder of a glob before its first wildcard ('/d/imgs/*/x*.png' -> '/d/imgs')."""

@@ -137,6 +137,26 @@ class ManifestSource(Source):
                               f"columns are: {', '.join(schema.names)}")
         return pa.schema([schema.field(n) for n in names])
 
+    def check(self) -> None:
+        """The input exists, and the first file's schema (`_first_schema`: a Parquet footer, a JSONL / CSV
+        file's first `text.SAMPLE_LINES` lines) has every configured column: the media, questions and keep
+        columns, and an explicitly configured media_type one (the default may be absent: inferred from
+        the extension). A text file with no good line among those gives nothing to check against."""
+        self._check_exists()
+        schema, c = self._first_schema, self.cfg.input.columns
+        if not schema.names:
+            return
+        wanted = {"media": [c.media], "questions": [c.questions] if c.questions else [], "keep": list(c.keep),
+                  "media_type": [c.media_type] if c.media_type and "media_type" in c.model_fields_set else []}
+        problems = [f"input.columns.{field}: {self._first_file} has no column {', '.join(map(repr, missing))}; "
+                    f"columns are: {', '.join(schema.names)}"
+                    for field, names in wanted.items() if (missing := [n for n in names if n not in schema.names])]
+        if problems:
+            raise ConfigError(problems[0] if len(problems) == 1 else "\n  ".join(["invalid input columns:", *problems]))
+
+    def counted_by(self) -> str:
+        return "parquet metadata" if self.cfg.input.format == "parquet" else f"{self.cfg.input.format} lines counted"
+
     def count(self) -> int | None:
         """Parquet: the rows in the files' footers (one small read per file, no row read); one local
         JSONL file up to `JSONL_COUNT_BYTES`: its non-blank lines; else None."""

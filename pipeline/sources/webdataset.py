@@ -99,6 +99,19 @@ class WebDatasetSource(Source):
             raise ConfigError(f"input.uri: {inp.uri!r} matches no shards")
         return out
 
+    def check(self) -> None:
+        """`input.columns.keep` names members of the first shard's first sample (`first_sample`: its
+        headers read, at most `FIRST_SAMPLE_MEMBERS`), else `ConfigError` listing the members there are."""
+        keep = self.cfg.input.columns.keep
+        if not keep:
+            return
+        shard = self.shards()[0]
+        key, exts = first_sample(shard, self.cfg.storage.options())
+        missing = [k for k in keep if k not in exts]
+        if key is not None and missing:
+            raise ConfigError(f"input.columns.keep: the first sample {key!r} of {shard} has no member "
+                              f"{', '.join(map(repr, missing))}; members are: {', '.join(sorted(exts))}")
+
     def keep_schema(self) -> pa.Schema | None:
         names = self.cfg.input.columns.keep
         return pa.schema([(n, pa.string()) for n in names]) if names else None
@@ -210,6 +223,28 @@ def read_shard(shard: str, storage, keep: tuple[str, ...] = (), limits: MemberLi
         yield _sample(shard, key, members, keep)
     elif seen == 0:
         yield {"media_uri": shard, "error": f"{shard}: no samples (empty shard)", "kept": {}}
+
+
+FIRST_SAMPLE_MEMBERS = 64  # member headers `first_sample` reads at most
+
+
+def first_sample(shard: str, storage) -> tuple[str | None, set[str]]:
+    """(key, member extensions) of a shard's first sample, from the member headers up to the next
+    key (no member's bytes kept); (None, empty) when the tar cannot be read (the run makes its rows)."""
+    key, exts = None, set()
+    try:
+        with _open(shard, storage) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+            for n, info in enumerate(tar):
+                k, ext = split_name(info.name)
+                if not info.isfile():
+                    continue
+                if (key is not None and k != key) or n >= FIRST_SAMPLE_MEMBERS:
+                    break
+                key = k
+                exts.add(ext)
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error):  # not StorageError: the preflight's
+        return None, set()
+    return key, exts
 
 
 def _what(key: str | None) -> str:
