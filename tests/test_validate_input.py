@@ -79,6 +79,14 @@ def test_each_configured_column_must_exist(tmp_path, fmt):
         assert "columns are: uri, qs, label" in str(e.value), str(e.value)
 
 
+def test_a_manifest_that_cannot_be_read_is_refused_naming_input_uri(tmp_path):
+    """On main a file that is not Parquet failed validate with pyarrow's traceback."""
+    path = tmp_path / "m.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(ConfigError, match=r"^input.uri: .*m.parquet cannot be read as parquet"):
+        _check(_cfg(tmp_path, path, "parquet"))
+
+
 def test_a_jsonl_schema_is_read_from_its_first_lines_only(tmp_path):
     """Bounded: the columns come from the first `SAMPLE_LINES` lines; a manifest whose first lines are
     all bad gives no schema to check against (the run makes their error rows), so nothing is refused."""

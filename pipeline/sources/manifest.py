@@ -22,7 +22,7 @@ from functools import cached_property
 import pyarrow as pa
 import ray
 
-from vlbatch.operators.errors import ConfigError, MediaError, StorageError
+from vlbatch.operators.errors import ConfigError, InputError, MediaError, StorageError
 from vlbatch.operators.storage import filesystem, open_input, with_retries
 from vlbatch.operators.storage.http import is_http, read_http
 from vlbatch.operators.storage.http_stream import open_http
@@ -143,7 +143,10 @@ class ManifestSource(Source):
         columns, and an explicitly configured media_type one (the default may be absent: inferred from
         the extension). A text file with no good line among those gives nothing to check against."""
         self._check_exists()
-        schema, c = self._first_schema, self.cfg.input.columns
+        try:
+            schema, c = self._first_schema, self.cfg.input.columns
+        except (InputError, pa.ArrowInvalid) as e:  # a CSV header that is not UTF-8, a file that is not Parquet
+            raise ConfigError(f"input.uri: {self._first_file} cannot be read as {self.cfg.input.format}: {e}") from None
         if not schema.names:
             return
         wanted = {"media": [c.media], "questions": [c.questions] if c.questions else [], "keep": list(c.keep),
