@@ -16,7 +16,7 @@ import textwrap
 import pyarrow as pa
 import pytest
 
-from vlbatch.operators.errors import ConfigError, InputError, MediaError, StorageError
+from vlbatch.operators.errors import ConfigError, InputError, MediaError, StorageCheckError
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.schema import OutputRow, rows_to_table
 from vlbatch.operators.storage import StorageOptions, read_bytes
@@ -235,18 +235,21 @@ def test_cli_missing_bucket_exits_2_with_one_line(s3, tmp_path, tiny_ckpt):
     assert len(lines) == 1 and "output.uri" in lines[0] and "Traceback" not in r.stderr
 
 
-def test_unreachable_output_endpoint_is_one_storage_error(tmp_path, caplog, tiny_ckpt):
+def test_unreachable_output_endpoint_is_one_storage_error(tmp_path, caplog, tiny_ckpt, monkeypatch):
+    """Found by the preflight's output step: one `StorageCheckError` line naming output.uri (exit 2, issue 50)."""
     from conftest import free_port
 
     from vlbatch.pipeline.graph import run_job
 
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")  # credentials, so the request goes out and is refused
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     cfg = job(tmp_path, "s3://out/x", f"http://127.0.0.1:{free_port()}")
     cfg["model"]["path"] = str(tiny_ckpt("dense"))  # a real checkpoint: the preflight's earlier steps pass
     cfg = validate_config(cfg)
     with caplog.at_level(logging.WARNING, logger="vlbatch.operators.storage.retry"):
-        with pytest.raises(StorageError, match="after 2 attempts") as e:
+        with pytest.raises(StorageCheckError, match=r"^output.uri: .*StorageError: .*after 2 attempts") as e:
             run_job(cfg)
-    assert "\n" not in str(e.value) and not e.value.permanent
+    assert "\n" not in str(e.value)
     assert len([r for r in caplog.records if "retrying" in r.getMessage()]) == 1
 
 
