@@ -3,6 +3,7 @@ planned on the CPU said in one line, refused on a joined cluster that can never 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -106,7 +107,39 @@ def test_gpu_growth_read_from_what_ray_publishes():
     assert gpu_growth({"CPU": 8, "GPU": 4}, None) is True  # the cluster config's node types (autoscaler v2)
     assert gpu_growth({"CPU": 8, "GPU": 0}, b"{}") is False
     assert gpu_growth(None, b'{"autoscaler_report": {}}') is None  # an autoscaler (v1): node types unknown
-    assert gpu_growth(None, None) is False  # no autoscaler at all
+    assert gpu_growth(None, b'{"load_metrics_report": {}}') is False  # a head's monitor without an autoscaler
+    assert gpu_growth(None, None) is False  # no status at all
+    assert gpu_growth(None, b"not json") is None  # unreadable: unknown, never refused on a doubt
+
+
+def test_a_plain_joined_head_has_no_autoscaler_and_refuses_the_gpu(tmp_path):
+    """A real `ray start --head` without an autoscaling config (its monitor still writes a status):
+    joined, it can never add a GPU node, so `device: auto` + `num_gpus: 1` is refused."""
+    import ray
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+    from test_jobs_support import RayHead
+
+    from vlbatch.pipeline.plan.cluster import joined_cluster
+    from vlbatch.pipeline.plan.fit import check_plan
+
+    head = RayHead.start(num_cpus=1)
+    try:
+        ray.init(address=head.gcs_address)
+        status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+        for _ in range(600):  # gate on the monitor's first status (written every few seconds)
+            if status:
+                break
+            threading.Event().wait(0.5)
+            status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+        assert status, "the head's monitor never wrote its status"
+        cluster = joined_cluster("the Ray at the test head")
+        assert cluster.gpus == 0 and cluster.may_add_gpus is False
+        with pytest.raises(ConfigError, match=r"resources\.model\.num_gpus: 1 .*no GPU node and no autoscaler"):
+            check_plan(_gpu_cfg(tmp_path), cluster)
+    finally:
+        ray.shutdown()
+        head.stop()
 
 
 def test_a_bad_file_in_a_small_cli_run_exits_0_and_says_so(tmp_path, tiny_ckpt):

@@ -8,6 +8,7 @@ against it are the plan's (`plan/spec.py`), the fit checks `plan/fit.py`.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -107,11 +108,18 @@ def joined_cluster(where: str) -> Cluster:
 def gpu_growth(max_resources: dict | None, autoscaler_status: bytes | None) -> bool | None:
     """Whether an autoscaler can add GPU nodes: from the cluster config's node types (`max_resources`:
     {resource: most the node types can add}, published by autoscaler v2 and KubeRay's; Ray Data reads
-    the same) when there is one; else an autoscaler's status alone (v1: node types not published) is
-    None, unknown; neither is False, no autoscaler."""
+    the same) when there is one; else the head's monitor status (JSON; every head writes one, an
+    autoscaler adds its `autoscaler_report`, v1 without its node types): an autoscaler there is None,
+    unknown; none (or no status) is False. A status we cannot read is None: never refused on a doubt."""
     if max_resources is not None:
         return float(max_resources.get("GPU", 0) or 0) > 0
-    return None if autoscaler_status else False
+    if not autoscaler_status:
+        return False
+    try:
+        status = json.loads(autoscaler_status)
+    except ValueError:
+        return None
+    return None if not isinstance(status, dict) or "autoscaler_report" in status else False
 
 
 def _autoscaler_facts() -> tuple[dict | None, bytes | None]:
