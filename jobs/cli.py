@@ -2,7 +2,7 @@
 
 Exit codes (also in README "Troubleshooting"; constants in jobs/errors.py):
   0  success (for submit/logs without --wait/--follow: the request was accepted)
-  1  the job ran but failed (or its error fraction exceeded max_error_fraction)
+  1  the job ran but failed (or its errors passed both max_error_fraction and min_error_rows)
   2  bad usage or an invalid config (nothing was started)
   3  duplicate: this submission id (job name + slot) was already submitted; not started again
   4  no job with this submission id on the cluster

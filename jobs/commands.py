@@ -118,12 +118,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config, pools = plan.cfg, plan.pools_line()
     if args.json:
         print(json.dumps({"run_id": config.resolved_run_id(), "config": config.model_dump(mode="json"),
-                          "plan": pools, "sized_down": plan.sized, "media": plan.media}, indent=2))
+                          "plan": pools, "sized_down": plan.sized, "media": plan.media,
+                          "device": plan.device_line()}, indent=2))
     else:
         print(f"{args.config}: valid (run_id={config.resolved_run_id()}, output={config.output.uri})")
         print(f"  input: {_media_text(plan)}")
         print(f"  pools: {pools}" + (" (default CPU shares sized down to fit)" if plan.sized else ""))
         print(f"  implementations: {chosen_text(config)}")
+        if device := plan.device_line():  # GPUs asked, none here: the model planned on the CPU
+            print(f"  device: {device}")
     return EXIT_OK
 
 

@@ -9,7 +9,7 @@ from vlbatch.operators.errors import VlbatchError
 
 # Exit codes of `vlbatch` (documented in jobs/cli.py and the README).
 EXIT_OK = 0
-EXIT_JOB_FAILED = 1  # the job ran and failed (or exceeded max_error_fraction)
+EXIT_JOB_FAILED = 1  # the job ran and failed (or passed both max_error_fraction and min_error_rows)
 EXIT_USAGE = 2  # bad usage, invalid config or storage the start-up checks cannot reach; nothing was started
 EXIT_DUPLICATE = 3  # a submission with this id (job name + slot) already exists
 EXIT_NOT_FOUND = 4  # no job with this submission id on the cluster

@@ -40,8 +40,8 @@ from vlbatch.operators.errors import ActorStartError, VlbatchError
 
 
 def summary_exit_code(summary: Any) -> int:
-    """RunSummary -> exit code. The runner decides failure (error share over
-    ``max_error_fraction``: 1, else 0); we pass its verdict on, never recompute it."""
+    """RunSummary -> exit code. The runner decides failure (past both ``max_error_fraction`` and
+    ``min_error_rows``: 1, else 0); we pass its verdict on, never recompute it."""
     return EXIT_JOB_FAILED if summary.exit_code else EXIT_OK
 
 
@@ -55,9 +55,8 @@ def summary_line(summary: Any) -> str:
     dup = f", {dropped} duplicate requests dropped (identical to an earlier manifest row)" if dropped else ""
     line = (f"[vlbatch] done: {ok} ok, {err} error{other}, {summary.requests_skipped} skipped "
             f"(already committed){dup} -> {summary.output_dir.rstrip('/')}/ in {summary.elapsed_s:.1f}s")
-    if summary.exceeded_error_fraction:
-        line += (f"; error share {summary.error_fraction:.0%} > max_error_fraction "
-                 f"{summary.max_error_fraction:.0%}: failed")
+    if errors := summary.errors_text():  # all rows written or not; which error limit was passed, if any
+        line += f"; {errors}"
     return line
 
 
@@ -92,6 +91,15 @@ def run_local(
         return _run(config, job_name, address, verbose, report)
 
 
+def plan_notes(plan: Any) -> None:
+    """The lines on what the preflight changed for this cluster: default CPU shares sized down, the
+    model planned on the CPU though it asked GPUs (none here)."""
+    if line := sized_line(plan):
+        print(line, flush=True)
+    if device := plan.device_line():
+        print(f"[vlbatch] {device}", flush=True)
+
+
 def sized_line(plan: Any) -> str | None:
     """The line saying which default CPU shares the preflight sized down to the cluster (None: none)."""
     if not plan.sized:
@@ -109,8 +117,7 @@ def run_plan(config: Any, *, new_local: bool) -> Any:
     from vlbatch.pipeline.plan.preflight import preflight
 
     plan = preflight(config, local_cluster() if new_local else None)
-    if line := sized_line(plan):
-        print(line, flush=True)
+    plan_notes(plan)
     return plan
 
 
@@ -121,8 +128,7 @@ def joined_plan(plan: Any, where: str) -> Any:
     from vlbatch.pipeline.plan.preflight import fit_plan
 
     fitted = fit_plan(plan, joined_cluster(where))
-    if line := sized_line(fitted):
-        print(line, flush=True)
+    plan_notes(fitted)
     if fitted.line() != plan.line():
         print(fitted.line(), flush=True)
     return fitted

@@ -243,7 +243,7 @@ def test_the_final_line_names_dropped_duplicates():
     from vlbatch.jobs.local import summary_line
 
     s = SimpleNamespace(processed_by_status={"ok": 3}, requests_skipped=0, output_dir="/o/r", elapsed_s=1.0,
-                        exceeded_error_fraction=False, duplicates_dropped=49)
+                        exceeded_error_fraction=False, duplicates_dropped=49, errors_text=lambda: None)
     assert "49 duplicate requests dropped" in summary_line(s)
     assert "duplicate" not in summary_line(SimpleNamespace(**{**vars(s), "duplicates_dropped": 0}))
 

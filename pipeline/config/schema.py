@@ -291,7 +291,11 @@ class JobConfig(_Section):
     storage: StorageSection = StorageSection()
     resume: ResumeSection = ResumeSection()
     ray: RaySection = RaySection()
-    max_error_fraction: float = Field(0.05, ge=0.0, le=1.0, description="exit non-zero above this error share")
+    max_error_fraction: float = Field(0.05, ge=0.0, le=1.0, description="exit non-zero above this error share "
+                                      "(and only with at least min_error_rows error rows)")
+    min_error_rows: int = Field(10, ge=0, description="exit non-zero only with at least this many error rows (and "
+                                "an error share above max_error_fraction): one bad file in a small trial is no "
+                                "failed run")
 
     @model_validator(mode="after")
     def _task_input_agree(self) -> JobConfig:

@@ -8,6 +8,7 @@ against it are the plan's (`plan/spec.py`), the fit checks `plan/fit.py`.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,13 +21,16 @@ GIB = 2**30
 @dataclass(frozen=True)
 class Cluster:
     """The resources a run's actors may reserve. `fixed_size`: a local Ray started for the run
-    (never grows); `where`: how lines name it."""
+    (never grows); `where`: how lines name it; `may_add_gpus`: whether an autoscaler can add a GPU
+    node (True: its node types include GPUs; False: no autoscaler, or none of its types has a GPU;
+    None: an autoscaler whose node types Ray does not publish, `gpu_growth`)."""
 
     cpus: float
     gpus: float
     memory_bytes: int
     fixed_size: bool
     where: str
+    may_add_gpus: bool | None = False
 
 
 OBJECT_STORE_SHARE = 0.3  # a local Ray's object store takes this share of the available memory ...
@@ -92,8 +96,40 @@ def _visible_gpus() -> int:
 
 
 def joined_cluster(where: str) -> Cluster:
-    """The connected Ray's resources now (it may grow: not fixed-size)."""
+    """The connected Ray's resources now (it may grow: not fixed-size), and whether its autoscaler
+    can add GPU nodes (`gpu_growth` of what the cluster publishes)."""
     import ray
 
     res = ray.cluster_resources()
-    return Cluster(float(res.get("CPU", 0)), float(res.get("GPU", 0)), int(res.get("memory", 0)), False, where)
+    return Cluster(float(res.get("CPU", 0)), float(res.get("GPU", 0)), int(res.get("memory", 0)), False, where,
+                   gpu_growth(*_autoscaler_facts()))
+
+
+def gpu_growth(max_resources: dict | None, autoscaler_status: bytes | None) -> bool | None:
+    """Whether an autoscaler can add GPU nodes: from the cluster config's node types (`max_resources`:
+    {resource: most the node types can add}, published by autoscaler v2 and KubeRay's; Ray Data reads
+    the same) when there is one; else the head's monitor status (JSON; every head writes one, an
+    autoscaler adds its `autoscaler_report`, v1 without its node types): an autoscaler there is None,
+    unknown; none (or no status) is False. A status we cannot read is None: never refused on a doubt."""
+    if max_resources is not None:
+        return float(max_resources.get("GPU", 0) or 0) > 0
+    if not autoscaler_status:
+        return False
+    try:
+        status = json.loads(autoscaler_status)
+    except ValueError:
+        return None
+    return None if not isinstance(status, dict) or "autoscaler_report" in status else False
+
+
+def _autoscaler_facts() -> tuple[dict | None, bytes | None]:
+    """(the cluster config's max resources, the autoscaler's status) of the connected Ray; Ray's
+    private state API (no public one): any failure there reads as "not published"."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.state import state
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        return state.get_max_resources_from_cluster_config(), _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    except Exception:  # noqa: BLE001 - a Ray without these internals: the autoscaler unknown
+        return None, b"unknown"

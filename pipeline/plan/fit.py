@@ -21,7 +21,7 @@ import math
 from vlbatch.operators.errors import ConfigError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.plan.cluster import GIB, Cluster
-from vlbatch.pipeline.plan.spec import pools
+from vlbatch.pipeline.plan.spec import cpu_fallback, pools
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -105,11 +105,11 @@ def check_fit(cfg: JobConfig, cluster: Cluster) -> None:
         log.warning("%s (waiting for the cluster to add nodes)", p)
 
 
-def device_problems(config: JobConfig, *, gpus: float) -> list[str]:
-    """The engine's settings against the device the model actor gets (`gpus`: GPUs the cluster has
-    now; with none, `device: auto` runs the model on the CPU: `plan/spec.model_gpus`)."""
+def device_problems(config: JobConfig, cluster: Cluster) -> list[str]:
+    """The engine's settings against the device the model actor gets (with no GPU on `cluster` and
+    none an autoscaler is known to add, `device: auto` runs the model on the CPU: `plan/spec.model_gpus`)."""
     m, r = config.model, config.resources.model
-    on_cpu = m.device == "cpu" or (m.device == "auto" and (r.num_gpus == 0 or gpus == 0))
+    on_cpu = m.device == "cpu" or (m.device == "auto" and (r.num_gpus == 0 or cpu_fallback(config, cluster)))
     if m.backend != "engine" or not on_cpu:
         return []
     cuda_only = (("attention", m.engine.attention, "triton"), ("delta_rule", m.engine.delta_rule, "fla"))
@@ -118,13 +118,26 @@ def device_problems(config: JobConfig, *, gpus: float) -> list[str]:
             for field, chosen, kernel in cuda_only if chosen == kernel]
 
 
+def gpu_problems(config: JobConfig, cluster: Cluster) -> list[str]:
+    """A joined cluster with no GPU node and no autoscaler that can add one, for a model asking GPUs
+    with `device: auto`: refused (on this machine the model runs on the CPU, said in one line:
+    `RunPlan.device_line`; an autoscaler whose node types are unknown is given the benefit of the doubt)."""
+    if cluster.fixed_size or cluster.may_add_gpus is not False or config.task.mode == "scan" \
+            or not cpu_fallback(config, cluster):
+        return []
+    return [f"resources.model.num_gpus: {config.resources.model.num_gpus:g} but {cluster.where} has no GPU node and "
+            "no autoscaler that can add one (set resources.model.num_gpus=0 to run the model on the CPU there, "
+            "or join a cluster with GPU nodes)"]
+
+
 def check_plan(config: JobConfig, cluster: Cluster) -> tuple[JobConfig, dict[str, float]]:
-    """The preflight's `fit` step (`plan/preflight.py`): the engine against the device, the pool plan
-    against the cluster's CPUs, GPUs and memory. -> (the config to run, with the default pools sized
-    to the cluster; {stage: num_cpus} of what was sized down). One ConfigError names every problem;
+    """The preflight's `fit` step (`plan/preflight.py`): a GPU the cluster can never give, the engine
+    against the device, the pool plan against the cluster's CPUs, GPUs and memory. -> (the config to
+    run, with the default pools sized to the cluster; {stage: num_cpus} of what was sized down). One
+    ConfigError names every problem;
     on a cluster that may grow, what does not fit now is a warning (`check_fit`)."""
     fitted, sized = fit_defaults(config, cluster)
-    problems = device_problems(fitted, gpus=cluster.gpus)
+    problems = gpu_problems(fitted, cluster) + device_problems(fitted, cluster)
     if cluster.fixed_size:
         problems += fit_problems(fitted, cluster)
     if problems:

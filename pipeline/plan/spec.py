@@ -87,14 +87,19 @@ class StageSpec:
 
 
 def model_gpus(cfg: JobConfig, cluster: Cluster | None) -> float:
-    """GPUs per model rank: `resources.model.num_gpus`, or 0 when `cluster` has no GPU and
-    `model.device` is `auto` (the model then runs on CPU instead of waiting forever for a GPU).
-    `device: cuda` keeps the request, for autoscaling clusters that add GPU nodes. `cluster`
-    None (not known yet): as configured."""
-    want = cfg.resources.model.num_gpus
-    if want > 0 and cluster is not None and cfg.model.device == "auto" and not cluster.gpus:
-        return 0.0
-    return want
+    """GPUs per model rank: `resources.model.num_gpus`, or 0 when `cluster` has no GPU, no autoscaler
+    known to add one, and `model.device` is `auto` (the model then runs on CPU instead of waiting
+    forever for a GPU: `cpu_fallback` says so; `plan/fit.py` refuses it on a joined cluster that can
+    never get one). `device: cuda` keeps the request, for autoscaling clusters that add GPU nodes.
+    `cluster` None (not known yet): as configured."""
+    return 0.0 if cpu_fallback(cfg, cluster) else cfg.resources.model.num_gpus
+
+
+def cpu_fallback(cfg: JobConfig, cluster: Cluster | None) -> bool:
+    """Whether the model asked GPUs (`resources.model.num_gpus`, `model.device: auto`) but gets the CPU:
+    `cluster` has none and no autoscaler known to add one."""
+    return (cfg.resources.model.num_gpus > 0 and cfg.model.device == "auto" and cluster is not None
+            and not cluster.gpus and cluster.may_add_gpus is not True)
 
 
 def _pool(cfg: JobConfig, stage: str, *, gpus: float = 0.0, ranks: int = 1) -> Pool:
@@ -188,6 +193,15 @@ class RunPlan:
             parts.append(f"{s.name} {size} x " + (f"{p.ranks} ranks x {per}" if p.ranks > 1 else per))
         cpus, gpus = self.reserves()
         return f"pools: {', '.join(parts)}; reserves {cpus:.2f} CPUs, {gpus:g} GPUs"
+
+    def device_line(self) -> str | None:
+        """The one line saying the model was planned on the CPU though it asked GPUs (None: it was not)."""
+        c = self.cluster
+        if self.cfg.task.mode == "scan" or not cpu_fallback(self.cfg, c):
+            return None
+        return (f"the model will run on the CPU: no GPU {'here' if c.fixed_size else 'on ' + c.where} "
+                f"(resources.model.num_gpus={self.cfg.resources.model.num_gpus:g}, model.device=auto; set "
+                "resources.model.num_gpus=0 to plan it there, or model.device=cuda to require a GPU)")
 
     def line(self) -> str:
         """The plan line `vlbatch run` prints before Ray starts."""
