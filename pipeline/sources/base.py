@@ -29,6 +29,9 @@ Rules every source keeps:
   and every write actor.
 - `count()` is the number of rows when the source knows it without reading the rows
   (file metadata), else None (the runner then counts beside the run for the ETA).
+- `driver_blocks()` is the manifest rows read in this process, without Ray, when that is cheap (a local
+  manifest of URIs, a glob's listing): the blocks `read` gives, in its order, `input.limit` not applied;
+  else None (`pipeline/stages/nothing_to_do.py`: a rerun with nothing left starts no Ray).
 - `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
   rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).
@@ -37,6 +40,8 @@ A new input format is one new module here with a `Source` subclass (built as `cl
 one `Entry` in `SOURCES` (`pipeline/config/formats.py`): `input.format` then accepts its name.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pyarrow as pa
 import ray
@@ -69,6 +74,10 @@ class Source:
 
     def count(self) -> int | None:
         """Rows, when known without reading them; None otherwise."""
+        return None
+
+    def driver_blocks(self) -> Iterator[pa.Table] | None:
+        """The manifest rows read here, without Ray, when cheap (module docstring); None: not offered."""
         return None
 
     def embeds_media(self) -> bool:
