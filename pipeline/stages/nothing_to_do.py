@@ -17,18 +17,22 @@ own depends on the Ray blocks (`requests._expand_records`). Cost: the expansion 
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from vlbatch.operators.errors import VlbatchError
 from vlbatch.operators.sink.ids import KEY, IdIndex, id_keys
 from vlbatch.pipeline.config import TaskSection
 from vlbatch.pipeline.plan.fingerprint import record_fingerprint
 from vlbatch.pipeline.plan.spec import RunPlan
 from vlbatch.pipeline.sources.base import COLUMNS
 from vlbatch.pipeline.stages.requests import expand_rows
+
+log = logging.getLogger("vlbatch.pipeline")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,16 @@ def covered(blocks: Iterable[pa.Table], task: TaskSection, done: IdIndex, *, lim
 
 
 def nothing_to_do(plan: RunPlan) -> NothingToDo | None:
-    """The module docstring's decision, for the checked `plan` (`plan/preflight.py`), in the driver."""
+    """The module docstring's decision, for the checked `plan` (`plan/preflight.py`), in the driver. A storage
+    or input failure on the way is None: the run then meets it where it always did (one line, `jobs/failures.py`)."""
+    try:
+        return _decide(plan)
+    except VlbatchError as e:  # StorageError after its retries, a manifest the tasks would fail on
+        log.debug("rerun check skipped: %s", e)
+        return None
+
+
+def _decide(plan: RunPlan) -> NothingToDo | None:
     from vlbatch.operators.storage import join
     from vlbatch.pipeline.stages.write_stage import open_sink
 
