@@ -9,7 +9,9 @@ them each) and a run folder whose one part file commits every one of its request
   (20-25 s on a 2-core machine) and expanding the same rows in Ray tasks;
 - `last missing`: the same with the manifest's last request not committed: the worst case of a run that
   does have work (the walk stops at the first block holding a pending id, here the last one).
-Prints the seconds of each and the per-request cost.
+Prints the seconds of each and the per-request cost; then, as the reference in the same run, the seconds
+of starting and stopping a new local Ray (`ray.init()` + `ray.shutdown()`, less than a run's own start: no
+actor pools), which a rerun with nothing left no longer spends (`--no-ray`: not measured).
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--no-ray", action="store_true", help="skip the reference (starting a local Ray)")
     args = ap.parse_args()
     from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
 
@@ -75,6 +78,17 @@ def main() -> None:
             what = f"nothing to do ({found.requests} requests)" if found else "work left: Ray would start"
             print(f"{name:<14} {n:>9} ids committed: {s:6.2f} s ({s / max(n, 1) * 1e6:.2f} us/request) -> {what}",
                   flush=True)
+    if not args.no_ray:
+        print(f"{'reference':<14} a new local Ray started and stopped: {_ray_start_s():6.2f} s", flush=True)
+
+
+def _ray_start_s() -> float:
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.shutdown()
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":
