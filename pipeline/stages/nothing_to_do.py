@@ -5,15 +5,17 @@ a `NothingToDo` when every request id of the input is committed as ok or permane
 row is redone on resume: work), the sink holds no id twice and no transient row to purge (a run would tidy
 those); then the run prints `line()` and exits with `exit_code` (the committed error share against
 `max_error_fraction`, as a run's summary would) without starting Ray; `_summary.json` stays as it is.
-None: the run goes on as before (Ray starts, `pipeline/graph.run_job` resumes).
+None: the run goes on as before (Ray starts, `pipeline/graph.run_job` resumes). The check only reads (the
+committed index, the input); on nothing to do it writes `_fingerprint.json` where a run would (a config change
+accepted by `resume.allow_config_change`, a folder from before fingerprints), nothing else.
 
 The ids are computed as the expansion stage computes them (`requests.expand_rows` per manifest row) from
 the rows the source can give in the driver (`Source.driver_blocks`: a local manifest of URIs, a glob's
 listing, made once by the preflight); a source that cannot (WebDataset shards, remote or embedded-bytes
 manifests) returns None and is never read here. The walk stops at the first block holding a pending id.
 With `input.columns.keep` a request id seen twice is refused here (None): which of them gets ids of its
-own depends on the Ray blocks (`requests._expand_records`). Cost: the expansion of every row once (about
-7 us per media on one core; `python -m benchmarks.bench_nothing_to_do`), 16 B per id kept to count them.
+own depends on the Ray blocks (`requests._expand_records`). Cost: the expansion of every row once (1M requests
+of 250k media: 4.2-4.6 s on one loaded core, `python -m benchmarks.bench_nothing_to_do`), 16 B per id kept.
 """
 from __future__ import annotations
 
@@ -113,8 +115,7 @@ def _decide(plan: RunPlan) -> NothingToDo | None:
         return None
     run_uri = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())
     sink = open_sink(cfg, run_uri)
-    sink.prepare()  # what `run_job` does first (idempotent): a killed writer's temp files dropped
-    index = sink.index()
+    index = sink.index()  # read only: a run with work prepares its sink in `run_job`, as before
     if not len(index.done_ids) or index.duplicate_ids or (cfg.resume.retry_transient and len(index.purgeable_ids)):
         return None  # a fresh run; or a run to tidy: ids committed twice, transient rows to purge and redo
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
@@ -122,6 +123,5 @@ def _decide(plan: RunPlan) -> NothingToDo | None:
     if n is None:
         return None
     record_fingerprint(cfg, had_rows=True)  # an accepted config change is recorded, as a run records it
-    sink.finish()
     counts = index.status_counts
     return NothingToDo(sink.uri, n, counts.get("error", 0), sum(counts.values()), cfg.max_error_fraction)
