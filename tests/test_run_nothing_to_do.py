@@ -122,3 +122,22 @@ def test_the_decision_counts_ok_and_permanent_rows_and_redoes_transient_ones(tmp
     assert failed is not None and failed.exit_code == 1 and "max_error_fraction" in failed.line(), failed
     assert nothing_to_do(make(ckpt, "input.limit=2")).requests == 4  # the limit's rows only
     assert nothing_to_do(make(ckpt, "resume.enabled=false")) is None  # refused in run_job, as today
+
+
+def test_covered_refuses_an_id_twice_only_with_kept_columns():
+    """With `input.columns.keep` an id seen twice may get ids of its own in the Ray blocks (the kept values
+    differ): the driver cannot tell, so it says nothing (None: Ray decides). Without kept columns a repeated
+    request is one id, counted once."""
+    from vlbatch.operators.sink.ids import IdIndex
+    from vlbatch.pipeline.config import TaskSection
+    from vlbatch.pipeline.sources.base import manifest_table
+    from vlbatch.pipeline.stages.nothing_to_do import block_ids, covered
+
+    task = TaskSection(prompt="Describe.")
+    blocks = [manifest_table(2, media_uri=["/a.png", "/b.png"]), manifest_table(1, media_uri=["/a.png"])]
+    done = IdIndex.of([rid for b in blocks for rid in block_ids(b, task)])
+    assert len(done) == 2
+    assert covered(iter(blocks), task, done, limit=None, keep=False) == 2
+    assert covered(iter(blocks), task, done, limit=None, keep=True) is None
+    assert covered(iter(blocks), task, done, limit=2, keep=True) == 2  # the repeat is past the limit
+    assert covered(iter(blocks), task, IdIndex.of(block_ids(blocks[1], task)), limit=None, keep=False) is None
