@@ -9,7 +9,9 @@ else ``RAY_ADDRESS`` (set by Ray for submitted jobs, so they run on their cluste
 new local Ray started for this run and shut down with it (a Ray already running on this
 machine is joined only with ``--address auto``). The first line printed is the run's plan
 (`vlbatch.pipeline.plan.spec`: input count, pools and what they reserve), printed before Ray
-starts, then ``[vlbatch] starting Ray``; the next names the cluster, e.g.
+starts, then ``[vlbatch] starting Ray``, unless the input's every request is committed already
+(`pipeline/stages/nothing_to_do.py`: ``[vlbatch] nothing to do: all N requests of <run dir>/ are committed``,
+exit 0, no Ray started, `_summary.json` kept); the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
@@ -141,6 +143,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
     from vlbatch.pipeline.graph import run_job
+    from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
@@ -149,6 +152,9 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     config = plan.cfg
     logs = run_log_dir(config.resolved_run_id())  # this run's own log folder (jobs/run_logs.py)
     print(plan.line(), flush=True)
+    if (idle := nothing_to_do(plan)) is not None:  # every request committed: no Ray started
+        print(idle.line(), flush=True)
+        return idle.exit_code
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
         with quiet_ray(logs, verbose), stop_signals(), reaped_ray() if new_local else nullcontext():
             try:

@@ -104,7 +104,7 @@ def test_http_media_questions_keep_and_resume(tmp_path, tiny_ckpt):
         assert [by[(u, k)]["status"] for u in uris for k in (0, 1)] == ["ok"] * 4 + ["error"] * 2
         assert by[(uris[2], 0)]["error_type"] == "MediaError"  # 404: permanent, kept on resume
         assert [by[(u, 0)]["note"] for u in uris] == [0, 1, 2]
-        assert "0 ok, 0 error, 6 skipped" in _run(cfg, tmp_path).stdout  # exactly once
+        assert "nothing to do: all 6 requests of" in _run(cfg, tmp_path).stdout  # exactly once, no Ray started
         assert sorted(r["id"] for r in read_output(tmp_path / "out" / "r1")) == sorted(r["id"] for r in rows)
     finally:
         server.close()

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from test_jobs_support import REPO, TEST_ENV, write_job
 
@@ -56,8 +57,10 @@ def test_run_names_its_cluster_reports_its_output_and_hides_ray_noise(tmp_path, 
         assert not pat.search(out), (pat.pattern, out[-4000:])
     assert (home / ".ray" / "auth_token").exists()  # Ray did enable token auth: its banner was hidden
 
-    again = _run(cfg, home, "--verbose")  # a resume: nothing left to do; Ray's own lines allowed
+    for part in Path(run_dir).glob("part-*.parquet"):  # work again (nothing left would start no Ray)
+        part.unlink()
+    again = _run(cfg, home, "--verbose")  # a rerun; Ray's own lines allowed
     assert again.returncode == 0, again.stderr[-4000:]
-    assert re.fullmatch(rf"\[vlbatch\] done: 0 ok, 0 error, 2 skipped \(already committed\) -> "
+    assert re.fullmatch(rf"\[vlbatch\] done: 2 ok, 0 error, 0 skipped \(already committed\) -> "
                         rf"{re.escape(run_dir)} in \d+\.\ds", again.stdout.splitlines()[-1])
     assert any(pat.search(again.stdout + again.stderr) for pat in NOISE)  # --verbose shows Ray's output

@@ -33,6 +33,9 @@ Rules every source keeps:
 - `check()` (the preflight's input step) refuses a configured column the input's schema lacks,
   naming the field and the columns there are, from bounded reads only (a Parquet footer, a text
   manifest's first lines, a shard's first sample), so a typo is no run of error rows.
+- `driver_blocks()` is the manifest rows read in this process, without Ray, when that is cheap (a local
+  manifest of URIs, a glob's listing): the blocks `read` gives, in its order, `input.limit` not applied;
+  else None (`pipeline/stages/nothing_to_do.py`: a rerun with nothing left starts no Ray).
 - `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
   rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).
@@ -41,6 +44,8 @@ A new input format is one new module here with a `Source` subclass (built as `cl
 one `Entry` in `SOURCES` (`pipeline/config/formats.py`): `input.format` then accepts its name.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pyarrow as pa
 import ray
@@ -82,6 +87,10 @@ class Source:
     def counted_by(self) -> str:
         """How `count()` knows the rows, when it does ('parquet metadata', 'glob listing')."""
         return "listing"
+
+    def driver_blocks(self) -> Iterator[pa.Table] | None:
+        """The manifest rows read here, without Ray, when cheap (module docstring); None: not offered."""
+        return None
 
     def embeds_media(self) -> bool:
         """Whether rows carry the media's bytes (not URIs): then a batch of rows holds its media

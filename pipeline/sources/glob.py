@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob as globlib
 import os
+from collections.abc import Iterator
 from functools import cached_property
 
 import pyarrow as pa
@@ -63,6 +64,10 @@ class GlobSource(Source):
 
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
         return limit(ray.data.from_arrow(self.manifest()), self.cfg.input.limit)
+
+    def driver_blocks(self) -> Iterator[pa.Table]:
+        """The listing the preflight made (`count`), as one block: no storage call here."""
+        return iter([self.manifest()])
 
     def count(self) -> int:
         """The matches, `input.limit` applied (the listing `read` uses, made once)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+from collections.abc import Iterator
 from functools import cached_property
 
 import pyarrow as pa
@@ -85,6 +86,17 @@ class ManifestSource(Source):
         return limit(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus, compute=task_pool(concurrency),
             fn_kwargs={"cfg": cfg, "base_uri": self._base, "keep": keep}), inp.limit)
+
+    def driver_blocks(self) -> Iterator[pa.Table] | None:
+        """A local manifest of URIs: the blocks `read`'s tasks make, read here by the same functions; a remote
+        manifest or one of embedded media bytes: None (a second read of the input)."""
+        inp = self.cfg.input
+        if protocol_of(inp.uri) != "file" or self.embeds_media():
+            return None
+        self._check_exists()
+        files = self._parquet_files if inp.format == "parquet" else self._text_files
+        fn = _read_parquet_files if inp.format == "parquet" else read_text_files
+        return fn(pa.table({"path": files}), cfg=self.cfg, base_uri=self._base, keep=self.keep_schema())
 
     @cached_property
     def _text_files(self) -> list[str]:
