@@ -95,6 +95,9 @@ def _visible_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
+_AUTOSCALING_STATUS_KEY = "__autoscaling_status"  # ray_constants.DEBUG_AUTOSCALING_STATUS
+
+
 def joined_cluster(where: str) -> Cluster:
     """The connected Ray's resources now (it may grow: not fixed-size), and whether its autoscaler
     can add GPU nodes (`gpu_growth` of what the cluster publishes)."""
@@ -123,13 +126,13 @@ def gpu_growth(max_resources: dict | None, autoscaler_status: bytes | None) -> b
 
 
 def _autoscaler_facts() -> tuple[dict | None, bytes | None]:
-    """(the cluster config's max resources, the autoscaler's status) of the connected Ray; Ray's
-    private state API (no public one): any failure there reads as "not published"."""
+    """(the cluster config's max resources, the autoscaler's status) of the connected Ray. Ray has no
+    public API for the cluster config's node types, so only the status the head's monitor keeps in the
+    GCS key-value store (what `ray status` prints; the key is Ray's DEBUG_AUTOSCALING_STATUS) is read;
+    any failure there reads as "unknown", never as "no autoscaler"."""
     try:
-        from ray._private import ray_constants
-        from ray._private.state import state
-        from ray.experimental.internal_kv import _internal_kv_get
+        from ray.experimental import internal_kv
 
-        return state.get_max_resources_from_cluster_config(), _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
-    except Exception:  # noqa: BLE001 - a Ray without these internals: the autoscaler unknown
+        return None, internal_kv._internal_kv_get(_AUTOSCALING_STATUS_KEY)
+    except Exception:  # noqa: BLE001 - a Ray without this key-value API: the autoscaler unknown
         return None, b"unknown"
