@@ -123,7 +123,7 @@ def render(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
             f'<div class="chips">{chips}</div>'
             f'<h2>Throughput</h2><div class="panel">{_throughput(rep.summary)}</div>'
             f'<h2>Tokens per request</h2><div class="row">{_histograms(rep)}</div>'
-            f'{_sample(rep, thumbs)}{_errors(rep, thumbs)}</main></body></html>\n')
+            f'{_sample(rep, thumbs)}{_quality(rep)}{_errors(rep, thumbs)}</main></body></html>\n')
 
 
 def _headline(rep: RunReport) -> str:
@@ -206,6 +206,20 @@ def _errors(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
                       f'<div class="err">e.g. {e(rep.examples.get(et) or "")}</div>'
                       f'<div class="emedia">{items}</div></div>')
     return f'<h2>Errors by type</h2><section id="errors">{"".join(blocks)}</section>'
+
+
+def _quality(rep: RunReport) -> str:
+    """Ok answers per quality flag (operators/quality.py), each with its first examples."""
+    if not rep.quality:
+        return ""
+    ok = max(rep.status.get("ok", 0), 1)
+    blocks = []
+    for flag, n in sorted(rep.quality.items(), key=lambda x: (-x[1], x[0])):
+        ex = "".join(f'<div class="item"><div class="uri">{e(r.get("media_uri") or "")}</div>'
+                     f'<div class="a">{e(r.get("answer") or "")}</div></div>' for r in rep.quality_rows.get(flag, []))
+        blocks.append(f'<div class="etype panel"><h3>{e(flag)} <span class="muted">{n} answers, {n / ok:.1%}'
+                      f'</span></h3><div class="emedia">{ex}</div></div>')
+    return f'<h2>Answer quality flags</h2><section id="quality">{"".join(blocks)}</section>'
 
 
 def _histograms(rep: RunReport) -> str:

@@ -31,9 +31,10 @@ FINGERPRINT_NAME = "_fingerprint.json"  # the run's config fingerprint, beside t
 SUMMARY_NAME = "_summary.json"
 WHERE_COLUMNS = ("status", "error_type", "media_type", "finish_reason", "model")
 SCAN_COLUMNS = ["media_uri", "media_type", "status", "error_type", "error_message", "prompt_tokens",
-                "visual_tokens", "generated_tokens", "model", "run_id"]
+                "visual_tokens", "generated_tokens", "model", "run_id", "quality_flags"]
 TOKENS = ("prompt", "visual", "generated")
 ERROR_MEDIA = 4  # media kept per error type for the page
+QUALITY_EXAMPLES = 3  # rows kept per quality flag (operators/quality.py) for the report
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class RunReport:
     where: tuple[tuple[str, str], ...] = ()
     matched: int = 0  # rows matching `where`
     sample: list[dict] = field(default_factory=list)  # full rows, sorted by media_uri, request_index
+    quality: Counter = field(default_factory=Counter)  # ok answers per quality flag
+    quality_rows: dict = field(default_factory=dict)  # flag -> [(part, row)] first examples, then full rows
     seed: int = 0
 
 
@@ -184,6 +187,7 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
     for part in parts:
         t = sink.read_part(part, SCAN_COLUMNS)
         _count(rep, t)
+        _count_quality(rep, t, part)
         match = np.flatnonzero(_mask(t, rep.where))
         rep.matched += len(match)
         keys = rng.random(len(match))
@@ -192,6 +196,7 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
             keys, match = keys[best], match[best]
         kept = sorted(kept + [(float(k), part, int(r)) for k, r in zip(keys, match, strict=True)])[:sample]
     rep.sample = _rows(sink, kept)
+    rep.quality_rows = {f: _rows(sink, [(0.0, p, r) for p, r in at]) for f, at in rep.quality_rows.items()}
     rep.summary = read_json(join(ref.uri, SUMMARY_NAME), ref.storage)
     rep.fingerprint = read_fingerprint(ref)
     return rep
@@ -212,6 +217,20 @@ def _count(rep: RunReport, t: pa.Table) -> None:
         media = rep.error_media.setdefault(et, [])
         if len(media) < ERROR_MEDIA and all(m["media_uri"] != d["media_uri"] for m in media):
             media.append(d)
+
+
+def _count_quality(rep: RunReport, t: pa.Table, part: str) -> None:
+    """Flags per ok answer, and the first `QUALITY_EXAMPLES` rows of each (a part without the column:
+    written before it existed, nothing counted)."""
+    if "quality_flags" not in t.column_names:
+        return
+    col = t["quality_flags"]
+    rows = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
+    for flag, row in zip(pc.list_flatten(col).to_pylist(), rows.tolist(), strict=True):
+        rep.quality[flag] += 1
+        at = rep.quality_rows.setdefault(flag, [])
+        if len(at) < QUALITY_EXAMPLES:
+            at.append((part, row))
 
 
 def _value_counts(col) -> tuple[list, list]:

@@ -64,6 +64,7 @@ def print_report(rep: RunReport, out: TextIO) -> None:
         width = max(len(t) for t in rep.errors)
         for et, n in sorted(rep.errors.items(), key=lambda x: (-x[1], x[0])):
             w(f"  {et:<{width}} {n:>7}  e.g. {_one_line(rep.examples.get(et, ''))}\n")
+    _print_quality(rep, w)
     w("\ntokens per request (requests in each power-of-two bucket):\n")
     for name in TOKENS:
         h = rep.hist[name]
@@ -73,6 +74,18 @@ def print_report(rep: RunReport, out: TextIO) -> None:
             w(f"    {label:>11} {h[label]:>7} {_bar(h[label], top)}\n")
     _print_throughput(rep.summary, w)
     _print_sample(rep, w)
+
+
+def _print_quality(rep: RunReport, w) -> None:
+    """Ok answers per quality flag, with an example answer of each (operators/quality.py)."""
+    if not rep.quality:
+        return
+    ok = rep.status.get("ok", 0)
+    w("answer quality flags (ok answers; examples):\n")
+    for flag, n in sorted(rep.quality.items(), key=lambda x: (-x[1], x[0])):
+        ex = rep.quality_rows.get(flag) or [{}]
+        w(f"  {flag:<10} {n:>7} ({n / max(ok, 1):.1%})  e.g. {ex[0].get('media_uri') or ''}: "
+          f"{_one_line(repr(ex[0].get('answer') or ''))}\n")
 
 
 def log_folders(rep: RunReport) -> list[Path]:

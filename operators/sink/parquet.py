@@ -190,9 +190,13 @@ class ParquetSink(Sink):
                       if n.rsplit("/", 1)[-1].startswith(PART_PREFIX) and n.endswith(PART_SUFFIX))
 
     def read_part(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        """The part's `columns` (None: all) that it has: a part written before a column existed
+        (`quality_flags`, say) lacks it, and readers take a missing column as null."""
         def go():
             with self.fs.open(path, "rb") as f:
-                return pq.read_table(f, columns=columns)
+                pf = pq.ParquetFile(f)
+                have = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+                return pf.read(columns=have)
 
         return self._retry(go, f"reading {path}")
 

@@ -40,6 +40,8 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field("visual_tokens", pa.int32()),
         pa.field("generated_tokens", pa.int32()),
         pa.field("finish_reason", pa.string()),
+        # caption-quality flags of an ok answer (`operators/quality.py`); [] clean, null on error rows
+        pa.field("quality_flags", pa.list_(pa.string())),
         pa.field("model", pa.string(), nullable=False),
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("timings", TIMINGS_TYPE),
@@ -75,6 +77,7 @@ class OutputRow:
     visual_tokens: int | None = None
     generated_tokens: int | None = None
     finish_reason: str | None = None
+    quality_flags: tuple[str, ...] | None = None
     timings: Timings = Timings()
 
 
@@ -97,5 +100,6 @@ def table_to_rows(table: pa.Table) -> list[OutputRow]:
     out = []
     for d in table.select(OUTPUT_SCHEMA.names).to_pylist():
         t = d.pop("timings") or {}
-        out.append(OutputRow(**d, timings=Timings(**t)))
+        flags = d.pop("quality_flags")
+        out.append(OutputRow(**d, quality_flags=None if flags is None else tuple(flags), timings=Timings(**t)))
     return out

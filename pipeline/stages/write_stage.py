@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vlbatch.operators.quality import QualityJudge
 from vlbatch.operators.sink import new_sink
 from vlbatch.operators.sink.base import Sink
 from vlbatch.operators.sink.rolling import PartRoller
@@ -32,7 +33,8 @@ STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),
     ("visual_tokens", pa.int64()), ("generated_tokens", pa.int64()), ("cached_tokens", pa.int64()),
     ("vision_hits", pa.int64()), ("vision_encodes", pa.int64()), ("decode_s", pa.float64()),
-    ("preprocess_s", pa.float64()), ("model_s", pa.float64()), ("model_cpu_s", pa.float64()), ("file", pa.string()),
+    ("preprocess_s", pa.float64()), ("model_s", pa.float64()), ("model_cpu_s", pa.float64()),
+    ("quality_flags", pa.list_(pa.string())), ("file", pa.string()),
 ])
 
 
@@ -86,10 +88,11 @@ class WriteStage:
         self.cfg, self.run_id = cfg, run_id
         self.sink = open_sink(cfg, run_dir)
         self.roller = PartRoller(self.sink, cfg.output.roll_policy(), group=f"w-{uuid.uuid4().hex[:16]}")
+        self.judge = QualityJudge()  # this actor's answers so far: the relative quality checks
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return write_batch(batch, cfg=self.cfg, run_dir=self.sink.uri, run_id=self.run_id, sink=self.sink,
-                           roller=self.roller)
+                           roller=self.roller, judge=self.judge)
 
 
 _MEDIA_FIGURES = {"vision_hits": "vision_hits", "vision_encodes": "vision_encodes", "decode_s": "decode_s",
@@ -118,13 +121,15 @@ def output_tables(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Table, p
            "error_type": pc.if_else(ok, null, flat("req_error_types")),
            "error_message": pc.if_else(ok, null, flat("req_error_messages")), "prompt_tokens": flat("prompt_tokens"),
            "visual_tokens": visual, "generated_tokens": flat("generated_tokens"),
-           "finish_reason": flat("finish_reasons"), "model": pa.array([model] * r, pa.string()),
+           "finish_reason": flat("finish_reasons"), "quality_flags": pa.nulls(r, pa.list_(pa.string())),
+           "model": pa.array([model] * r, pa.string()),
            "run_id": pa.array([run_id] * r, pa.string()), "timings": timings}
     table = pa.table({f.name: pc.cast(out[f.name], f.type) for f in OUTPUT_SCHEMA}, schema=OUTPUT_SCHEMA)
     first = np.zeros(r, bool)
     first[(np.cumsum(n) - n)[n > 0]] = True  # [R] each media's first request
     mask = pa.array(first)
-    stats = {k: table[k] for k in ("id", "status", "error_type", "prompt_tokens", "visual_tokens", "generated_tokens")}
+    stats = {k: table[k] for k in ("id", "status", "error_type", "prompt_tokens", "visual_tokens", "generated_tokens",
+                                   "quality_flags")}
     stats["cached_tokens"] = flat("cached_tokens")
     for k, src in _MEDIA_FIGURES.items():
         typ = STATS_SCHEMA.field(k).type
@@ -132,12 +137,22 @@ def output_tables(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Table, p
     return table, pa.table({f.name: pc.cast(stats[f.name], f.type) for f in STATS_SCHEMA if f.name != "file"})
 
 
+def judged(table: pa.Table, stats: pa.Table, judge: QualityJudge) -> tuple[pa.Table, pa.Table]:
+    """(output table, stats) with `quality_flags` filled by `judge` (null on error rows)."""
+    flags = pa.array(judge.flags(table["answer"].to_pylist(), table["finish_reason"].to_pylist(),
+                                 table["prompt"].to_pylist(), table["media_uri"].to_pylist()), pa.list_(pa.string()))
+    col = table.schema.get_field_index("quality_flags")
+    return (table.set_column(col, table.schema.field(col), flags),
+            stats.set_column(stats.schema.get_field_index("quality_flags"), "quality_flags", flags))
+
+
 def write_batch(batch: pa.Table, *, cfg: JobConfig, run_dir: str, run_id: str, sink: Sink | None = None,
-                roller: PartRoller | None = None) -> pa.Table:
+                roller: PartRoller | None = None, judge: QualityJudge | None = None) -> pa.Table:
     """One batch of Generated rows to the run's sink (`run_dir`: its URI): committed as one part, or
-    handed to `roller`; the stats table (one row per request; `file`: the part, None when rolled)."""
+    handed to `roller`; the stats table (one row per request; `file`: the part, None when rolled).
+    `judge`: the caller's quality state (a write actor keeps one); None: a fresh one for this batch."""
     sink = sink if sink is not None else open_sink(cfg, run_dir)
-    table, stats = output_tables(batch, cfg.model.path, run_id)
+    table, stats = judged(*output_tables(batch, cfg.model.path, run_id), judge or QualityJudge())
     kept = keep_schema_of(sink)
     if kept is not None:  # the media's kept values, once per request
         extra = decode_keep(batch["keep"].to_pylist(), pc.list_value_length(batch["ids"]).to_pylist(), kept)
@@ -162,5 +177,6 @@ def output_tables_naive(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Ta
             fig = {k: getattr(g, src) if i == 0 else 0 for k, src in _MEDIA_FIGURES.items()}
             stats.append({"id": o.id, "status": o.status, "error_type": o.error_type,
                           "prompt_tokens": o.prompt_tokens, "visual_tokens": o.visual_tokens,
-                          "generated_tokens": o.generated_tokens, "cached_tokens": g.cached_tokens[i], **fig})
+                          "generated_tokens": o.generated_tokens, "cached_tokens": g.cached_tokens[i], **fig,
+                          "quality_flags": None})
     return table, pa.Table.from_pylist(stats, schema=pa.schema([f for f in STATS_SCHEMA if f.name != "file"]))

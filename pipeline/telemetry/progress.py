@@ -62,6 +62,7 @@ class Progress:
     visual_hist: Counter = field(default_factory=Counter)  # visual tokens per request
     # actor-seconds per stage (decode, preprocess, model; model_cpu: CPU s of the engine thread)
     stage_s: Counter = field(default_factory=Counter)
+    quality: Counter = field(default_factory=Counter)  # ok answers per quality flag (operators/quality.py)
     counts: dict = field(default_factory=dict)  # the stages' counters (pipeline/telemetry/meter.py), latest snapshot
     phase: str | None = None  # what the run is doing while nothing is committed (None: running)
     expect_models: int | None = None  # model actors the phase waits for (None: no model stage)
@@ -132,6 +133,7 @@ class Progress:
         token_histogram(d["prompt_tokens"], self.prompt_hist)
         token_histogram(d["visual_tokens"], self.visual_hist)
         self.files.update(f for f in d["file"] if f)
+        self.quality.update(f for flags in d.get("quality_flags", []) if flags for f in flags)
         self.tick()
 
     @property

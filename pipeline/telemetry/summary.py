@@ -17,6 +17,7 @@ class RunSummary:
     requests_computed: int = 0  # requests this call computed (those pending when it started)
     processed_by_status: dict = field(default_factory=dict)  # this call
     error_types: dict = field(default_factory=dict)  # this call
+    quality_flags: dict = field(default_factory=dict)  # this call: ok answers per flag (operators/quality.py)
     committed_by_status: dict = field(default_factory=dict)  # the whole run directory, after this call
     committed_total: int = 0
     purged_transient: int = 0
@@ -103,6 +104,7 @@ def summarize(cfg, run_id, run_uri, progress, before, after, purged, dropped, pe
         run_id=run_id, output_dir=run_uri, requests_pending=max(0, pending_n - progress.done),
         requests_skipped=skipped, requests_computed=pending_n,
         processed_by_status=dict(progress.status), error_types=dict(progress.error_types),
+        quality_flags=dict(progress.quality),
         committed_by_status=dict(after.status_counts), committed_total=total, purged_transient=purged,
         duplicate_ids=after.duplicate_ids, duplicates_dropped=dropped, elapsed_s=elapsed,
         rows_per_s=rates["rows_per_s"], visual_tokens_per_s=rates["visual_tokens_per_s"],
