@@ -20,7 +20,10 @@ timing, so its one figure is both). Ratios pipeline / engine alone (target >= 0.
 end and steady, pipeline / baseline, the pipeline's start-up (expansion, then actors and
 model load up to the first committed row), each stage's busy seconds, and the CPU seconds each
 process used until the model actor was ready (`startup_cpu.py`: on 2 cores the start-up is
-CPU-bound).
+CPU-bound). Then the summary's occupancy (issue 53): per model actor, busy / waiting on the CPU
+stage / blocked on output shares of its window, rows/s and generated tokens/s while busy ("speed of
+light") beside the whole run's, the verdict; and the pipeline once more with `ray.metrics: false`
+(metrics on vs off, rows/s; target <= 2 %; `--skip-metrics-off` leaves it out).
 
 Model: `bench` (default) is the ~25M-parameter Qwen3.5-shaped random checkpoint of
 benchmarks/bench_engine.py (hidden 512, 8 layers), big enough that the model stage is the
@@ -241,6 +244,30 @@ def report(args, model: str, n_req: int, eng: list[dict], pipe, pipe_wall: float
           f"vision-cache hit rate {pipe.vision_cache_hit_rate:.2f}")
 
 
+def occupancy_report(pipe, pipe_wall: float, off=None, off_wall: float | None = None) -> None:
+    """The model's occupancy and speed of light (`RunSummary.occupancy` / `model_actors`), and the metrics on
+    vs off row when the second run was made."""
+    occ = pipe.occupancy or {}
+    if occ:
+        print(f"  model busy {occ['busy']:.0%}, waiting on the CPU stage {occ['waiting_on_cpu']:.0%}, blocked on "
+              f"output {occ['blocked_on_output']:.0%}, rows ready for it {occ['backlog']:.0%} of its window; "
+              f"verdict: {occ['verdict'] or 'none (no pool waited past 30 %)'}")
+    for a in pipe.model_actors:
+        print(f"  model actor {a['actor']}: busy {a['busy_s']:.1f} of {a['window_s']:.1f} s; while busy "
+              f"{_fmt(a['rows_per_s_busy'], '.2f')} rows/s, {_fmt(a['generated_tokens_per_s_busy'], '.1f')} gen tok/s; "
+              f"whole run {a['run_rows_per_s']:.2f} rows/s, {a['run_generated_tokens_per_s']:.1f} gen tok/s")
+    if off is not None:  # steady rates: the second run starts warm (compiled kernels, page cache), its start-up is no
+        # metrics cost
+        on_rps = pipe.committed_by_status.get("ok", 0) / pipe_wall
+        off_rps = off.committed_by_status.get("ok", 0) / off_wall
+        on_s, off_s = pipe.steady_rows_per_s, off.steady_rows_per_s
+        if on_s and off_s:
+            print(f"  metrics on vs off (ray.metrics) steady {on_s:8.2f} vs {off_s:.2f} rows/s: "
+                  f"{(on_s - off_s) / off_s:+.1%} (target: within 2 %; the machine's noise included)")
+        print(f"  metrics on vs off, end to end          {on_rps:8.2f} vs {off_rps:.2f} rows/s: "
+              f"{(on_rps - off_rps) / off_rps:+.1%} (metrics off runs second, warm: start-up differs)")
+
+
 def _args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="bench", help="bench (25M, default), tiny, shapes-tiny, or a checkpoint folder")
@@ -253,6 +280,7 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--model-batch", type=int, default=16, help="resources.model.batch_size (media per model call)")
     ap.add_argument("--model-calls", type=int, default=8, help="resources.model.max_concurrent_batches")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--skip-metrics-off", action="store_true", help="no second pipeline run with ray.metrics off")
     ap.add_argument("--quick", action="store_true", help="64 media, baseline on 16 (iterating)")
     ap.add_argument("--videos", type=int, default=0, help="video mode: N videos, the job once per --decoders "
                     "(benchmarks/pipeline_video.py); the image options above are then unused")
@@ -304,10 +332,17 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         summary = run_job(cfg)
         pipe_wall = time.perf_counter() - t0
+    off, off_wall = None, None
+    if not args.skip_metrics_off:  # the same job, metrics off, its own output
+        off_cfg = validate_config({**job_dict(model, manifest, work / "out_off", args), "ray": {"metrics": False}})
+        t0 = time.perf_counter()
+        off = run_job(off_cfg)
+        off_wall = time.perf_counter() - t0
     base = None if args.skip_baseline else baseline(model, media[: args.baseline_media], questions, args)
     ray.shutdown()
     eng.append(engine_alone(cfg, reqs))
     report(args, model, len(reqs), eng, summary, pipe_wall, base)
+    occupancy_report(summary, pipe_wall, off, off_wall)
     print(probe.report(summary.model_ready_after_s))
 
 

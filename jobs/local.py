@@ -59,6 +59,8 @@ def summary_line(summary: Any) -> str:
             f"(already committed){dup} -> {summary.output_dir.rstrip('/')}/ in {summary.elapsed_s:.1f}s")
     if errors := summary.errors_text():  # all rows written or not; which error limit was passed, if any
         line += f"; {errors}"
+    if verdict := (getattr(summary, "occupancy", None) or {}).get("verdict"):  # the pool to grow
+        line += f"; {verdict}"
     return line
 
 
@@ -170,7 +172,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                 config = plan.cfg
                 print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}",
                       flush=True)
-                summary = run_job(plan)
+                summary = run_job(plan, name=job_name)
             finally:
                 if ours:
                     with signals_ignored():

@@ -100,12 +100,12 @@ def _map(ds, spec: StageSpec, runtime: dict, failures):
                      batch_size=spec.batch_size, batch_format="pyarrow", compute=compute, **spec.ray_args())
 
 
-def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None):
+def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None, metrics=None):
     """The lazy dataset of write stats rows: the plan's stages over `tasks_ds`, in order (`run_dir`: the
     run's URI, where its sink is; `meter`: the run's `Meter` actor the stages count into,
     pipeline/telemetry/meter.py; `failures`: its `RunPlacement`: failed starts and each pool's
-    resources, pipeline/stages/placement.py)."""
-    runtime = {"meter": meter, "run_dir": run_dir, "run_id": run_id}
+    resources, pipeline/stages/placement.py; `metrics`: the run's `MetricTags`, None: no Ray metrics)."""
+    runtime = {"meter": meter, "run_dir": run_dir, "run_id": run_id, "metrics": metrics}
     ds = tasks_ds
     for spec in plan.stages:
         ds = _map(ds, spec, runtime, failures)
@@ -113,22 +113,25 @@ def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, 
 
 
 def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress, tally,
-                  known: int | None, timeline: Timeline) -> list[str]:
+                  known: int | None, timeline: Timeline, job: str) -> list[str]:
     """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
     tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
     start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
     from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures, watching_nodes
     from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
+    from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts
 
     cfg = plan.cfg
-    meter, placement = start_meter(), RunPlacement(start_failures())
-    graph = build_graph(plan, tasks_ds, sink.uri, run_id, meter=meter, failures=placement)
+    metrics = MetricTags(job, run_id) if cfg.ray.metrics else None
+    meter, placement = start_meter(metrics), RunPlacement(start_failures())
+    graph = build_graph(plan, tasks_ds, sink.uri, run_id, meter=meter, failures=placement, metrics=metrics)
     progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
                        "starting the actors", sticky=cfg.task.mode != "scan")
     every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
-    with Ticker(progress, meter, tally, known, every_s=every), watching_nodes(placement, cfg.ray):
+    with Ticker(progress, meter, tally, known, every_s=every, timeline=timeline), watching_nodes(placement, cfg.ray):
         # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
         for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+            meter.add.remote(committed_counts(stats))  # committed rows, errors, tokens: the meter's metrics
             progress.update(stats)
             timeline.update(stats)
     return failed_lines(placement.failures)
@@ -163,10 +166,11 @@ def _checked(job: RunPlan | JobConfig, stream) -> RunPlan:
     return plan
 
 
-def run_job(job: RunPlan | JobConfig, *, stream=None) -> RunSummary:
+def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None) -> RunSummary:
     """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`.
     `job`: the run's checked `RunPlan` (`plan/preflight.py`), run as it is: nothing is checked again;
-    a `JobConfig`: checked here first by the same preflight (`_checked`)."""
+    a `JobConfig`: checked here first by the same preflight (`_checked`). `name`: the job's name, the
+    `job` tag of its Ray metrics (default: the run id)."""
     import ray
 
     stream = stream or sys.stderr
@@ -190,7 +194,7 @@ def run_job(job: RunPlan | JobConfig, *, stream=None) -> RunSummary:
                         interval_s=cfg.ray.progress_interval_s, expect_models=models)
     timeline, failed = Timeline(), []
     if pending_n is None or pending_n:
-        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, known, timeline)
+        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, known, timeline, name or run_id)
     for line in failed:
         _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
     return _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, timeline, failed, stream,

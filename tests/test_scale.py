@@ -177,7 +177,12 @@ def test_scan_totals_and_histograms_from_stats_rows():
                    token_histogram={"prompt": dict(p.prompt_hist), "visual": dict(p.visual_hist)})
     line = scan_line(s)
     assert "3 requests, 1 errors" in line and "'MediaError': 1" in line and "prompt tokens 145" in line
-    assert "visual histogram 64-128:2" in line
+    assert "visual histogram 64-128:2" in line and "CPU s per request" not in line  # no CPU seconds measured
+    # issue 53: the measured CPU cost per request, and the cores a model replica needs at R requests/s
+    costed = scan_line(RunSummary("r", "o", 0, 0, processed_by_status={"ok": 4},
+                                  stage_seconds={"decode": 0.3, "preprocess": 0.1}))
+    assert "decode + preprocess 0.1000 CPU s per request" in costed and "0.1000 x R CPU cores" in costed
+    assert "10.0 requests/s per core" in costed
 
 
 def test_scan_blocks_spread_a_row_group_over_the_actors(tmp_path):

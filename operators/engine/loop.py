@@ -33,7 +33,9 @@ Contract:
   step finished, as they finish (progress counters; it must be cheap and must not raise).
 - `busy_s`: seconds spent in `Engine.step` so far (the engine's busy time; callers'
   waits overlap, this does not); `busy_cpu_s`: the CPU seconds of the loop thread in them
-  (below `busy_s` when other processes take the engine's core, or the GIL is elsewhere).
+  (below `busy_s` when other processes take the engine's core, or the GIL is elsewhere);
+  `idle_s`: seconds the loop thread waited with nothing to do (no call queued, nothing in the
+  engine): the engine waiting for input. Both on `clock` (default `time.perf_counter`).
 """
 from __future__ import annotations
 
@@ -65,14 +67,17 @@ def pinned_visual_tokens(requests: list[Request]) -> int:
 
 
 class EngineLoop:
-    def __init__(self, engine, max_visual_tokens: int, on_finished=None, lookahead: int | None = None):
-        self.engine = engine
+    def __init__(self, engine, max_visual_tokens: int, on_finished=None, lookahead: int | None = None,
+                 clock=time.perf_counter):
+        self.engine, self.clock = engine, clock
         self.max_visual_tokens = max_visual_tokens
         self.on_finished = on_finished
         config = getattr(engine, "config", None)
         self.lookahead = lookahead or getattr(config, "max_num_seqs", None)  # None: submit every call at once
         self.busy_s = 0.0
         self.busy_cpu_s = 0.0
+        self.idle_s = 0.0
+        self._idle_since: float | None = None  # the clock when the current wait for work began
         self._cond = threading.Condition()
         self._queue: list[_Call] = []  # admitted, not yet submitted (the loop thread submits)
         self._owner: dict[str, _Call] = {}  # request id -> its call, from admission to its result
@@ -119,7 +124,7 @@ class EngineLoop:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self.engine.has_work or self._closed)
+                self._wait_for_work()
                 if self._closed and not self._queue and not self.engine.has_work:
                     return
                 n = self._submittable()
@@ -129,15 +134,34 @@ class EngineLoop:
                     self._deliver(self.engine.submit(queued[0].requests))
                     queued.pop(0)
                 if self.engine.has_work:
-                    t0, c0 = time.perf_counter(), time.thread_time()
+                    t0, c0 = self.clock(), time.thread_time()
                     try:
                         finished = self.engine.step()
                     finally:
-                        self.busy_s += time.perf_counter() - t0
+                        self.busy_s += self.clock() - t0
                         self.busy_cpu_s += time.thread_time() - c0
                     self._deliver(finished)
             except Exception as exc:  # noqa: BLE001 - any engine failure fails what is in it, never the loop
                 self._fail_all(exc, keep=queued[1:])
+
+    def _wait_for_work(self) -> None:
+        """Wait (under the lock) until a call is queued, the engine has work or the loop closes; the wait
+        counts into `idle_s` (the engine waiting for input)."""
+        def ready():
+            return self._queue or self.engine.has_work or self._closed
+
+        if ready():
+            return
+        self._idle_since = self.clock()
+        self._cond.wait_for(ready)
+        self.idle_s += self.clock() - self._idle_since
+        self._idle_since = None
+
+    def idle_now(self) -> float:
+        """`idle_s` with the wait in progress counted up to now (read from any thread)."""
+        with self._cond:
+            since = self._idle_since
+            return self.idle_s + (0.0 if since is None else self.clock() - since)
 
     def _submittable(self) -> int:
         """How many queued calls (from the front) go to the engine now (under the lock)."""

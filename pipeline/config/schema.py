@@ -273,6 +273,9 @@ class RaySection(_Section):
         300.0, gt=0.0, description="seconds a stage may go without any live node that could hold its actor (every "
                                    "such node lost mid-run) before the run stops (exit 8; committed rows are kept): "
                                    "time for a node to come back or an autoscaler to add one")
+    metrics: bool = Field(True, description="export the run's counters, queue depths, model-call latency and model "
+                                            "busy fraction to Ray's metrics (each node's Prometheus endpoint), "
+                                            "tagged job and run_id")
     block_mb: int = Field(
         16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes "
                                        "whole blocks, so smaller blocks reach the model and commit sooner "

@@ -71,7 +71,7 @@ class StageSpec:
     pool: Pool
     batch_size: int | None
     kwargs: dict = field(default_factory=dict)  # constructor kwargs known to the plan
-    runtime: tuple[str, ...] = ()  # constructor kwargs the graph adds: "meter", "run_dir"
+    runtime: tuple[str, ...] = ()  # constructor kwargs the graph adds: "meter", "metrics", "run_dir"
     strategy: dict = field(default_factory=dict)  # extra ActorPoolStrategy arguments
     reads: str = "MediaTask"  # the row type it takes (pipeline/stages/rows.py; "stats": write stats rows)
     produces: str = "stats"
@@ -137,7 +137,7 @@ def stage_specs(cfg: JobConfig, cluster: Cluster | None, source=None) -> list[St
     # Concurrent calls on one model actor feed one continuous batch (pipeline/stages/model_stage.py).
     out.append(StageSpec("model", f"{_STAGES}.model_stage:ModelStage",
                          _pool(cfg, "model", gpus=gpus, ranks=cfg.model.tensor_parallel_size),
-                         None if not gpus else r.model.batch_size, cpu, ("meter",),
+                         None if not gpus else r.model.batch_size, cpu, ("meter", "metrics"),
                          {"enable_true_multi_threading": True,
                           "max_concurrent_calls_per_actor": r.model.max_concurrent_batches},
                          reads="Prepared", produces="Generated"))

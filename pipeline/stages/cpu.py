@@ -64,7 +64,7 @@ class DecodeStage:
     metadata and sampled indices, no frame decoded) and its bytes ride on (`Decoded.deferred`).
     """
 
-    def __init__(self, cfg: JobConfig, meter=None):
+    def __init__(self, cfg: JobConfig, meter=None, ready: bool = True):
         from vlbatch.operators.media.video import FrameSampling
         from vlbatch.operators.media.worker import DecodeWorker
         from vlbatch.pipeline.telemetry.meter import CPU_READY, MeterClient
@@ -82,7 +82,8 @@ class DecodeStage:
 
         self.limiter = HostLimiter(cfg.storage.http_per_host)
         self.meter = MeterClient(meter)
-        self.meter.ready(CPU_READY)
+        if ready:  # one CPU actor ready (a fused PrepareStage counts once: its preprocess part)
+            self.meter.ready(CPU_READY)
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, MediaTask)
@@ -288,7 +289,7 @@ class PrepareStage:
     """
 
     def __init__(self, cfg: JobConfig, meter=None):
-        self.decode = DecodeStage(cfg, meter)
+        self.decode = DecodeStage(cfg, meter, ready=False)
         self.preprocess = PreprocessStage(cfg, meter)
         self.lock = threading.Lock()
 

@@ -31,14 +31,20 @@ On the CPU the actor owns its process: it keeps freed step memory in the heap
 (`engine/host_memory.py`) and, with the engine backend, has the compiled kernels built at the
 SIMD width timed fastest on this machine (`operators/host_simd.py`, before anything defines one).
 
-Progress (`meter`, `pipeline/telemetry/meter.py`): the actor says when its model is loaded, and the
-engine backend counts each request as generated when the engine finishes it.
+Progress (`meter`, `pipeline/telemetry/meter.py`): the actor says when its model is loaded, counts the
+requests handed to it (`model_in`), and the engine backend counts each request as generated when the
+engine finishes it. With the engine backend the actor reports its occupancy (`ModelReport`: engine
+stepping and idle seconds over its window, from its first call; `pipeline/telemetry/occupancy.py`)
+every second from a reporter thread and at the end of each call; with `metrics` (the run's
+`MetricTags`, `ray.metrics`) it records each call's seconds and its busy fraction in Ray's metrics.
 
 A `SetupError` (the job's checkpoint or device, not a request) fails the run instead.
 """
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from dataclasses import replace
 
@@ -50,6 +56,11 @@ from vlbatch.pipeline.config.model_backends import MODEL_BACKENDS
 from vlbatch.pipeline.stages.backends import resolve_device
 from vlbatch.pipeline.stages.rows import Generated, Prepared, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
+from vlbatch.pipeline.telemetry.metrics import MODEL_IN
+from vlbatch.pipeline.telemetry.occupancy import ModelReport
+
+# test hook (tests/test_metrics_busy.py): seconds added to every engine step, to make a model slow on purpose
+STEP_DELAY_ENV = "VLBATCH_TEST_STEP_DELAY_S"
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -57,7 +68,7 @@ log = logging.getLogger("vlbatch.pipeline")
 class ModelStage:
     """Ray actor UDF: numpy batch of Prepared rows -> table of Generated rows."""
 
-    def __init__(self, cfg: JobConfig, meter=None):
+    def __init__(self, cfg: JobConfig, meter=None, metrics=None):
         import torch
 
         from vlbatch.operators.host_simd import use_fastest_simd
@@ -74,15 +85,22 @@ class ModelStage:
         self.meter = MeterClient(meter)
         # with counts_finished, requests count as generated when the engine finishes them
         self.backend = backend(cfg, on_finished=lambda n: self.meter.add(GENERATED, n))
+        if delay := os.environ.get(STEP_DELAY_ENV):
+            slow_steps(self.backend.engine, float(delay))
+        self.watch = ActorWatch(self.meter, getattr(self.backend, "loop", None), metrics)
         self.meter.ready(MODEL_READY)
 
     def __del__(self):  # Ray Data's graceful actor exit; frees a replica's followers
+        if (watch := getattr(self, "watch", None)) is not None:
+            watch.close()
         backend = getattr(self, "backend", None)
         if backend is not None:
             backend.close()
 
     def __call__(self, batch: pa.Table):  # may run on several threads at once (see the module docstring)
+        t0 = self.watch.enter()
         rows = from_table(batch, Prepared)
+        self.meter.add(MODEL_IN, sum(len(r.ids) for r in rows))
         n = self.cfg.resources.model.batch_size
         if len(rows) <= n:
             out = self._call(rows)
@@ -95,6 +113,7 @@ class ModelStage:
         if not getattr(self.backend, "counts_finished", False):  # the reference backend: counted per call
             self.meter.add(GENERATED, sum(len(r.ids) for r in rows if r.status == "ok"))
         self.meter.flush()
+        self.watch.leave(t0, out)
         return out
 
     def _call(self, rows: list[Prepared]) -> pa.Table:
@@ -164,6 +183,75 @@ class ModelStage:
         g = Generated(**self._base(r), visual_tokens=r.visual_tokens, model_s=model_s)
         return replace(g, **dict(zip(names, map(tuple, cols), strict=True)),
                        statuses=tuple("ok" if e is None else "error" for e in cols[6]))
+
+
+class ActorWatch:
+    """A model actor's occupancy and its metrics: the window opens at the first call; each call's end and a
+    reporter thread (every `every_s`, also while the actor waits) send a `ModelReport` to the meter."""
+
+    def __init__(self, meter: MeterClient, loop, metrics, every_s: float = 1.0, clock=time.perf_counter):
+        self.meter, self.loop, self.every_s, self.clock = meter, loop, every_s, clock
+        self.actor = os.urandom(4).hex()
+        self.metrics = None
+        if metrics is not None:
+            from vlbatch.pipeline.telemetry.metrics import ModelMetrics
+
+            self.metrics = ModelMetrics(metrics)
+        self._lock = threading.Lock()
+        self._since: float | None = None  # the first call's start
+        self.rows = self.generated_tokens = 0
+        self._done = (0.0, 0.0, 0.0)  # busy, idle, window at the end of the latest call
+        self._stop = threading.Event()
+
+    def enter(self) -> float:
+        now = self.clock()
+        with self._lock:
+            if self._since is None:
+                self._since = now
+                if self.loop is not None:
+                    threading.Thread(target=self._run, name="model-occupancy", daemon=True).start()
+        return now
+
+    def leave(self, t0: float, out: pa.Table) -> None:
+        """One call ended: its latency, its rows and generated tokens, a report."""
+        ok = sum(s == "ok" for v in out.column("statuses").to_pylist() for s in v or ())
+        tokens = sum(x or 0 for v in out.column("generated_tokens").to_pylist() for x in v or ())
+        with self._lock:
+            self.rows += ok
+            self.generated_tokens += tokens
+            if self.loop is not None:
+                self._done = (self.loop.busy_s, self.loop.idle_now(), self.clock() - self._since)
+        if self.metrics is not None:
+            self.metrics.call(self.clock() - t0)
+        self.send()
+
+    def send(self) -> None:
+        if self.loop is None or self._since is None:
+            return
+        with self._lock:
+            report = ModelReport(self.actor, self.loop.busy_s, self.loop.idle_now(), self.clock() - self._since,
+                                 self.rows, self.generated_tokens, *self._done)
+        self.meter.report(report)
+        if self.metrics is not None and report.window_s > 0:
+            self.metrics.busy_fraction(min(1.0, report.busy_s / report.window_s))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.send()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def slow_steps(engine, delay_s: float) -> None:
+    """Test hook (`STEP_DELAY_ENV`): every engine step first sleeps `delay_s` (a slow model on purpose)."""
+    step = engine.step
+
+    def slow():
+        time.sleep(delay_s)
+        return step()
+
+    engine.step = slow
 
 
 def _is_out_of_memory(e: BaseException) -> bool:

@@ -8,7 +8,11 @@ sent): increments are summed locally and sent when `every_s` has passed since th
 or when the stage calls `flush` (the CPU stages at the end of each call, the model stage at
 the end of each call and from its engine thread at most every `every_s`). The
 model stage counts a request as generated when the engine finishes it (the `EngineLoop`'s
-`on_finished` hook), not when its Ray batch returns.
+`on_finished` hook), not when its Ray batch returns. The driver adds each committed stats block
+(`metrics.committed_counts`: rows, error rows by type, tokens). A model actor also sends its
+occupancy (`report_model`: a `ModelReport`), split here by what the run held at that moment
+(`pipeline/telemetry/occupancy.py`). With `ray.metrics` on, the meter exports its counts to Ray's
+metrics (`pipeline/telemetry/metrics.py` `MeterMetrics`) as they arrive.
 
 `Ticker` is the driver's side: a thread that, every progress interval (0.2 s on a
 terminal), reads the meter and the expansion's `Tally` and has `Progress` print, so lines
@@ -27,19 +31,53 @@ log = logging.getLogger("vlbatch.pipeline")
 
 DECODED, PREPROCESSED, GENERATED = "decoded", "preprocessed", "generated"
 CPU_READY, MODEL_READY = "cpu_ready", "model_ready"
+MODEL_OCCUPANCY, CPU_WINDOW_S = "model_occupancy", "cpu_window_s"  # snapshot keys that are no counts
 
 
 class Meter:
-    """Ray actor: counters summed over every stage's sends."""
+    """Ray actor: counters summed over every stage's sends, and each model actor's occupancy.
 
-    def __init__(self):
+    `snapshot()` -> the counts, plus `MODEL_OCCUPANCY` ({actor: `ActorOccupancy`}) once a model actor
+    reported and `CPU_WINDOW_S` (seconds since the first CPU actor was ready, on this actor's clock)."""
+
+    def __init__(self, metrics=None, clock=time.monotonic):
         self.counts: Counter = Counter()
+        self.models: dict = {}  # actor -> ActorOccupancy
+        self.clock = clock
+        self.cpu_since: float | None = None
+        self.exporter = None
+        if metrics is not None:  # a MetricTags: export to Ray's metrics
+            from vlbatch.pipeline.telemetry.metrics import MeterMetrics
+
+            self.exporter = MeterMetrics(metrics)
 
     def add(self, counts: dict) -> None:
         self.counts.update(counts)
+        if self.cpu_since is None and self.counts.get(CPU_READY):
+            self.cpu_since = self.clock()
+        if self.exporter is not None:
+            try:
+                self.exporter.export(self.counts)
+            except Exception as e:  # noqa: BLE001 - a figure for people: never lose the counts for it
+                log.debug("metrics export failed: %s", e)
+
+    def report_model(self, report) -> None:
+        """A model actor's cumulative `ModelReport`; its new idle seconds split by the rows waiting now."""
+        from vlbatch.pipeline.telemetry.metrics import queue_depths
+        from vlbatch.pipeline.telemetry.occupancy import ActorOccupancy
+
+        waiting = queue_depths(self.counts)["model"]
+        known = self.models.get(report.actor)
+        self.models[report.actor] = (ActorOccupancy.first(report, waiting) if known is None
+                                     else known.add(report, waiting))
 
     def snapshot(self) -> dict:
-        return dict(self.counts)
+        out = dict(self.counts)
+        if self.models:
+            out[MODEL_OCCUPANCY] = dict(self.models)
+        if self.cpu_since is not None:
+            out[CPU_WINDOW_S] = self.clock() - self.cpu_since
+        return out
 
 
 class MeterClient:
@@ -72,6 +110,15 @@ class MeterClient:
             except Exception as e:  # noqa: BLE001 - a figure for people: never fail a stage for it
                 log.debug("meter send failed: %s", e)
 
+    def report(self, report) -> None:
+        """A model actor's occupancy (`ModelReport`), sent at once."""
+        if self.handle is None:
+            return
+        try:
+            self.handle.report_model.remote(report)
+        except Exception as e:  # noqa: BLE001 - a figure for people
+            log.debug("meter report failed: %s", e)
+
     def ready(self, key: str) -> None:
         """Say at once that this actor is ready (`CPU_READY` / `MODEL_READY`)."""
         self.add(key)
@@ -88,19 +135,22 @@ def driver_node():
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def start_meter():
-    """A new `Meter` actor for one run, on the driver's node (no CPU: it runs beside full actor pools)."""
+def start_meter(metrics=None):
+    """A new `Meter` actor for one run, on the driver's node (no CPU: it runs beside full actor pools);
+    `metrics`: the run's `MetricTags` (export to Ray's metrics) or None."""
     import ray
 
-    return ray.remote(num_cpus=0, scheduling_strategy=driver_node())(Meter).remote()
+    return ray.remote(num_cpus=0, scheduling_strategy=driver_node())(Meter).remote(metrics)
 
 
 class Ticker:
     """The driver's progress thread: every `every_s` it reads the meter (and the tally, until
     the total is known) and lets `progress` print. `with Ticker(...):` around the graph."""
 
-    def __init__(self, progress, meter, tally=None, known: int | None = None, every_s: float = 1.0):
+    def __init__(self, progress, meter, tally=None, known: int | None = None, every_s: float = 1.0,
+                 timeline=None):
         self.progress, self.meter, self.tally, self.known, self.every_s = progress, meter, tally, known, every_s
+        self.timeline = timeline  # gets the model actors' stepping / waiting seconds (`Timeline.observe_model`)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vlbatch-progress", daemon=True)
 
@@ -127,7 +177,11 @@ class Ticker:
         if self.meter is not None:
             ready, _ = ray.wait([ref := self.meter.snapshot.remote()], timeout=5)
             if ready:
-                self.progress.observe(ray.get(ref))
+                counts = ray.get(ref)
+                self.progress.observe(counts)
+                if self.timeline is not None and (models := counts.get(MODEL_OCCUPANCY)):
+                    self.timeline.observe_model(sum(a.report.busy_s for a in models.values()),
+                                                sum(a.input_s + a.output_s for a in models.values()))
         if self.tally is not None and self.known is not None:
             ready, _ = ray.wait([ref := self.tally.get.remote()], timeout=5)
             if ready:

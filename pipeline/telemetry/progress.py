@@ -4,7 +4,8 @@
 driver, and the stages' counters (`pipeline/telemetry/meter.py`: rows decoded, preprocessed and
 generated, actors ready) that the driver's `Ticker` reads every interval. On a terminal it
 redraws one status line (phase, stage counts, committed rows, rows/s, visual tokens/s,
-generated tokens/s, prefix-cache hit rate, errors, ETA); elsewhere (cron, Airflow) it prints
+generated tokens/s, prefix-cache hit rate, errors, ETA, and once a model actor reported how busy
+the model stage is and why not: `model busy 41 %: waiting on the CPU stage`); elsewhere (cron, Airflow) it prints
 a timestamped log line every `ray.progress_interval_s` seconds, whether or not a row was
 committed, and at the end. A change of phase (`starting the actors`, `running`) is a line of
 its own at once. `update`, `observe` and `tick` may come from two threads (the graph's
@@ -21,7 +22,8 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from vlbatch.pipeline.telemetry.meter import MODEL_READY
+from vlbatch.pipeline.telemetry.meter import CPU_READY, CPU_WINDOW_S, MODEL_OCCUPANCY, MODEL_READY
+from vlbatch.pipeline.telemetry.occupancy import Occupancy, cpu_busy_fraction
 
 
 def _fmt_eta(s: float | None) -> str:
@@ -164,6 +166,19 @@ class Progress:
         return {"time_to_first_row_s": None if self.first_at is None else self.first_at - self.start,
                 "steady_rows_per_s": steady}
 
+    def model_actors(self, final: bool = False) -> list[dict]:
+        """Each model actor's occupancy (`ActorOccupancy.to_json`, this run's rates beside), from the meter;
+        `final`: as of each actor's last call (`ActorOccupancy.final`)."""
+        r = self.rates()
+        return [(a.final() if final else a).to_json(round(r["rows_per_s"], 3), round(r["generated_tokens_per_s"], 3))
+                for _, a in sorted(self.counts.get(MODEL_OCCUPANCY, {}).items())]
+
+    def occupancy(self, final: bool = False) -> Occupancy | None:
+        """The model stage's busy / waiting shares and the CPU pools' busy share (None: no model report)."""
+        cpu = cpu_busy_fraction(self.stage_s["decode"] + self.stage_s["preprocess"], self.counts.get(CPU_READY, 0),
+                                self.counts.get(CPU_WINDOW_S, 0.0))
+        return Occupancy.of(self.model_actors(final), cpu)
+
     def line(self) -> str:
         r = self.rates()
         errs = self.status.get("error", 0)
@@ -174,7 +189,8 @@ class Progress:
         phase = f"[{self.phase}] " if self.phase else ""
         return (f"{phase}{stages}{self.done}/{total} rows  {r['rows_per_s']:.2f} rows/s  "
                 f"vis {r['visual_tokens_per_s']:.0f} tok/s  gen {r['generated_tokens_per_s']:.1f} tok/s  "
-                f"prefix-hit {r['prefix_cache_hit_rate']:.0%}  errors {errs}  ETA {_fmt_eta(r['eta_s'])}")
+                f"prefix-hit {r['prefix_cache_hit_rate']:.0%}  errors {errs}  ETA {_fmt_eta(r['eta_s'])}"
+                + (f"  {occ.text()}" if (occ := self.occupancy()) is not None else ""))
 
     def tick(self, final: bool = False) -> None:
         with self._lock:

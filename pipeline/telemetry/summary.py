@@ -47,6 +47,13 @@ class RunSummary:
     prompt_tokens: int = 0  # this call, summed over requests (visual placeholders included)
     visual_tokens: int = 0  # this call, per request (a media asked 3 questions counts 3 times)
     token_histogram: dict = field(default_factory=dict)  # {"prompt"|"visual": {"<lo>-<hi>": requests}}
+    generated_tokens: int = 0  # this call
+    cached_tokens: int = 0  # this call: prompt tokens served by the prefix cache
+    # the model stage's busy / waiting shares, the CPU pools' busy share, the pool to grow (`Occupancy.to_json`)
+    occupancy: dict = field(default_factory=dict)
+    # per model actor: busy / waiting shares of its window, rows/s and generated tokens/s while busy beside
+    # the whole run's (`ActorOccupancy.to_json`)
+    model_actors: list = field(default_factory=list)
     timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
     failed_starts: list = field(default_factory=list)  # "<Stage> on node IP (id): cause" per actor that failed to start
     attempts: list = field(default_factory=list)  # every call's record on this run, this one last (attempts.py)
@@ -119,5 +126,8 @@ def summarize(cfg, run_id, run_uri, progress, before, after, purged, dropped, pe
         files_written=len(set(after.files) - set(before.files)),
         stage_seconds={k: round(v, 3) for k, v in progress.stage_s.items()},
         prompt_tokens=progress.prompt_tokens, visual_tokens=progress.visual_tokens,
+        generated_tokens=progress.generated_tokens, cached_tokens=progress.cached_tokens,
+        occupancy=occ.to_json() if (occ := progress.occupancy(final=True)) is not None else {},
+        model_actors=progress.model_actors(final=True),
         token_histogram={"prompt": dict(progress.prompt_hist), "visual": dict(progress.visual_hist)},
         timeline=timeline.to_json() if timeline is not None else {}, failed_starts=list(failed_starts))

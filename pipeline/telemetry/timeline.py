@@ -5,18 +5,23 @@ tokens are added to the time bucket of their arrival (`bucket_s` wide, counted f
 start). At most `max_points` buckets are kept: past that the width doubles and neighbouring
 buckets merge, so a run of days still writes a few KiB. `to_json()` goes into the run's
 `_summary.json` (`RunSummary.timeline`), where `vlbatch inspect` plots rows/s and tokens/s.
-A resumed run's summary holds the timeline of its last call only.
+A resumed run's summary holds the timeline of its last call only. The progress ticker adds the
+model actors' engine-stepping and waiting milliseconds as they grow (`observe_model`), so each
+bucket also says how busy the model stage was then (busy / (busy + wait)).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-# per bucket, in this order: rows, error rows, prompt / visual / generated tokens
-FIELDS = ("rows", "errors", "prompt_tokens", "visual_tokens", "generated_tokens")
+# per bucket, in this order: rows, error rows, prompt / visual / generated tokens (from the stats rows),
+# then the model actors' summed engine-stepping and waiting (input + output) milliseconds
+TOKEN_FIELDS = ("prompt_tokens", "visual_tokens", "generated_tokens")
+FIELDS = ("rows", "errors", *TOKEN_FIELDS, "model_busy_ms", "model_wait_ms")
 
 
 @dataclass
@@ -27,22 +32,42 @@ class Timeline:
     buckets: list[list[int]] = field(default_factory=list)  # [B, len(FIELDS)]
 
     def __post_init__(self):
+        self._model_ms = (0, 0)  # busy, wait ms observed so far
+        self._lock = threading.Lock()  # `update` (the graph's iterator) and `observe_model` (the ticker)
         self.start = self.clock()
         self.started_at = time.time()  # wall clock of the start (unix seconds), for the reader
 
-    def update(self, stats: pa.Table) -> None:
-        """One stats block (`write_stage.STATS_SCHEMA` columns) arrived now."""
+    def _bucket(self) -> list[int]:
+        """The bucket of now (coarsening past `max_points`)."""
         k = int((self.clock() - self.start) // self.bucket_s)
         while k >= self.max_points:
             self._coarsen()
             k //= 2
         while len(self.buckets) <= k:
             self.buckets.append([0] * len(FIELDS))
+        return self.buckets[k]
+
+    def update(self, stats: pa.Table) -> None:
+        """One stats block (`write_stage.STATS_SCHEMA` columns) arrived now."""
         d = stats.to_pydict()
         errors = sum(s == "error" for s in d["status"])
-        sums = [sum(x or 0 for x in d[name]) for name in FIELDS[2:]]
-        for i, v in enumerate([stats.num_rows, errors, *sums]):
-            self.buckets[k][i] += int(v)
+        sums = [sum(x or 0 for x in d[name]) for name in TOKEN_FIELDS]
+        with self._lock:
+            bucket = self._bucket()
+            for i, v in enumerate([stats.num_rows, errors, *sums]):
+                bucket[i] += int(v)
+
+    def observe_model(self, busy_s: float, wait_s: float) -> None:
+        """The model actors' cumulative stepping and waiting seconds now: their growth goes to this bucket."""
+        ms = (int(busy_s * 1000), int(wait_s * 1000))
+        with self._lock:
+            grown = [max(0, now - before) for now, before in zip(ms, self._model_ms, strict=True)]
+            self._model_ms = ms
+            if not any(grown):
+                return
+            bucket = self._bucket()
+            bucket[-2] += grown[0]
+            bucket[-1] += grown[1]
 
     def _coarsen(self) -> None:
         """Twice the width: bucket pairs (2i, 2i + 1) merge."""

@@ -1,0 +1,123 @@
+"""vlbatch's series in Ray's own metrics system (`ray.util.metrics`), on every node's Prometheus endpoint.
+
+Tagged `job` (the job name: the config file's stem, `--name`) and `run_id` (`MetricTags`). Ray's agent
+exports a metric named `vlbatch_x` as `ray_vlbatch_x`, a counter with `_total` appended (`SERIES`: the
+names as scraped; `infra/grafana/vlbatch.json` queries only those). Off with `ray.metrics: false`.
+
+Counters are exported by the `Meter` actor (`MeterMetrics.export`: each new count as `Counter.inc(delta)`),
+from the counts every stage already sends it and the committed stats blocks the driver adds, so a
+counter's final value is the run's own figure (`_summary.json`):
+
+- `vlbatch_rows{stage}`: requests decoded / preprocessed / generated / committed (`stage`);
+- `vlbatch_errors{error_type}`: committed error rows by type;
+- `vlbatch_tokens{kind}`: prompt / visual / generated / cached (prefix cache hits) tokens of committed rows;
+- `vlbatch_vision_cache{result}`: media looked up in the vision cache: `hit` / `encode`;
+- `vlbatch_queue_depth{stage}` (gauge): requests waiting for `stage` (preprocess, model, write): the
+  rows one stage produced that the next one has not taken (or, for write, not committed).
+
+Per model actor (`ModelMetrics`, recorded in the actor): `vlbatch_model_call_seconds` (histogram, one
+model-stage call), `vlbatch_model_busy_fraction` (gauge: engine stepping / the actor's window,
+`pipeline/telemetry/occupancy.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROWS, ERRORS, TOKENS, VISION = "vlbatch_rows", "vlbatch_errors", "vlbatch_tokens", "vlbatch_vision_cache"
+QUEUE, CALL_S, BUSY = "vlbatch_queue_depth", "vlbatch_model_call_seconds", "vlbatch_model_busy_fraction"
+# the names Ray's Prometheus endpoint shows (prefix ray_, counters _total, a histogram its three series)
+SERIES = (*(f"ray_{n}_total" for n in (ROWS, ERRORS, TOKENS, VISION)), f"ray_{QUEUE}", f"ray_{BUSY}",
+          *(f"ray_{CALL_S}_{s}" for s in ("bucket", "count", "sum")))
+TAG_KEYS = ("job", "run_id")
+CALL_BOUNDARIES = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 600]
+
+# meter count key -> (counter name, its extra tag)
+COMMITTED, MODEL_IN = "committed", "model_in"
+_ROW_KEYS = {"decoded": "decoded", "preprocessed": "preprocessed", "generated": "generated", COMMITTED: "committed"}
+TOKEN_KEYS = {"prompt_tokens": "prompt", "visual_tokens": "visual", "generated_tokens": "generated",
+              "cached_tokens": "cached"}
+VISION_KEYS = {"vision_hits": "hit", "vision_encodes": "encode"}
+ERROR_PREFIX = "error:"  # a meter key `error:<type>` counts committed error rows of that type
+
+
+@dataclass(frozen=True)
+class MetricTags:
+    """The tags of every vlbatch series of one run."""
+
+    job: str
+    run_id: str
+
+    def tags(self, **extra: str) -> dict:
+        return {"job": self.job, "run_id": self.run_id, **extra}
+
+
+def committed_counts(stats) -> dict:
+    """A committed stats block (`write_stage.STATS_SCHEMA` table) -> meter counts: rows, error rows by
+    type, tokens, vision cache lookups."""
+    d = stats.to_pydict()
+    out = {COMMITTED: stats.num_rows}
+    for t in d["error_type"]:
+        if t:
+            out[ERROR_PREFIX + t] = out.get(ERROR_PREFIX + t, 0) + 1
+    for k in (*TOKEN_KEYS, *VISION_KEYS):
+        out[k] = sum(x or 0 for x in d.get(k, []))
+    return out
+
+
+class MeterMetrics:
+    """The `Meter`'s exporter: cumulative counts -> counter increments (the new part only) and queue gauges."""
+
+    def __init__(self, tags: MetricTags):
+        from ray.util.metrics import Counter, Gauge
+
+        self.t = tags
+        self.rows = Counter(ROWS, "requests through each stage", tag_keys=(*TAG_KEYS, "stage"))
+        self.errors = Counter(ERRORS, "committed error rows by type", tag_keys=(*TAG_KEYS, "error_type"))
+        self.tokens = Counter(TOKENS, "tokens of committed rows by kind", tag_keys=(*TAG_KEYS, "kind"))
+        self.vision = Counter(VISION, "vision cache lookups by result", tag_keys=(*TAG_KEYS, "result"))
+        self.queue = Gauge(QUEUE, "requests waiting for a stage", tag_keys=(*TAG_KEYS, "stage"))
+        self.sent: dict = {}
+
+    def export(self, counts: dict) -> None:
+        for key, n in counts.items():
+            delta = n - self.sent.get(key, 0)
+            if delta <= 0:
+                continue
+            self.sent[key] = n
+            if key in _ROW_KEYS:
+                self.rows.inc(delta, tags=self.t.tags(stage=_ROW_KEYS[key]))
+            elif key in TOKEN_KEYS:
+                self.tokens.inc(delta, tags=self.t.tags(kind=TOKEN_KEYS[key]))
+            elif key in VISION_KEYS:
+                self.vision.inc(delta, tags=self.t.tags(result=VISION_KEYS[key]))
+            elif key.startswith(ERROR_PREFIX):
+                self.errors.inc(delta, tags=self.t.tags(error_type=key.removeprefix(ERROR_PREFIX)))
+        for stage, n in queue_depths(counts).items():
+            self.queue.set(n, tags=self.t.tags(stage=stage))
+
+
+def queue_depths(counts: dict) -> dict:
+    """Requests waiting for each stage: produced by the one before, not yet taken (write: not committed).
+    With the CPU stages fused nothing waits between decode and preprocess (the counts move together)."""
+    c = counts.get
+    return {"preprocess": max(0, c("decoded", 0) - c("preprocessed", 0)),
+            "model": max(0, c("preprocessed", 0) - c(MODEL_IN, 0)),
+            "write": max(0, c("generated", 0) - c(COMMITTED, 0))}
+
+
+class ModelMetrics:
+    """A model actor's own series: each call's latency, its busy fraction."""
+
+    def __init__(self, tags: MetricTags):
+        from ray.util.metrics import Gauge, Histogram
+
+        self.t = tags.tags()
+        self.call_s = Histogram(CALL_S, "seconds of one model-stage call", boundaries=CALL_BOUNDARIES,
+                                tag_keys=TAG_KEYS)
+        self.busy = Gauge(BUSY, "engine stepping / the model actor's window", tag_keys=TAG_KEYS)
+
+    def call(self, seconds: float) -> None:
+        self.call_s.observe(seconds, tags=self.t)
+
+    def busy_fraction(self, value: float) -> None:
+        self.busy.set(value, tags=self.t)
