@@ -160,3 +160,41 @@ def test_a_signal_at_any_phase_exits_with_its_code_and_the_one_line(held_sink_jo
     assert again.finish() == 0, again.text()
     assert "nothing to do" in again.out["stdout"][-1], again.text()
     assert len(read_output(Path(LINE.fullmatch(run.out["stdout"][-1].rstrip("\n")).group(2)))) == N_IMAGES
+
+
+def test_a_signal_during_ray_shutdown_is_noted_not_lost():
+    """The shutdown window (`jobs/local._shutdown_ray`): the block runs to its end, the signal is listed for
+    the run to end by it after (on main: ignored, and a run stopped then exited 0). A real SIGTERM to this
+    process, sent inside the block: the event is the test's own call."""
+    from vlbatch.jobs.stops import signals_deferred
+
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_deferred() as noted:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs at the next bytecode boundaries of this thread
+            if noted:
+                break
+    assert noted == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_ray_inits_own_sigterm_exit_is_the_sigterm():
+    """`ray.init` sets SIGTERM handlers of its own while it runs (`sys.exit(15)`, then `sys.exit(1)` once its
+    node is up); a SIGTERM then was exit 15 or 1 with no line. Which of Ray's handlers a real signal meets
+    cannot be arranged, so a stand-in for the `ray` module (its `init` raising what those handlers raise)
+    stands for it here; the whole run with a real signal while Ray starts is the test above."""
+    from vlbatch.jobs.connect import _init
+    from vlbatch.jobs.stops import Interrupted, stop_signals
+
+    class RayWhoseHandlerFired:
+        def __init__(self, code):
+            self.code = code
+
+        def init(self, **kwargs):
+            raise SystemExit(self.code)
+
+    with stop_signals():
+        for code in (15, 1):
+            with pytest.raises(Interrupted) as stop:
+                _init(RayWhoseHandlerFired(code), address=None)
+            assert stop.value.exit_code == 143
