@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a run (which handles its own: jobs/stops.py)
         print("vlbatch: interrupted", file=sys.stderr)
         return EXIT_SIGINT
+    except BaseException as e:  # a run's stop before its config was read (no run directory to name yet)
+        from vlbatch.jobs.stops import Interrupted
+
+        if not isinstance(e, Interrupted):
+            raise
+        print("vlbatch: interrupted", file=sys.stderr)
+        return e.exit_code
 
 
 def _silence_stdout() -> None:

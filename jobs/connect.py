@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import socket
 import sys
 import threading
@@ -121,7 +122,7 @@ def connect(target: RayTarget, *, verbose: bool = False) -> str:
     level = logging.INFO if verbose else logging.ERROR
     kwargs = {"log_to_driver": verbose, "logging_level": level}
     if target.address is None:
-        ray.init(runtime_env=_RUNTIME_ENV, **kwargs)
+        _init(ray, runtime_env=_RUNTIME_ENV, **kwargs)
         return f"new local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     hp = target.gcs_host_port()
     if hp is not None:
@@ -130,10 +131,24 @@ def connect(target: RayTarget, *, verbose: bool = False) -> str:
     # only delay a refusal (token auth); 10 unless the operator set this Ray knob.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(JOIN_CONNECT_TRIES))
     try:
-        ray.init(address=target.address, **kwargs)
+        _init(ray, address=target.address, **kwargs)
     except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as e:
         raise ClusterUnreachableError(f"cannot connect to Ray at {target.address}: {_reason(e)}") from None
     return target.address
+
+
+def _init(ray, **kwargs) -> None:
+    """`ray.init(**kwargs)`, then SIGINT / SIGTERM are ours again (`jobs/stops.arm`: ray.init sets its own
+    SIGTERM handlers, Python's `sys.exit(15)` at its start and `sys.exit(1)` once its node is up). A SIGTERM
+    while it runs reaches one of those, and `ray.init` exits only from them: the `SystemExit` is the
+    `Interrupted` it was (exit 143 and the one line, jobs/stops.py), not exit 15 / 1 with no word."""
+    from vlbatch.jobs.stops import Interrupted, arm
+
+    try:
+        ray.init(**kwargs)
+        arm()
+    except SystemExit:
+        raise Interrupted(signal.SIGTERM) from None
 
 
 def _quiet_ray_data() -> None:

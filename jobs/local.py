@@ -83,16 +83,33 @@ def run_local(
     config pins one, so every retry of the same tick resumes the same output. `report` receives the
     `RunSummary` (default: print its `summary_line`; the demo prints it after its listing).
     """
+    from vlbatch.jobs.stops import Interrupted, stop_signals
     from vlbatch.pipeline.config import load_config
 
-    config = load_config(config_path, list(overrides))
-    job_name = name or Path(config_path).stem
-    if slot is not None and not config.output.run_id:  # a scheduled run: one output per slot
-        config = load_config(config_path, [*overrides, f"output.run_id={submission_id(job_name, slot)}"])
-    if not use_lock:
-        return _run(config, job_name, address, verbose, report)
-    with run_lock(job_name, lock_dir):
-        return _run(config, job_name, address, verbose, report)
+    # SIGINT / SIGTERM from here to the last line end the run in one line, exit 130 / 143 (jobs/stops.py);
+    # before the config is read the CLI says `vlbatch: interrupted` with the same code (jobs/cli.py)
+    with stop_signals():
+        config = load_config(config_path, list(overrides))
+        job_name = name or Path(config_path).stem
+        if slot is not None and not config.output.run_id:  # a scheduled run: one output per slot
+            config = load_config(config_path, [*overrides, f"output.run_id={submission_id(job_name, slot)}"])
+        try:
+            if not use_lock:
+                return _run(config, job_name, address, verbose, report)
+            with run_lock(job_name, lock_dir):
+                return _run(config, job_name, address, verbose, report)
+        except Interrupted as stop:  # before Ray starts (the checks, the plan) or after its shutdown
+            return stopped(config, stop, writers_gone=False)
+
+
+def stopped(config: Any, stop: Any, *, writers_gone: bool) -> int:
+    """The interrupted run's one line (`jobs/stops.finish_interrupted`; a second signal meanwhile is
+    ignored) -> its exit code (130 / 143). `writers_gone`: a new local Ray ran and is shut down."""
+    from vlbatch.jobs.stops import finish_interrupted, signals_ignored
+
+    with signals_ignored():
+        print(finish_interrupted(config, writers_gone=writers_gone), flush=True)
+    return stop.exit_code
 
 
 def plan_notes(plan: Any) -> None:
@@ -138,12 +155,27 @@ def joined_plan(plan: Any, where: str) -> Any:
     return fitted
 
 
+def _shutdown_ray() -> list[int]:
+    """`ray.shutdown()` run to its end whatever signal comes (jobs/stops.signals_deferred) -> the signals
+    that came meanwhile."""
+    import ray
+
+    from vlbatch.jobs.stops import signals_deferred
+
+    with signals_deferred() as noted:
+        # a stopped stream's iterator can sit in a reference cycle; Ray Data's __del__ shuts its
+        # executor down and needs Ray: collect it now, not after ray.shutdown (a traceback then)
+        gc.collect()
+        ray.shutdown()
+    return noted
+
+
 def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=None) -> int:
     import ray
 
     from vlbatch.jobs.failures import describe
     from vlbatch.jobs.reaper import reaped_ray
-    from vlbatch.jobs.stops import Interrupted, arm, finish_interrupted, signals_ignored, stop_signals
+    from vlbatch.jobs.stops import Interrupted
     from vlbatch.pipeline.graph import run_job
     from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
 
@@ -157,13 +189,13 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     if (idle := nothing_to_do(plan)) is not None:  # every request committed: no Ray started
         print(idle.line(), flush=True)
         return idle.exit_code
+    noted: list[int] = []  # signals that came during Ray's shutdown (signals_deferred)
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
-        with quiet_ray(logs, verbose), stop_signals(), reaped_ray() if new_local else nullcontext():
+        with quiet_ray(logs, verbose), reaped_ray() if new_local else nullcontext():
             try:
                 if ours:
                     print("[vlbatch] starting Ray", flush=True)
-                    where = connect(target, verbose=verbose)
-                    arm()  # ray.init replaced our SIGTERM handler with its own
+                    where = connect(target, verbose=verbose)  # our signal handlers set again after ray.init
                     print(f"[vlbatch] ray: {where}", flush=True)
                     if target.address is not None:
                         plan = joined_plan(plan, where)
@@ -175,15 +207,11 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                 summary = run_job(plan, name=job_name)
             finally:
                 if ours:
-                    with signals_ignored():
-                        # a stopped stream's iterator can sit in a reference cycle; Ray Data's __del__ shuts its
-                        # executor down and needs Ray: collect it now, not after ray.shutdown (a traceback then)
-                        gc.collect()
-                        ray.shutdown()
+                    noted = _shutdown_ray()
+        if noted:  # the run finished and a signal came while Ray shut down: it ends the run as at any moment
+            raise Interrupted(noted[0])
     except Interrupted as stop:
-        with signals_ignored():
-            print(finish_interrupted(config, writers_gone=new_local), flush=True)
-        return stop.exit_code
+        return stopped(config, stop, writers_gone=new_local)
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
         if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch.") \
                 and not isinstance(e, ActorStartError):  # a stage's actors could not start: described below

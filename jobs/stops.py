@@ -8,7 +8,12 @@ says what it holds, in one line, no traceback:
 
     [vlbatch] interrupted: 120 rows committed in out/run-1a2b/; rerun the same command to resume
 
-and the exit code is 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+and the exit code is 128 + the signal (130 for SIGINT, 143 for SIGTERM), at any moment of the run
+(`jobs/local.py`: armed from the config's load to the last line): during the start-up checks (0 rows,
+nothing touched), while Ray starts (Ray's own SIGTERM handlers then: `jobs/connect.py`), while
+the actors start and the model loads, mid-run, while the last rows are published, during Ray's
+shutdown (`signals_deferred`: the shutdown ends first) and after it. Before the config is read the
+CLI says `vlbatch: interrupted` with the same codes (no run directory to name yet).
 
 Tidy: on a local Ray started for the run the writers died with it, so what they had staged
 (batches whose calls returned, `_tmp/staged/`) is published now (`sink.seal`: exactly once,
@@ -67,6 +72,25 @@ def stop_signals() -> Iterator[None]:
     arm()
     try:
         yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[list[int]]:
+    """The block (Ray's shutdown after the run: seconds) runs to its end whatever signal comes; the
+    signals that came are listed, in order, in the yielded list, for the caller to act on after the
+    block (`raise Interrupted(noted[0])`): a signal then is neither lost (exit 0) nor a traceback."""
+    noted: list[int] = []
+    if not _main_thread():
+        yield noted
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in saved:
+        signal.signal(s, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
     finally:
         for s, h in saved.items():
             signal.signal(s, h)

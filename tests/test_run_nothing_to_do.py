@@ -117,9 +117,16 @@ def test_the_decision_counts_ok_and_permanent_rows_and_redoes_transient_ones(tmp
     _commit(run_dir, ids[5:], "InputError")  # permanent: done
     done = nothing_to_do(plan)
     assert done is not None and done.requests == 6 and done.exit_code == 0, done
-    assert done.line() == f"[vlbatch] nothing to do: all 6 requests of {run_dir}/ are committed"
-    failed = nothing_to_do(make(ckpt, "max_error_fraction=0.1"))  # 1 of 6 errors: the run's verdict kept
-    assert failed is not None and failed.exit_code == 1 and "max_error_fraction" in failed.line(), failed
+    assert done.line() == (f"[vlbatch] nothing to do: all 6 requests of {run_dir}/ are committed; 1 error row: "
+                           "17% <= max_error_fraction 50%, 1 < min_error_rows 10: errors stayed under the limits")
+    # 1 of 6 errors: the run's verdict kept, by the run's count-aware rule (past both limits) and in its words
+    small = nothing_to_do(make(ckpt, "max_error_fraction=0.1"))
+    assert small is not None and small.exit_code == 0, small
+    assert small.line().endswith("; 1 error row: 17% > max_error_fraction 10%, 1 < min_error_rows 10: "
+                                 "exit 0 (a run fails only past both)"), small.line()
+    failed = nothing_to_do(make(ckpt, "max_error_fraction=0.1", "min_error_rows=1"))
+    assert failed is not None and failed.exit_code == 1, failed
+    assert failed.line().endswith("1 >= min_error_rows 1: failed"), failed.line()
     assert nothing_to_do(make(ckpt, "input.limit=2")).requests == 4  # the limit's rows only
     assert nothing_to_do(make(ckpt, "resume.enabled=false")) is None  # refused in run_job, as today
 

@@ -3,8 +3,9 @@
 `nothing_to_do(plan) -> NothingToDo | None`, called by `vlbatch run` (`jobs/local.py`) after the preflight:
 a `NothingToDo` when every request id of the input is committed as ok or permanent error (a transient error
 row is redone on resume: work), the sink holds no id twice and no transient row to purge (a run would tidy
-those); then the run prints `line()` and exits with `exit_code` (the committed error share against
-`max_error_fraction`, as a run's summary would) without starting Ray; `_summary.json` stays as it is.
+those); then the run prints `line()` and exits with `exit_code` (the committed error rows against
+`max_error_fraction` and `min_error_rows`, the summary's rule and words) without starting Ray;
+`_summary.json` stays as it is.
 None: the run goes on as before (Ray starts, `pipeline/graph.run_job` resumes). The check only reads (the
 committed index, the input); on nothing to do it writes `_fingerprint.json` where a run would (a config change
 accepted by `resume.allow_config_change`, a folder from before fingerprints), nothing else.
@@ -33,6 +34,7 @@ from vlbatch.pipeline.plan.fingerprint import record_fingerprint
 from vlbatch.pipeline.plan.spec import RunPlan
 from vlbatch.pipeline.sources.base import COLUMNS
 from vlbatch.pipeline.stages.requests import expand_rows
+from vlbatch.pipeline.telemetry.summary import error_limits_text, past_error_limits
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -47,6 +49,7 @@ class NothingToDo:
     errors: int
     committed: int
     max_error_fraction: float
+    min_error_rows: int
 
     @property
     def error_fraction(self) -> float:
@@ -54,14 +57,16 @@ class NothingToDo:
 
     @property
     def exit_code(self) -> int:
-        """1 when the committed error share is over `max_error_fraction` (what a rerun's summary says), else 0."""
-        return 1 if self.error_fraction > self.max_error_fraction else 0
+        """1 past both error limits (`telemetry/summary.past_error_limits`, what a rerun's summary says), else 0."""
+        failed = past_error_limits(self.errors, self.error_fraction, self.max_error_fraction, self.min_error_rows)
+        return 1 if failed else 0
 
     def line(self) -> str:
+        """The run's one line; with error rows committed, which limit they passed and the verdict, as a run says."""
         line = f"[vlbatch] nothing to do: all {self.requests} requests of {self.run_uri.rstrip('/')}/ are committed"
-        if self.exit_code:
-            line += (f"; error share {self.error_fraction:.0%} > max_error_fraction "
-                     f"{self.max_error_fraction:.0%}: failed")
+        if self.errors:
+            line += "; " + error_limits_text(self.errors, self.error_fraction, self.max_error_fraction,
+                                             self.min_error_rows)
         return line
 
 
@@ -124,4 +129,5 @@ def _decide(plan: RunPlan) -> NothingToDo | None:
         return None
     record_fingerprint(cfg, had_rows=True)  # an accepted config change is recorded, as a run records it
     counts = index.status_counts
-    return NothingToDo(sink.uri, n, counts.get("error", 0), sum(counts.values()), cfg.max_error_fraction)
+    return NothingToDo(sink.uri, n, counts.get("error", 0), sum(counts.values()), cfg.max_error_fraction,
+                       cfg.min_error_rows)

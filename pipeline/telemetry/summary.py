@@ -6,6 +6,30 @@ import json
 from dataclasses import asdict, dataclass, field
 
 
+def past_error_limits(error_rows: int, error_fraction: float, max_error_fraction: float,
+                      min_error_rows: int) -> bool:
+    """The run's error rule (a run and a rerun with nothing to do, `stages/nothing_to_do.py`, say the same):
+    failed only past both limits, an error share over `max_error_fraction` and at least `min_error_rows`
+    error rows."""
+    return error_fraction > max_error_fraction and error_rows >= min_error_rows
+
+
+def error_limits_text(error_rows: int, error_fraction: float, max_error_fraction: float, min_error_rows: int) -> str:
+    """Which error limit was passed and the verdict, e.g. ``1 error row: 7% > max_error_fraction 5%, 1 <
+    min_error_rows 10: exit 0 (a run fails only past both)``."""
+    n = error_rows
+    share = ">" if error_fraction > max_error_fraction else "<="
+    rows = ">=" if n >= min_error_rows else "<"
+    if past_error_limits(n, error_fraction, max_error_fraction, min_error_rows):
+        verdict = "failed"
+    elif share == ">" or rows == ">=":
+        verdict = "exit 0 (a run fails only past both)"
+    else:
+        verdict = "errors stayed under the limits"
+    return (f"{n} error row{'s' if n != 1 else ''}: {error_fraction:.0%} {share} max_error_fraction "
+            f"{max_error_fraction:.0%}, {n} {rows} min_error_rows {min_error_rows}: {verdict}")
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """What one `run_job` call did and what the run directory now holds."""
@@ -65,9 +89,8 @@ class RunSummary:
 
     @property
     def exceeded_error_fraction(self) -> bool:
-        """Past both limits: an error share over `max_error_fraction` and at least `min_error_rows` error
-        rows (one broken file in a 14-media trial is 7 % but no failed run)."""
-        return self.error_fraction > self.max_error_fraction and self.error_rows >= self.min_error_rows
+        """Past both limits (`past_error_limits`): one broken file in a 14-media trial is 7 % but no failed run."""
+        return past_error_limits(self.error_rows, self.error_fraction, self.max_error_fraction, self.min_error_rows)
 
     @property
     def exit_code(self) -> int:
@@ -78,21 +101,11 @@ class RunSummary:
         """What the run's errors mean for its exit, for the final line; None without an error row, e.g.
         ``all rows written; 1 error row: 7% > max_error_fraction 5%, 1 < min_error_rows 10: exit 0 (a run
         fails only past both)``."""
-        n = self.error_rows
-        if not n:
+        if not self.error_rows:
             return None
         written = "all rows written" if not self.requests_pending else f"{self.requests_pending} requests pending"
-        share = ">" if self.error_fraction > self.max_error_fraction else "<="
-        rows = ">=" if n >= self.min_error_rows else "<"
-        if self.exceeded_error_fraction:
-            verdict = "failed"
-        elif share == ">" or rows == ">=":
-            verdict = "exit 0 (a run fails only past both)"
-        else:
-            verdict = "errors stayed under the limits"
-        return (f"{written}; {n} error row{'s' if n != 1 else ''}: {self.error_fraction:.0%} {share} "
-                f"max_error_fraction {self.max_error_fraction:.0%}, {n} {rows} min_error_rows {self.min_error_rows}"
-                f": {verdict}")
+        return f"{written}; " + error_limits_text(self.error_rows, self.error_fraction, self.max_error_fraction,
+                                                  self.min_error_rows)
 
     def to_json(self) -> str:
         d = asdict(self)
