@@ -71,7 +71,7 @@ def infer_media_type(uri: str, given: str | None) -> str:
 
 def _questions(raw, task: TaskSection) -> list[str]:
     if raw is None:
-        return list(task.questions)
+        return task.question_prompts()
     if isinstance(raw, str):  # CSV cells: a JSON list
         try:
             raw = json.loads(raw)
