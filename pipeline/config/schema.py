@@ -339,6 +339,9 @@ class JobConfig(_Section):
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
         check_names(self.task.questions)
+        if self.task.prompt_formats() and self.model.backend != "engine":
+            raise ValueError(f"task response formats need model.backend=engine (model.backend={self.model.backend} "
+                             "decodes free text only)")
         ignored = self.task.ignored_fields(self.input.columns.questions)
         if ignored:
             raise ValueError("\n  ".join(ignored))
