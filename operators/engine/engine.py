@@ -200,7 +200,11 @@ class Engine:
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         sp = seq.request.sampling
-        if tok in self._stops(seq) or (seq.grammar is not None and seq.grammar.terminated):
+        stops = self._stops(seq)
+        if tok in stops:
+            return "stop"
+        # a grammar that ended (or, with no stop token to end it, reached a whole value) finishes the request
+        if seq.grammar is not None and (seq.grammar.terminated or (not stops and seq.grammar.complete)):
             return "stop"
         if sp.stop_strings:
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)

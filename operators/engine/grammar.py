@@ -20,6 +20,7 @@ only (`operators/parallel/replica.py`), where the matchers live.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -113,6 +114,8 @@ class GrammarBook:
     vocab_size: int
     stop_ids: tuple[int, ...]
     compilations: int = 0
+    fill_s: float = 0.0  # seconds filling bitmasks (the matchers' CPU work), over the engine's life
+    apply_s: float = 0.0  # seconds applying them to the logits
     _compiler: object = None
     _compiled: dict = field(default_factory=dict)
     _think_end: int | None = None
@@ -154,14 +157,17 @@ class GrammarBook:
         rows = [i for i, s in enumerate(states) if s is not None and s.active and not s.matcher.is_terminated()]
         if not rows:
             return logits
+        t0 = time.perf_counter()
         bitmask = self._mask_buffer(len(states))
         for i in rows:
             states[i].matcher.fill_next_token_bitmask(bitmask, i)
+        t1 = time.perf_counter()
         logits = logits.float()
         if logits.shape[-1] > self.vocab_size:  # lm_head padding beyond the grammar's vocabulary: never allowed
             logits[rows, self.vocab_size:] = float("-inf")
         xgr.apply_token_bitmask_inplace(logits, bitmask[: len(states)].to(logits.device, non_blocking=True),
                                         vocab_size=self.vocab_size, indices=rows)
+        self.fill_s, self.apply_s = self.fill_s + t1 - t0, self.apply_s + time.perf_counter() - t1
         return logits
 
     def _mask_buffer(self, n: int) -> torch.Tensor:
