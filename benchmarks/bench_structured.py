@@ -34,17 +34,15 @@ CHOICES = ["a circle", "a square", "a triangle", "nothing"]
 def _requests(ckpt, n: int, new_tokens: int):
     import numpy as np
     import torch
-
-    from benchmarks.bench_engine import SIZES, _processor, _requests
     from transformers import AutoModelForImageTextToText
+
+    from benchmarks.bench_engine import SIZES, _chat, _processor, _requests
 
     ref = AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
     proc = _processor(ckpt)
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 255, (*SIZES[i % len(SIZES)], 3), dtype=np.uint8) for i in range(n)]
     texts = [f"Describe image {i}." for i in range(n)]
-    from benchmarks.bench_engine import _chat
-
     return _requests(proc, ref, [_chat(proc, "image", t) for t in texts], images, "image", new_tokens, "r")
 
 
@@ -101,9 +99,10 @@ def main(argv=None) -> int:
         fill = statistics.median(s[1] for s in steps) if steps else 0.0
         apply = statistics.median(s[2] for s in steps) if steps else 0.0
         ratio = f"{med / base:.3f}x free" if med and base else "n/a (no full-batch decode step)"
+        rest = (med or 0.0) - fill - apply
         print(f"{name:>6}: {r['tokens'] / r['wall']:8.1f} tok/s ({r['tokens']} tokens, {r['wall']:.2f} s); "
               f"full-batch decode steps {len(steps)}: median {med * 1e3 if med else 0:.2f} ms = mask fill "
-              f"{fill * 1e3:.2f} + mask apply {apply * 1e3:.2f} + rest {(med or 0) * 1e3 - (fill + apply) * 1e3:.2f} ms; "
+              f"{fill * 1e3:.2f} + mask apply {apply * 1e3:.2f} + rest {rest * 1e3:.2f} ms; "
               f"step ratio {ratio}; grammar compilations {r['compilations']}")
     return 0
 
