@@ -134,3 +134,38 @@ def test_thinking_grammar_starts_after_the_thinking_block(ckpt):
     assert state.complete and not state.terminated
     state.accept(774)
     assert state.terminated and book.compilations == 1
+
+
+def test_no_stop_token_ends_a_whole_value(ckpt, plain):
+    """With no stop token (stop_token_ids=()) nothing could end the value: the request finishes at a whole value."""
+    reqs = [replace(r, sampling=replace(r.sampling, stop_token_ids=())) for r in _constrained(plain[:2],
+                                                                                              [CHOICE_FMT, REGEX_FMT])]
+    out, _ = _run(ckpt, reqs)
+    for r in reqs:
+        _check_valid(out[r.id], r.response_format)
+
+
+def _tp_rank(rank: int, world: int, cases: list) -> list:
+    from vlbatch.operators.parallel.replica import follow_pretrained
+
+    out = []
+    for ckpt, reqs in cases:
+        if rank == 0:
+            engine = load_engine(ckpt, tensor_parallel_size=world, kv_budget_bytes=16 << 20)
+            out.append({r.id: (r.token_ids, r.parsed) for r in engine.generate(reqs)})
+            engine.close()
+        else:
+            out.append(follow_pretrained(ckpt, world, False, kv_budget_bytes=16 << 20))
+    return out
+
+
+def test_tp2_replica_decodes_the_same_constrained_tokens(ckpt, plain):
+    """Rank 0 samples (and holds the matchers); a 2-rank replica gives one rank's tokens and values."""
+    from parallel_support import run_ranks
+
+    reqs = _constrained(plain[:4], [JSON_FMT, CHOICE_FMT, REGEX_FMT, JSON_FMT])
+    got = run_ranks(_tp_rank, 2, [(str(ckpt), reqs)])[0][0]
+    want, _ = _run(ckpt, reqs)
+    for r in reqs:
+        assert got[r.id] == (want[r.id].token_ids, want[r.id].parsed)
+        _check_valid(want[r.id], r.response_format)

@@ -145,7 +145,9 @@ class GrammarBook:
         import xgrammar as xgr
 
         compiled = self.compiled(fmt)
-        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_ids))
+        # no stop token (stop_token_ids=()): xgrammar needs one to override with, so the value ends itself
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_ids) or None,
+                                     terminate_without_stop_token=not stop_ids)
         return GrammarState(matcher, active=not thinking or self._think_end is None, think_end=self._think_end)
 
     def mask_logits(self, logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
