@@ -13,6 +13,7 @@ permanent failures (kept on resume) from transient ones (retried on resume).
 - `StorageError`: object storage failed after retries (transient). A source row's `error` cell is
   an `InputError` unless written by `transient_source_error` (`source_error` reads it back).
 - `EngineError`: the model stage failed for this request (transient by default).
+- `TruncatedError`: a structured answer hit max_tokens before its value was complete (permanent).
 - `ConfigError`: a job config is invalid; names the field. Raised before work starts.
 - `StorageCheckError`: a `ConfigError` for storage the start-up checks cannot reach (the field, the cause).
 - `SetupError`: a `ConfigError` found while the job's own setup runs (a checkpoint without a
@@ -53,6 +54,11 @@ class MediaTimeoutError(MediaError):
 
 class InputError(VlbatchError):
     """Decodable input that violates a limit or a documented precondition (permanent)."""
+
+
+class TruncatedError(VlbatchError):
+    """A structured answer (a task response format) whose generation hit max_tokens before the value was
+    complete: an error row, never a half-parsed value. Permanent: the same config truncates it again."""
 
 
 class StorageError(VlbatchError):

@@ -35,7 +35,7 @@ def test_fields_a_mode_uses_are_fine_and_null_unsets_a_prompt(tmp_path):
                                             "prompt": "Describe.", "video_prompt": "What happens?"}})
     assert both.task.caption and both.task.prompt == "Describe."
     scan = validate_config({**MIN, "task": {"mode": "scan", "questions": ["a?"], "prompt": "Describe."}})
-    assert scan.task.questions == ("a?",)
+    assert scan.task.question_prompts() == ["a?"]
     p = tmp_path / "job.yaml"
     p.write_text("model: {path: m}\ninput: {uri: x}\noutput: {uri: o}\ntask: {prompt: Describe.}\n")
     asked = load_config(p, ["task.mode=questions", "task.questions=['a?']", "task.prompt=null"])

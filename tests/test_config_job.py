@@ -29,7 +29,7 @@ def test_overrides_parse_yaml_values_and_create_sections(tmp_path):
     cfg = load_config(p, ["sampling.temperature=0.7", "resources.model.num_gpus=1", "task.thinking=true",
                           "task.questions=[a, b]", "task.mode=questions", "output.run_id=r1"])
     assert cfg.sampling.temperature == 0.7 and cfg.resources.model.num_gpus == 1.0
-    assert cfg.task.thinking is True and cfg.task.questions == ("a", "b") and cfg.output.run_id == "r1"
+    assert cfg.task.thinking is True and cfg.task.question_prompts() == ["a", "b"] and cfg.output.run_id == "r1"
 
 
 def test_errors_name_every_bad_field_and_allowed_values():

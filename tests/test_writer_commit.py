@@ -34,7 +34,8 @@ def test_ok_and_error_rows_share_one_schema_and_round_trip():
     assert t.schema.equals(OUTPUT_SCHEMA)
     assert rows_to_table([rows[1]]).schema.equals(rows_to_table([rows[0]]).schema)
     assert table_to_rows(t) == rows
-    assert OUTPUT_SCHEMA.names == ["id", "request_index", "media_uri", "media_type", "prompt", "answer", "thinking",
+    assert OUTPUT_SCHEMA.names == ["id", "request_index", "media_uri", "media_type", "prompt", "prompt_name",
+                                   "answer", "parsed", "thinking",
                                    "status", "error_type", "error_message", "prompt_tokens", "visual_tokens",
                                    "generated_tokens", "finish_reason", "quality_flags", "model", "run_id", "timings"]
 

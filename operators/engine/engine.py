@@ -27,6 +27,7 @@ from vlbatch.operators.engine.caches.block_manager import BlockManager, blocks_f
 from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache
 from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.engine.config import EngineConfig
+from vlbatch.operators.engine.grammar import GrammarBook, parse_answer
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
 from vlbatch.operators.engine.runner.model_runner import ModelRunner
 from vlbatch.operators.engine.sampler import make_generator, sample
@@ -58,6 +59,8 @@ class Engine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    chunk_size=config.chunk_size)
         self.codec = KeyCodec()
+        # constrained decoding: the compiler and compiled grammars, made on the first constrained request
+        self.grammars = GrammarBook(tokenizer, text.vocab_size, eos_ids)
 
     def _runner(self, model, num_blocks: int, vcache) -> ModelRunner:
         """The model runner over `num_blocks` KV blocks (a tensor-parallel leader builds its own)."""
@@ -77,7 +80,8 @@ class Engine:
 
     def stats(self) -> dict:
         out = {**asdict(self.runner.stats), **asdict(self.scheduler.stats)}
-        return {**out, **self.prefix_cache.stats(), **self.runner.vision_cache.stats()}
+        return {**out, **self.prefix_cache.stats(), **self.runner.vision_cache.stats(),
+                "grammar_compilations": self.grammars.compilations}
 
     # -- generation -----------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
@@ -115,7 +119,7 @@ class Engine:
         plans = self.planner.branch_points(reqs, keys)
         for r, k, bp in zip(reqs, keys, plans, strict=False):
             seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
-            problem = self._check(seq)
+            problem = self._check(seq) or self._attach_grammar(seq)
             if problem:
                 rejected.append(self._error(seq, problem))
             else:
@@ -144,6 +148,21 @@ class Engine:
                     f"exceeds the KV pool ({self.blocks.num_blocks * self.blocks.block_size} tokens)")
         return None
 
+    def _stops(self, seq: Sequence) -> tuple[int, ...]:
+        sp = seq.request.sampling
+        return sp.stop_token_ids if sp.stop_token_ids is not None else self.eos_ids
+
+    def _attach_grammar(self, seq: Sequence) -> str | None:
+        """A constrained request's matcher (its format compiled once per engine); the problem when refused."""
+        fmt = seq.request.response_format
+        if fmt is None:
+            return None
+        try:
+            seq.grammar = self.grammars.state(fmt, self._stops(seq), seq.request.thinking)
+        except InputError as e:
+            return str(e)
+        return None
+
     def _step(self) -> Iterator[Result]:
         plan = self.scheduler.schedule()
         for seq, msg in self.scheduler.failed:
@@ -165,11 +184,14 @@ class Engine:
             return
         params = [c.seq.request.sampling for c in picked]
         hist = [torch.tensor(c.seq.token_ids) if c.seq.request.sampling.repetition_penalty else None for c in picked]
+        logits = self.grammars.mask_logits(logits, [c.seq.grammar for c in picked])  # constrained rows only
         tokens = sample(logits, params, hist, [c.seq.generator for c in picked])
         now = time.perf_counter()
         for c, tok in zip(picked, tokens, strict=False):
             seq = c.seq
             seq.token_ids.append(tok)
+            if seq.grammar is not None:
+                seq.grammar.accept(tok)
             seq.t_first = seq.t_first or now
             reason = self._finish_reason(seq, tok)
             if reason:
@@ -178,8 +200,11 @@ class Engine:
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         sp = seq.request.sampling
-        stops = sp.stop_token_ids if sp.stop_token_ids is not None else self.eos_ids
+        stops = self._stops(seq)
         if tok in stops:
+            return "stop"
+        # a grammar that ended (or, with no stop token to end it, reached a whole value) finishes the request
+        if seq.grammar is not None and (seq.grammar.terminated or (not stops and seq.grammar.complete)):
             return "stop"
         if sp.stop_strings:
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
@@ -202,9 +227,14 @@ class Engine:
         now = time.perf_counter()
         timings = Timings(queued_s=(seq.t_admitted or now) - seq.arrival,
                           first_token_s=(seq.t_first or now) - seq.arrival, total_s=now - seq.arrival)
+        parsed, truncated = None, False
+        if seq.grammar is not None:  # a whole value parsed, else truncated (never a half-parsed value)
+            truncated = not seq.grammar.complete
+            parsed = None if truncated else parse_answer(req.response_format, text)
         return Result(id=req.id, token_ids=tuple(seq.output_ids), text=text, thinking=thinking,
                       finish_reason=reason, prompt_tokens=seq.prompt_len, visual_tokens=req.visual_tokens,
-                      generated_tokens=len(seq.output_ids), cached_tokens=seq.cached_tokens, timings=timings)
+                      generated_tokens=len(seq.output_ids), cached_tokens=seq.cached_tokens, timings=timings,
+                      parsed=parsed, truncated=truncated)
 
     def _error(self, seq: Sequence, message: str) -> Result:
         now = time.perf_counter() - seq.arrival

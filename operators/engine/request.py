@@ -9,7 +9,9 @@ from the processor's output (ours or transformers').
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -52,6 +54,27 @@ class SamplingParams:
             raise InputError("stop_strings must be non-empty strings")
 
 
+@dataclass(frozen=True)
+class ResponseFormat:
+    """What a constrained answer must be (`operators/engine/grammar.py` decodes it).
+
+    kind: "json_schema" (spec: the schema as JSON text), "choice" (spec: a JSON list of the
+    strings) or "regex" (spec: the pattern). Two equal formats share one compiled grammar (`key`).
+    """
+
+    kind: Literal["json_schema", "choice", "regex"]
+    spec: str
+
+    def __post_init__(self):
+        if self.kind not in ("json_schema", "choice", "regex"):
+            raise InputError(f"response format type {self.kind!r}: allowed json_schema, choice, regex")
+
+    @property
+    def key(self) -> str:
+        """sha256 of kind and spec: the compiled-grammar cache key."""
+        return hashlib.sha256(f"{self.kind}\x1f{self.spec}".encode()).hexdigest()
+
+
 @dataclass(frozen=True, eq=False)
 class Request:
     """One prompt for the engine.
@@ -63,6 +86,7 @@ class Request:
                       automatically, `group` only keeps siblings adjacent in the queue.
     thinking:         the prompt ends in a thinking generation prompt; the text before
                       `</think>` goes to `Result.thinking`.
+    response_format:  the answer is constrained to it (after `</think>` when thinking); None = free text.
     """
 
     id: str
@@ -73,6 +97,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     group: str | None = None
     thinking: bool = False
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self):
         n = len(self.prompt_token_ids)
@@ -159,6 +184,9 @@ class Result:
     cached_tokens: prompt tokens served by the prefix cache.
     out_of_memory: an error result of a step that ran out of memory (torch's OutOfMemoryError or
                 MemoryError): the request may fit in a smaller batch (the model stage retries it so).
+    parsed:     a constrained request's complete value as JSON text (`grammar.parse_answer`), else None.
+    truncated:  a constrained request stopped (max_new_tokens) before its value was complete:
+                `parsed` is None and the row is a `TruncatedError`, never a half-parsed value.
     """
 
     id: str
@@ -174,6 +202,8 @@ class Result:
     error: str | None = None
     error_type: str | None = None  # vlbatch.operators.errors class name for error rows ("InputError": will fail again)
     out_of_memory: bool = False
+    parsed: str | None = None
+    truncated: bool = False
 
     @classmethod
     def failed(cls, req: Request, message: str, error_type: str, timings: Timings,

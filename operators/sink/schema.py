@@ -12,6 +12,10 @@ from typing import Literal
 
 import pyarrow as pa
 
+# `parsed`: a structured answer's value as JSON text; Arrow's JSON extension type (pyarrow >= 19, a string
+# column underneath, kept in Parquet), else a plain string column
+PARSED_TYPE = pa.json_() if hasattr(pa, "json_") else pa.string()
+
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
 
@@ -31,7 +35,9 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field("media_uri", pa.string()),  # null where the manifest had null (an InputError row)
         pa.field("media_type", pa.string(), nullable=False),
         pa.field("prompt", pa.string(), nullable=False),
+        pa.field("prompt_name", pa.string()),  # task.questions' name (q<index> by default), "caption"; null: manifest's
         pa.field("answer", pa.string()),
+        pa.field("parsed", PARSED_TYPE),  # a constrained prompt's validated value (JSON); null for free text
         pa.field("thinking", pa.string()),
         pa.field("status", pa.string(), nullable=False),
         pa.field("error_type", pa.string()),
@@ -71,6 +77,8 @@ class OutputRow:
     run_id: str
     answer: str | None = None
     thinking: str | None = None
+    prompt_name: str | None = None
+    parsed: str | None = None
     error_type: str | None = None
     error_message: str | None = None
     prompt_tokens: int | None = None

@@ -168,6 +168,22 @@ def _resolve_file_paths(data: dict, base: Path, only: set[tuple[str, str]] | Non
             node[key] = os.path.normpath(base / value)
 
 
+def _resolve_schema_files(data: dict, base: Path) -> None:
+    """Relative `schema_file`s of task.response_format and task.questions[*].response_format -> absolute
+    under `base` (the config file's folder), in place; given by --set they stay the current directory's."""
+    task = data.get("task")
+    if not isinstance(task, dict):
+        return
+    questions = task.get("questions")
+    holders = [task, *(q for q in questions if isinstance(q, dict))] if isinstance(questions, list) else [task]
+    for holder in holders:
+        fmt = holder.get("response_format")
+        value = fmt.get("schema_file") if isinstance(fmt, dict) else None
+        if isinstance(value, str) and value:
+            value = os.path.expanduser(value)
+            fmt["schema_file"] = value if value.startswith("/") else os.path.normpath(base / value)
+
+
 def _override_key(override: str) -> tuple[str, ...]:
     return tuple(override.split("=", 1)[0].strip().split("."))
 
@@ -180,6 +196,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not isinstance(data, dict):
         raise ConfigError(f"job config {p}: the top level must be a mapping of sections")
     _resolve_file_paths(data, p.absolute().parent)
+    _resolve_schema_files(data, p.absolute().parent)
     for ov in overrides:
         apply_override(data, ov)
     # an overridden path is the current directory's: made absolute before the run id is derived from

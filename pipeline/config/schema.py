@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import (
     AliasChoices,
     Field,
+    field_serializer,
     model_validator,
 )
 
@@ -27,6 +28,15 @@ from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.media import decoders as decoders_pkg
 from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import model_backends as model_backends_pkg
+from vlbatch.pipeline.config.answers import (
+    CAPTION_NAME,
+    QuestionSection,
+    ResponseFormatSection,
+    check_names,
+    dump_question,
+    question_names,
+    questions_json_schema,
+)
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 from vlbatch.pipeline.config.storage import OutputSection, StorageSection
@@ -130,9 +140,12 @@ class TaskSection(_Section):
     prompt: str = Field("Describe this image in detail.", min_length=1,
                         description="caption prompt (mode=caption, or task.caption=true)")
     video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
-    questions: tuple[str, ...] = Field(
-        (), description="questions asked of every media when the manifest has no questions column (mode=questions)"
-    )
+    questions: tuple[QuestionSection, ...] = Field(
+        (), description="questions asked of every media when the manifest has no questions column (mode=questions): "
+                        "a string, or {name, prompt, response_format} (pipeline/config/answers.py)",
+        json_schema_extra=questions_json_schema)
+    response_format: ResponseFormatSection | None = Field(
+        None, description="constrain the caption's answer (mode=caption, or task.caption=true); None = free text")
     caption: bool = Field(
         False, description="mode=questions: also caption every media (task.prompt / video_prompt), one more row "
                            "after its questions (request_index = its number of questions), on the same decode, "
@@ -152,6 +165,26 @@ class TaskSection(_Section):
             data = {k: v for k, v in data.items() if k != "prompt"}
         return data
 
+    @field_serializer("questions")
+    def _questions_out(self, questions: tuple[QuestionSection, ...]) -> list:
+        return [dump_question(q) for q in questions]
+
+    @field_serializer("response_format")
+    def _format_out(self, fmt: ResponseFormatSection | None):
+        return None if fmt is None else fmt.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def question_prompts(self) -> list[str]:
+        """task.questions' texts, in order."""
+        return [q.prompt for q in self.questions]
+
+    def prompt_formats(self) -> dict[str, tuple[str, str]]:
+        """{prompt_name: (kind, spec)} of every constrained prompt of task (its questions, the caption)."""
+        out = {n: q.response_format.spec() for n, q in zip(question_names(self.questions), self.questions,
+                                                            strict=True) if q.response_format is not None}
+        if self.response_format is not None:
+            out[CAPTION_NAME] = self.response_format.spec()
+        return out
+
     def ignored_fields(self, questions_column: str | None) -> list[str]:
         """Messages naming each field set in this config that `mode` would not use (a config
         error: never silence). Scan mode uses them all."""
@@ -163,7 +196,7 @@ class TaskSection(_Section):
                     out.append(f"{name}: not used by task.mode=caption; to ask questions set task.mode=questions "
                                "(and task.caption=true to caption each media too)")
         elif self.mode == "questions" and not self.caption:
-            for name in ("prompt", "video_prompt"):
+            for name in ("prompt", "video_prompt", "response_format"):
                 if name in self.model_fields_set and getattr(self, name) is not None:
                     out.append(f"task.{name}: not used by task.mode=questions without a caption; set "
                                f"task.caption=true to caption each media too, or remove task.{name} (--set "
@@ -308,6 +341,10 @@ class JobConfig(_Section):
                              "(each rank holds its own GPUs)")
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
+        check_names(self.task.questions)
+        if self.task.prompt_formats() and self.model.backend != "engine":
+            raise ValueError(f"task response formats need model.backend=engine (model.backend={self.model.backend} "
+                             "decodes free text only)")
         ignored = self.task.ignored_fields(self.input.columns.questions)
         if ignored:
             raise ValueError("\n  ".join(ignored))
@@ -328,6 +365,8 @@ class JobConfig(_Section):
         basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
         for how in ("engine", "tensor_parallel_size", "expert_parallel"):  # how the model runs, not what it answers
             basis["model"].pop(how, None)
+        if self.task.response_format is None:  # the default: run ids made before the field existed stay
+            basis["task"].pop("response_format", None)
         if not self.input.follow_symlinks:  # the default: run ids made before the field existed stay
             basis["input"].pop("follow_symlinks", None)  # (on: links are read that a default run refused)
         # every decoder returns the same frames (tests/test_media_torchcodec.py)

@@ -13,6 +13,8 @@ second, one line per problem naming the field (a step of `plan/preflight.py`):
   linear-head, vocabulary, width and expert counts (`operators/parallel/plan.py`);
 - every tensor's name and shape against config.json (safetensors headers only, no weight is
   read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
+- every task response format compiles in the grammar engine (`response_format_problems`: xgrammar,
+  tokenizer-free; imported only when a format is configured);
 - (`model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA: `plan/fit.device_problems`,
   against the cluster.)
 
@@ -157,5 +159,28 @@ def check_model(config: JobConfig) -> None:
             check_tensors(config.model.path.removeprefix("file://"))
         except ConfigError as e:
             problems.append(f"model.path: {e}")
+    problems += response_format_problems(config)
     if problems:
         raise problems_error(problems)
+
+
+def response_format_problems(config: JobConfig) -> list[str]:
+    """One line per task response format the grammar engine refuses (a JSON Schema feature or regex
+    syntax xgrammar lacks), naming its field; compiled tokenizer-free. xgrammar (and torch) are
+    imported only when the config has a format."""
+    t = config.task
+    fields = {f"task.questions.{i}.response_format": q.response_format for i, q in enumerate(t.questions)}
+    fields["task.response_format"] = t.response_format
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if not fields:
+        return []
+    from vlbatch.operators.engine.grammar import grammar_source
+    from vlbatch.operators.engine.request import ResponseFormat
+
+    out = []
+    for where, fmt in fields.items():
+        try:
+            grammar_source(ResponseFormat(*fmt.spec()))
+        except VlbatchError as e:
+            out.append(f"{where}: {e}")
+    return out

@@ -96,12 +96,14 @@ def check_prompt_length(row: Prepared, i: int, limit: int | None) -> None:
 
 
 def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
-                   max_prompt_tokens: int | None = None, decode_device: str = "cpu") -> dict[str, object]:
+                   max_prompt_tokens: int | None = None, decode_device: str = "cpu",
+                   formats: dict | None = None) -> dict[str, object]:
     """{request id: engine `Request` (or the `InputError` that refused it)} for every prompt of
     `row`, all around one pixel tensor and the row's content hash (prompts with equal spans
     share one `MediaItem`). `sampling(rid)` gives a request's SamplingParams; a prompt over
     `max_prompt_tokens` is refused (`check_prompt_length`), never given to the engine; a deferred
-    video that fails to decode (`shared_pixels`) is its error for every prompt."""
+    video that fails to decode (`shared_pixels`) is its error for every prompt. `formats`:
+    {prompt_name: engine `ResponseFormat`} (`response_formats`), the constrained prompts of the task."""
     import numpy as np
     import torch
 
@@ -123,10 +125,18 @@ def media_requests(row: Prepared, spec: PixelSpec, sampling, thinking: bool,
             pos = torch.from_numpy(np.array(row.prompt_positions(i), np.int64))  # [3, L_i], its own (small) copy
             out[rid] = Request(id=rid, prompt_token_ids=row.input_ids[i], position_ids=pos,
                                rope_delta=row.rope_deltas[i], media=(items[spans],), sampling=sampling(rid),
-                               group=row.media_uri, thinking=thinking)
+                               group=row.media_uri, thinking=thinking,
+                               response_format=(formats or {}).get(row.prompt_names[i]))
         except InputError as e:  # bad shapes / spans: permanent
             out[rid] = e
     return out
+
+
+def response_formats(cfg: JobConfig) -> dict:
+    """{prompt_name: engine `ResponseFormat`} of the task's constrained prompts (questions, caption)."""
+    from vlbatch.operators.engine.request import ResponseFormat
+
+    return {name: ResponseFormat(kind, spec) for name, (kind, spec) in cfg.task.prompt_formats().items()}
 
 
 def decode_device(cfg: JobConfig) -> str:
@@ -217,6 +227,7 @@ class EngineBackend:
         self.specs = pixel_specs(model_dir)
         self.max_prompt_tokens = prompt_limit(cfg, model_dir)
         self.decode_device = decode_device(cfg)
+        self.formats = response_formats(cfg)
         self._meter = _UsageMeter()
 
     def _sampling(self, rid: str):
@@ -232,7 +243,7 @@ class EngineBackend:
         out: dict[str, object] = {}
         for r in rows:
             out.update(media_requests(r, self.specs[r.media_type], self._sampling, self.cfg.task.thinking,
-                                      self.max_prompt_tokens, self.decode_device))
+                                      self.max_prompt_tokens, self.decode_device, self.formats))
         reqs = [q for q in out.values() if not isinstance(q, VlbatchError)]
         out.update(self.loop.run(reqs))  # visual tokens: each media once (`pinned_visual_tokens`)
         return out

@@ -36,7 +36,8 @@ def _error_fields(row: MediaTask) -> dict:
 
 def _base(row: MediaTask) -> dict:
     return {"media_uri": row.media_uri, "media_type": row.media_type, "ids": row.ids,
-            "request_indices": row.request_indices, "prompts": row.prompts, **_error_fields(row), "keep": row.keep}
+            "request_indices": row.request_indices, "prompts": row.prompts, **_error_fields(row), "keep": row.keep,
+            "prompt_names": row.prompt_names}
 
 
 def _catch(row: MediaTask, fn, err_cls):
@@ -276,7 +277,8 @@ def _only(row: Decoded, keep: list[int]) -> Decoded:
     if len(keep) == len(row.ids):
         return row
     pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
-    return replace(row, ids=pick(row.ids), request_indices=pick(row.request_indices), prompts=pick(row.prompts))
+    return replace(row, ids=pick(row.ids), request_indices=pick(row.request_indices), prompts=pick(row.prompts),
+                   prompt_names=pick(row.prompt_names))
 
 
 class PrepareStage:

@@ -50,7 +50,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import EngineError, SetupError, VlbatchError, stable_message
+from vlbatch.operators.errors import EngineError, SetupError, TruncatedError, VlbatchError, stable_message
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.config.model_backends import MODEL_BACKENDS
 from vlbatch.pipeline.stages.backends import resolve_device
@@ -167,7 +167,7 @@ class ModelStage:
         return {"media_uri": r.media_uri, "media_type": r.media_type, "ids": r.ids,
                 "request_indices": r.request_indices, "prompts": r.prompts, "status": r.status,
                 "error_type": r.error_type, "error_message": r.error_message,
-                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s, "keep": r.keep}
+                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s, "keep": r.keep, "prompt_names": r.prompt_names}
 
     def _passthrough(self, r: Prepared) -> Generated:
         n = len(r.ids)
@@ -179,7 +179,7 @@ class ModelStage:
     def _generated(self, r: Prepared, outs: list, model_s: float) -> Generated:
         cols = list(zip(*(_columns(o) for o in outs), strict=True))
         names = ("answers", "thinking", "finish_reasons", "prompt_tokens", "generated_tokens", "cached_tokens",
-                 "req_error_types", "req_error_messages")
+                 "req_error_types", "req_error_messages", "parsed")
         g = Generated(**self._base(r), visual_tokens=r.visual_tokens, model_s=model_s)
         return replace(g, **dict(zip(names, map(tuple, cols), strict=True)),
                        statuses=tuple("ok" if e is None else "error" for e in cols[6]))
@@ -282,10 +282,17 @@ def _rows_of(requests: list[tuple[Prepared, int]]) -> list[Prepared]:
 
 def _columns(o) -> tuple:
     """One request's output columns (answer, thinking, finish_reason, prompt / generated / cached
-    tokens, error type, error message) from its engine `Result` or the error that stopped it."""
+    tokens, error type, error message, parsed) from its engine `Result` or the error that stopped it.
+    A constrained answer cut by max_tokens is a `TruncatedError` row (its text kept, no parsed value)."""
     if isinstance(o, VlbatchError):
-        return None, None, None, None, None, None, o.error_type, stable_message(str(o))
+        return None, None, None, None, None, None, o.error_type, stable_message(str(o)), None
     if o.finish_reason == "error":
         error_type = o.error_type or "EngineError"
-        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, error_type, stable_message(o.error)
-    return o.text, o.thinking, o.finish_reason, o.prompt_tokens, o.generated_tokens, o.cached_tokens, None, None
+        return None, None, None, o.prompt_tokens, 0, o.cached_tokens, error_type, stable_message(o.error), None
+    if getattr(o, "truncated", False):
+        msg = (f"generation stopped ({o.finish_reason}, {o.generated_tokens} tokens) before the structured answer "
+               "was complete; raise sampling.max_tokens")
+        return (o.text, o.thinking, o.finish_reason, o.prompt_tokens, o.generated_tokens, o.cached_tokens,
+                TruncatedError.__name__, msg, None)
+    return (o.text, o.thinking, o.finish_reason, o.prompt_tokens, o.generated_tokens, o.cached_tokens, None, None,
+            getattr(o, "parsed", None))

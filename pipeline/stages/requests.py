@@ -37,6 +37,7 @@ from vlbatch.operators.errors import InputError, source_error
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
 from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.pipeline.config import TaskSection
+from vlbatch.pipeline.config.answers import CAPTION_NAME, question_names
 from vlbatch.pipeline.stages.rows import MediaTask
 
 MEDIA_TYPES = ("image", "video")
@@ -71,7 +72,7 @@ def infer_media_type(uri: str, given: str | None) -> str:
 
 def _questions(raw, task: TaskSection) -> list[str]:
     if raw is None:
-        return list(task.questions)
+        return task.question_prompts()
     if isinstance(raw, str):  # CSV cells: a JSON list
         try:
             raw = json.loads(raw)
@@ -111,9 +112,10 @@ def expand_rows(media_uri: str | None, media_type: str | None, questions, task: 
         kind, err = (kind if err is None else "unknown"), source_error(error)
     caption = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
     asked = [] if task.mode == "caption" else _questions(questions, task)
+    names = _names(task, questions is None, len(asked))
     blank = [i for i, q in enumerate(asked) if not q.strip()]
     if task.mode == "caption" or (task.mode == "scan" and len(blank) == len(asked) and not task.caption):
-        indexed, blank = [(0, caption)], []
+        indexed, blank, names = [(0, caption)], [], {0: CAPTION_NAME}
     else:
         indexed = [(i, q) for i, q in enumerate(asked) if q.strip()]
         if task.caption:  # the caption after the questions: their ids stay those of a questions-only run
@@ -127,7 +129,8 @@ def expand_rows(media_uri: str | None, media_type: str | None, questions, task: 
     def row(pairs, failure):
         ids = tuple(request_id(key, i, p) for i, p in pairs)
         r = MediaTask(media_uri, kind, ids, tuple(i for i, _ in pairs), tuple(p for _, p in pairs),
-                      media_bytes=None if failure is not None else media_bytes, keep=keep)
+                      media_bytes=None if failure is not None else media_bytes, keep=keep,
+                      prompt_names=tuple(names.get(i) for i, _ in pairs))
         return r.failed(failure) if failure is not None else r
 
     rows = [row(indexed, err)] if indexed else []
@@ -138,6 +141,15 @@ def expand_rows(media_uri: str | None, media_type: str | None, questions, task: 
     return rows
 
 
+def _names(task: TaskSection, from_task: bool, asked: int) -> dict[int, str | None]:
+    """{request index: prompt_name}: task.questions' names (when the row's questions are task's), the
+    caption's after them; a manifest's own questions have none."""
+    names: dict[int, str | None] = dict(enumerate(question_names(task.questions))) if from_task else {}
+    if task.caption:
+        names[asked] = CAPTION_NAME
+    return names
+
+
 def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None:
     """The row with committed requests removed (None when nothing is left)."""
     keep = [i for i, rid in enumerate(row.ids) if rid not in done]
@@ -146,7 +158,8 @@ def pending(row: MediaTask, done: frozenset[str] | set[str]) -> MediaTask | None
     if len(keep) == len(row.ids):
         return row
     pick = lambda xs: tuple(xs[i] for i in keep)  # noqa: E731
-    return replace(row, ids=pick(row.ids), request_indices=pick(row.request_indices), prompts=pick(row.prompts))
+    return replace(row, ids=pick(row.ids), request_indices=pick(row.request_indices), prompts=pick(row.prompts),
+                   prompt_names=pick(row.prompt_names))
 
 
 def drop_duplicates(rows: Iterable[MediaTask], seen: set[str]) -> tuple[list[MediaTask], int]:

@@ -29,7 +29,9 @@ _LS, _LI = pa.list_(pa.string()), pa.list_(pa.int64())
 
 @dataclass(frozen=True)
 class MediaTask:
-    """One media and its pending requests (request i: ids[i], request_indices[i], prompts[i])."""
+    """One media and its pending requests (request i: ids[i], request_indices[i], prompts[i],
+    prompt_names[i]: task.questions' name, "caption", or None for a manifest's question; an empty
+    tuple is read as all None)."""
 
     media_uri: str
     media_type: str  # "image" | "video"
@@ -42,6 +44,11 @@ class MediaTask:
     # the media itself when the input carries it (not read again); dropped after decode
     media_bytes: bytes | None = None
     keep: bytes | None = None  # input.columns.keep values (pipeline/sources/keep.py), carried to the writer
+    prompt_names: tuple[str | None, ...] = ()
+
+    def __post_init__(self):
+        if len(self.prompt_names) != len(self.ids):  # () (a row made without names): every request unnamed
+            object.__setattr__(self, "prompt_names", (None,) * len(self.ids))
 
     def failed(self, err: BaseException) -> Any:
         """The same row as an error row (`err`'s class name and message, without object addresses)."""
@@ -121,6 +128,7 @@ class Prepared(MediaTask):
 
         pos = np.concatenate([self.prompt_positions(i) for i in keep], axis=1) if keep else self.positions[:, :0]
         return replace(self, ids=pick(self.ids), request_indices=pick(self.request_indices), prompts=pick(self.prompts),
+                       prompt_names=pick(self.prompt_names),
                        input_ids=pick(self.input_ids), spans=pick(self.spans), rope_deltas=pick(self.rope_deltas),
                        positions=pos)
 
@@ -130,6 +138,7 @@ class Generated(MediaTask):
     """Per prompt i: answers[i], statuses[i] ("ok"/"error"), req_error_types[i], ..."""
 
     answers: tuple[str | None, ...] = ()
+    parsed: tuple[str | None, ...] = ()  # a constrained answer's value as JSON text, else None
     thinking: tuple[str | None, ...] = ()
     statuses: tuple[str, ...] = ()
     req_error_types: tuple[str | None, ...] = ()
@@ -149,11 +158,16 @@ class Generated(MediaTask):
     batch_model_s: float = 0.0  # seconds the engine computed
     batch_model_cpu_s: float = 0.0  # CPU seconds of the engine's thread in them
 
+    def __post_init__(self):
+        super().__post_init__()
+        if len(self.parsed) != len(self.ids):  # () (no structured answers): every request's parsed is null
+            object.__setattr__(self, "parsed", (None,) * len(self.ids))
+
 
 _BASE = {
     "media_uri": pa.string(), "media_type": pa.string(), "ids": _LS, "request_indices": _LI, "prompts": _LS,
     "status": pa.string(), "error_type": pa.string(), "error_message": pa.string(),
-    "media_bytes": pa.large_binary(), "keep": pa.large_binary(),
+    "media_bytes": pa.large_binary(), "keep": pa.large_binary(), "prompt_names": _LS,
 }
 ARROW_TYPES: dict[type, dict[str, Any]] = {
     MediaTask: _BASE,
@@ -163,7 +177,7 @@ ARROW_TYPES: dict[type, dict[str, Any]] = {
                "spans": pa.list_(_LI), "positions": TENSOR, "rope_deltas": _LI,
                "visual_tokens": pa.int64(), "decode_s": pa.float64(), "preprocess_s": pa.float64(),
                "plan_indices": _LI, "plan_total_frames": pa.int64()},
-    Generated: {**_BASE, "answers": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
+    Generated: {**_BASE, "answers": _LS, "parsed": _LS, "thinking": _LS, "statuses": _LS, "req_error_types": _LS,
                 "req_error_messages": _LS, "finish_reasons": _LS, "prompt_tokens": _LI,
                 "generated_tokens": _LI, "cached_tokens": _LI, "visual_tokens": pa.int64(),
                 "decode_s": pa.float64(), "preprocess_s": pa.float64(), "model_s": pa.float64(),

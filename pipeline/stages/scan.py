@@ -28,7 +28,8 @@ def scanned(p: Prepared) -> Generated:
         req_error_types=(None if ok else p.error_type,) * n, req_error_messages=(None if ok else p.error_message,) * n,
         finish_reasons=(None,) * n, prompt_tokens=tuple(len(x) for x in p.input_ids) if ok else (None,) * n,
         generated_tokens=(None,) * n, cached_tokens=(None,) * n, visual_tokens=p.visual_tokens,
-        decode_s=p.decode_s, preprocess_s=p.preprocess_s, keep=p.keep)
+        decode_s=p.decode_s, preprocess_s=p.preprocess_s, keep=p.keep,
+        prompt_names=p.prompt_names)
 
 
 class ScanStage:

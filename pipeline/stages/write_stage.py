@@ -48,6 +48,7 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
             id=rid, request_index=g.request_indices[i], media_uri=g.media_uri, media_type=g.media_type,
             prompt=g.prompts[i], status="ok" if ok else "error", model=model, run_id=run_id,
             answer=g.answers[i] if ok else None, thinking=g.thinking[i] if ok else None,
+            prompt_name=g.prompt_names[i], parsed=g.parsed[i] if ok else None,
             error_type=None if ok else g.req_error_types[i], error_message=None if ok else g.req_error_messages[i],
             prompt_tokens=g.prompt_tokens[i], visual_tokens=g.visual_tokens or None,
             generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings))
@@ -118,6 +119,7 @@ def output_tables(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Table, p
     out = {"id": flat("ids"), "request_index": flat("request_indices"), "media_uri": per("media_uri"),
            "media_type": per("media_type"), "prompt": flat("prompts"), "answer": pc.if_else(ok, flat("answers"), null),
            "thinking": pc.if_else(ok, flat("thinking"), null), "status": pc.if_else(ok, "ok", "error"),
+           "prompt_name": flat("prompt_names"), "parsed": pc.if_else(ok, flat("parsed"), null),
            "error_type": pc.if_else(ok, null, flat("req_error_types")),
            "error_message": pc.if_else(ok, null, flat("req_error_messages")), "prompt_tokens": flat("prompt_tokens"),
            "visual_tokens": visual, "generated_tokens": flat("generated_tokens"),

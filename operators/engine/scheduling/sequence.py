@@ -44,6 +44,7 @@ class Sequence:
         self.arrival = time.perf_counter() if arrival is None else arrival
         self.t_admitted: float | None = None
         self.t_first: float | None = None
+        self.grammar = None  # a constrained request's `grammar.GrammarState` (set by the engine; rank 0 only)
 
     def wire_copy(self) -> Sequence:
         """A copy holding only what `ModelRunner.run` reads (request, token ids, block table,
