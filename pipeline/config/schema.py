@@ -252,6 +252,9 @@ class VideoSection(_Section):
             raise ValueError("set either fps or num_frames, not both (set fps: null to use num_frames)")
         if self.min_frames > self.max_frames:
             raise ValueError("min_frames must be <= max_frames")
+        if self.clips.mode != "none" and self.decode_device != "cpu":
+            raise ValueError(f"clips.mode {self.clips.mode} cuts videos on the CPU stage; it needs decode_device: cpu "
+                             f"(got {self.decode_device})")
         return self
 
 
