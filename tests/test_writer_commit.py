@@ -36,7 +36,8 @@ def test_ok_and_error_rows_share_one_schema_and_round_trip():
     assert table_to_rows(t) == rows
     assert OUTPUT_SCHEMA.names == ["id", "request_index", "media_uri", "media_type", "prompt", "answer", "thinking",
                                    "status", "error_type", "error_message", "prompt_tokens", "visual_tokens",
-                                   "generated_tokens", "finish_reason", "model", "run_id", "timings"]
+                                   "generated_tokens", "finish_reason", "model", "run_id", "timings",
+                                   "clip_index", "clip_start_s", "clip_end_s", "clip_source"]
 
 
 def test_part_names_are_deterministic_and_order_free():

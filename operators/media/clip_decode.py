@@ -3,7 +3,7 @@
 `decode_clips(data, rule, sampling)` decodes every picture once, in presentation order (PyAV),
 and yields `(Clip, VideoClip | VlbatchError)` per clip as soon as its last frame has decoded:
 
-- scenes: each picture, scaled to `DETECT_WIDTH` BGR (swscale, cheap), feeds PySceneDetect's
+- scenes: each picture, scaled to `DETECT_WIDTH` BGR (swscale's area average, one context reused), feeds PySceneDetect's
   detector (`clips.CutDetector`); its cuts close shots in `clips.ScenePlanner`. A detector that
   fails (to start or on a frame) falls back to fixed windows from the first frame not yet in a
   clip; those clips say `source == "fixed"`.
@@ -90,6 +90,9 @@ class _State:
             raise MediaError("the video has no frame rate; clips need one")
         self.held = _Held()
         self.detector = None
+        from av.video.reformatter import VideoReformatter
+
+        self.small = VideoReformatter()  # one swscale context for every picture (area average: cheap, no aliasing)
         if rule.mode == "scenes":
             self.planner = ScenePlanner(rule, self.fps)
             try:
@@ -107,7 +110,8 @@ class _State:
     def _detect(self, i: int, frame) -> list[Clip]:
         size = _detect_size(frame.width, frame.height)
         try:
-            small = frame.reformat(width=size[0], height=size[1], format="bgr24").to_ndarray()
+            small = self.small.reformat(frame, width=size[0], height=size[1], format="bgr24",
+                                        interpolation="AREA").to_ndarray()
             cuts = self.detector.feed(i, small)
         except Exception:  # a detector failing on this video: the rest in fixed windows
             self._fall_back()
