@@ -154,3 +154,41 @@ def test_short_video_is_one_clip(tmp_path):
     data = _video(tmp_path, 6, "short.mp4")  # 0.6 s < min_clip_s 1 s
     out = list(decode_clips(data, ClipRule(mode="scenes", window_s=2.0), FrameSampling(fps=2.0, min_frames=2)))
     assert [(c.index, c.start, c.end) for c, _ in out] == [(0, 0, 6)]
+
+
+# ---------------------------------------------------------------- the decode stage (Ray-free)
+
+
+def test_decode_stage_streams_clip_rows_and_drops_committed_clips(tmp_path):
+    from vlbatch.operators.sink.ids import IdIndex
+    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.requests import clip_request_id, request_id
+    from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
+
+    data = _video(tmp_path, 60)
+    clips = {"mode": "fixed", "window_s": 2.0}
+    cfg = validate_config({**MIN, "video": {"fps": 2.0, "min_frames": 2, "clips": clips}})
+    rid = request_id("v.mp4", 0, "What happens?")
+    task = MediaTask("v.mp4", "video", (rid,), (0,), ("What happens?",), media_bytes=data)
+    bad = MediaTask("bad.mp4", "video", ("b" * 32,), (0,), ("What happens?",), media_bytes=b"not a video" * 9)
+    batch = to_table([task, bad], MediaTask)
+
+    stage = DecodeStage(cfg)
+    try:
+        rows = [r for t in stage(batch) for r in from_table(t, Decoded)]
+        ids = [clip_request_id(rid, k) for k in range(3)]
+        assert [(r.ids, r.clip_index, r.clip_start_s, r.clip_end_s, r.clip_source) for r in rows[:3]] == [
+            ((ids[k],), k, 2.0 * k, 2.0 * k + 2, "fixed") for k in range(3)]
+        assert all(r.status == "ok" and r.total_frames == 20 and r.frames.shape[0] == 4 for r in rows[:3])
+        (err,) = rows[3:]  # the whole file fails: one error row under the video's own id, no clip fields
+        assert err.ids == bad.ids and err.status == "error" and err.error_type == "MediaError"
+        assert err.clip_index is None and err.media_bytes is None
+
+        again = DecodeStage(cfg, done=IdIndex.of([ids[0], ids[2]]))  # resume: clips 0 and 2 committed
+        try:
+            left = [r for t in again(to_table([task], MediaTask)) for r in from_table(t, Decoded)]
+        finally:
+            again.worker.close()
+        assert [(r.ids, r.clip_index) for r in left] == [((ids[1],), 1)]
+    finally:
+        stage.worker.close()
