@@ -3,9 +3,9 @@
     python -m benchmarks.bench_clips [--cache DIR] [--long-hours 2 --long-fps 2] [--minutes 10 --fps 30]
         [--parts rss,compare]
 
-Videos (generated once into the cache dir, H.264 ultrafast: scenes of a panning random texture and a
-moving square, a hard cut every 7 s): a `--long-hours` 854x480 video at `--long-fps` (low, to keep it
-small on disk) and a `--minutes` 1280x720 video at `--fps`.
+Videos (generated once into the cache dir, H.264 ultrafast, a hard cut every 7 s, a moving square): a
+`--long-hours` 854x480 video at `--long-fps` of solid scenes (low rate and plain, to keep it small on
+disk) and a `--minutes` 1280x720 video at `--fps` of panning random textures (real work for the codec).
 
 rss: the long video through the CPU stage's clip work in 10 s windows (`decode_clips`, fixed windows,
     every clip preprocessed by our `Processor` of the bundled shapes-tiny checkpoint), in a child
@@ -40,11 +40,14 @@ WINDOW_S = 10.0
 SCENE_S = 7.0
 
 
-def _texture(k: int, width: int, height: int):
-    """Scene k's background: a smooth random texture in its own colours, twice the frame's width."""
+def _texture(k: int, width: int, height: int, plain: bool = False):
+    """Scene k's background: a blocky random texture in its own colours (one colour with `plain`),
+    twice the frame's width."""
     import numpy as np
 
     rng = np.random.default_rng(k)
+    if plain:
+        return np.broadcast_to(rng.integers(20, 235, 3, dtype=np.uint8), (height, 2 * width, 3))
     small = rng.integers(0, 256, (height // 16 + 1, width // 8 + 1, 3), dtype=np.uint8)
     big = np.repeat(np.repeat(small, 16, axis=0), 16, axis=1)[:height, : 2 * width]
     tint = rng.integers(40, 200, 3, dtype=np.uint8)
@@ -61,8 +64,8 @@ def _frame(tex, i: int, width: int, height: int):
     return img
 
 
-def make_video(path: Path, seconds: float, fps: float, width: int, height: int) -> Path:
-    """Encode the benchmark video once (kept in the cache)."""
+def make_video(path: Path, seconds: float, fps: float, width: int, height: int, plain: bool = False) -> Path:
+    """Encode the benchmark video once (kept in the cache); `plain`: solid scenes (small on disk)."""
     if path.exists():
         return path
     import av
@@ -77,7 +80,7 @@ def make_video(path: Path, seconds: float, fps: float, width: int, height: int) 
         for i in range(n):
             k = int(i / fps / SCENE_S)
             if k != scene:
-                tex, scene = _texture(k, width, height), k
+                tex, scene = _texture(k, width, height, plain), k
             frame = av.VideoFrame.from_ndarray(_frame(tex, i, width, height), format="rgb24")
             for packet in stream.encode(frame):
                 out.mux(packet)
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     parts = a.parts.split(",")
     if "rss" in parts:
         long = make_video(cache / f"long_{a.long_hours:g}h_480p_{a.long_fps:g}fps.mp4", a.long_hours * 3600,
-                          a.long_fps, 854, 480)
+                          a.long_fps, 854, 480, plain=True)
         r = measure("fixed", long)
         print(f"rss: {a.long_hours:g} h 854x480 at {a.long_fps:g} fps, {r['clips']} clips of {WINDOW_S:g} s: "
               f"peak RSS {r['peak_rss_gib']:.2f} GiB (target < 1.5), {r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} s")
