@@ -28,9 +28,9 @@ def scenes_pattern(i: int, width: int, height: int) -> np.ndarray:
     return img
 
 
-def _video(tmp_path, n: int, name: str = "scenes.mp4", **kw) -> bytes:
+def _video(tmp_path, n: int, name: str = "scenes.mp4", width: int = 128, height: int = 96, **kw) -> bytes:
     path = tmp_path / name
-    encode_video(path, n, 128, 96, FPS, options={"g": "12", "bf": "2"}, pattern=scenes_pattern, **kw)
+    encode_video(path, n, width, height, FPS, options={"g": "12", "bf": "2"}, pattern=scenes_pattern, **kw)
     return path.read_bytes()
 
 
@@ -105,8 +105,9 @@ def test_scene_shots_merged_and_split():
 # ---------------------------------------------------------------- decode: real encoded video
 
 
-def test_scene_cuts_detected_within_one_frame(tmp_path):
-    data = _video(tmp_path, 90)
+@pytest.mark.parametrize("width", [128, 512], ids=["swscale", "planes"])  # 512: `small_bgr`'s 4:2:0 planes path
+def test_scene_cuts_detected_within_one_frame(tmp_path, width):
+    data = _video(tmp_path, 90, width=width, height=width * 3 // 4)
     rule = ClipRule(mode="scenes", window_s=10.0, min_clip_s=0.5)
     for detector in ("content", "adaptive"):
         out = list(decode_clips(data, ClipRule(**{**rule.__dict__, "detector": detector}), FrameSampling(fps=2.0)))
