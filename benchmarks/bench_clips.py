@@ -55,7 +55,8 @@ def _texture(k: int, width: int, height: int, plain: bool = False):
 
 
 def _frame(tex, i: int, width: int, height: int):
-    """The texture panning 3 px a frame (real motion for the codec) and a moving square."""
+    """The texture panning 3 px a frame (real motion for the codec) and a moving square. The pan starts
+    over every `width / 3` frames: a jump in content the scene detector rightly counts as a cut too."""
     x0 = (i * 3) % width
     img = tex[:, x0: x0 + width].copy()
     s = height // 6
