@@ -100,12 +100,14 @@ def _map(ds, spec: StageSpec, runtime: dict, failures):
                      batch_size=spec.batch_size, batch_format="pyarrow", compute=compute, **spec.ray_args())
 
 
-def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None, metrics=None):
+def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, failures=None, metrics=None,
+                done=None):
     """The lazy dataset of write stats rows: the plan's stages over `tasks_ds`, in order (`run_dir`: the
     run's URI, where its sink is; `meter`: the run's `Meter` actor the stages count into,
     pipeline/telemetry/meter.py; `failures`: its `RunPlacement`: failed starts and each pool's
-    resources, pipeline/stages/placement.py; `metrics`: the run's `MetricTags`, None: no Ray metrics)."""
-    runtime = {"meter": meter, "run_dir": run_dir, "run_id": run_id, "metrics": metrics}
+    resources, pipeline/stages/placement.py; `metrics`: the run's `MetricTags`, None: no Ray metrics;
+    `done`: the committed ids' ObjectRef, for a CPU stage that cuts clips, `video.clips`)."""
+    runtime = {"meter": meter, "run_dir": run_dir, "run_id": run_id, "metrics": metrics, "done": done}
     ds = tasks_ds
     for spec in plan.stages:
         ds = _map(ds, spec, runtime, failures)
@@ -113,7 +115,7 @@ def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, 
 
 
 def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress, tally,
-                  known: int | None, timeline: Timeline, job: str) -> list[str]:
+                  known: int | None, timeline: Timeline, job: str, done_ref=None) -> list[str]:
     """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
     tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
     start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
@@ -124,7 +126,8 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
     cfg = plan.cfg
     metrics = MetricTags(job, run_id) if cfg.ray.metrics else None
     meter, placement = start_meter(metrics), RunPlacement(start_failures())
-    graph = build_graph(plan, tasks_ds, sink.uri, run_id, meter=meter, failures=placement, metrics=metrics)
+    graph = build_graph(plan, tasks_ds, sink.uri, run_id, meter=meter, failures=placement, metrics=metrics,
+                        done=done_ref)
     progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
                        "starting the actors", sticky=cfg.task.mode != "scan")
     every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
@@ -187,6 +190,8 @@ def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None) -
     _init_ray(cfg)
     t_expand = time.monotonic()
     tasks_ds, pending_n, dropped, tally, known = _expansion(plan, done, stream)
+    # video.clips: a clip's ids are made when the CPU stage cuts the video, so it drops committed clips there
+    done_ref = ray.put(done) if cfg.video.clips.mode != "none" and len(done) else None
     del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
     models = next((s.pool.min_actors for s in plan.stages if s.name == "model"), None)
@@ -194,7 +199,8 @@ def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None) -
                         interval_s=cfg.ray.progress_interval_s, expect_models=models)
     timeline, failed = Timeline(), []
     if pending_n is None or pending_n:
-        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, known, timeline, name or run_id)
+        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, known, timeline, name or run_id,
+                               done_ref)
     for line in failed:
         _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
     return _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, timeline, failed, stream,

@@ -51,6 +51,11 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field("model", pa.string(), nullable=False),
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("timings", TIMINGS_TYPE),
+        # video.clips: the clip of the source this row is about (null for images and whole videos)
+        pa.field("clip_index", pa.int32()),
+        pa.field("clip_start_s", pa.float64()),  # seconds in the source's timeline
+        pa.field("clip_end_s", pa.float64()),
+        pa.field("clip_source", pa.string()),  # scenes | fixed (a scene detector that failed falls back)
     ]
 )
 
@@ -87,6 +92,10 @@ class OutputRow:
     finish_reason: str | None = None
     quality_flags: tuple[str, ...] | None = None
     timings: Timings = Timings()
+    clip_index: int | None = None
+    clip_start_s: float | None = None
+    clip_end_s: float | None = None
+    clip_source: str | None = None
 
 
 _NAMES = [f.name for f in fields(OutputRow)]

@@ -228,6 +228,39 @@ class ImageSection(_Section):
         return self
 
 
+class ClipsSection(_Section):
+    """`video.clips`: cut each video into clips and caption each (one row per clip and prompt).
+    Ray-free rules in `operators/media/clips.py` (`ClipRule`)."""
+
+    mode: Literal["none", "fixed", "scenes"] = Field(
+        "none", description="none: one row per whole video (the default); fixed: windows of window_s every "
+                            "stride_s; scenes: shots cut by the detector, longer ones split into windows of window_s")
+    window_s: float = Field(10.0, gt=0.0, description="fixed: window length; scenes: the longest clip (seconds, > 0)")
+    stride_s: float | None = Field(None, gt=0.0, description="fixed: distance between window starts; null = window_s "
+                                                     "(smaller overlaps; larger leaves gaps: allow_gaps)")
+    min_clip_s: float = Field(1.0, ge=0.0, description="scenes: shorter shots merge into a neighbour; a last window "
+                                                       "shorter than this is dropped; a video shorter is one clip")
+    detector: Literal["content", "adaptive"] = Field(
+        "content", description="scenes: PySceneDetect's detector, content | adaptive")
+    threshold: float | None = Field(None, gt=0.0, description="the detector's threshold; null = its default "
+                                                              "(content 27, adaptive 3)")
+    allow_gaps: bool = Field(False, description="fixed: allow stride_s > window_s (frames between windows unused)")
+
+    @model_validator(mode="after")
+    def _rules(self) -> ClipsSection:
+        if self.stride_s is not None and self.stride_s > self.window_s and not self.allow_gaps:
+            raise ValueError(f"stride_s {self.stride_s:g} > window_s {self.window_s:g} leaves gaps between windows; "
+                             "set allow_gaps: true if that is meant")
+        return self
+
+    def rule(self):
+        """The Ray-free `ClipRule` of this section (`operators/media/clips.py`)."""
+        from vlbatch.operators.media.clips import ClipRule
+
+        return ClipRule(mode=self.mode, window_s=self.window_s, stride_s=self.stride_s, min_clip_s=self.min_clip_s,
+                        detector=self.detector, threshold=self.threshold, allow_gaps=self.allow_gaps)
+
+
 class VideoSection(_Section):
     fps: float | None = Field(2.0, gt=0.0, description="sampling rate; exclusive with num_frames")
     num_frames: int | None = Field(None, ge=1)
@@ -244,6 +277,7 @@ class VideoSection(_Section):
                            "decoding on the model actor's CPU (it tests that path without a GPU)")
     decode_timeout_s: float = Field(60.0, gt=0.0, description="decoder subprocess is killed after this")
     max_bytes: int = Field(2 << 30, ge=1)
+    clips: ClipsSection = ClipsSection()
 
     @model_validator(mode="after")
     def _exclusive(self) -> VideoSection:
@@ -251,6 +285,9 @@ class VideoSection(_Section):
             raise ValueError("set either fps or num_frames, not both (set fps: null to use num_frames)")
         if self.min_frames > self.max_frames:
             raise ValueError("min_frames must be <= max_frames")
+        if self.clips.mode != "none" and self.decode_device != "cpu":
+            raise ValueError(f"clips.mode {self.clips.mode} cuts videos on the CPU stage; it needs decode_device: cpu "
+                             f"(got {self.decode_device})")
         return self
 
 
@@ -352,6 +389,9 @@ class JobConfig(_Section):
             raise ValueError(f"input.format={self.input.format} has no questions column; use task.questions")
         if self.input.format == "glob" and self.input.columns.keep:
             raise ValueError("input.format=glob has no columns to keep")
+        if self.task.mode == "scan" and self.video.clips.mode != "none":
+            raise ValueError(f"video.clips.mode={self.video.clips.mode}: task.mode=scan does not count clips yet "
+                             "(it would scan whole videos); set video.clips.mode: none to scan")
         return self
 
     def resolved_run_id(self) -> str:

@@ -122,12 +122,14 @@ def stage_specs(cfg: JobConfig, cluster: Cluster | None, source=None) -> list[St
         return [StageSpec("decode+preprocess+write (scan)", f"{_STAGES}.scan:ScanStage", _pool(cfg, "preprocess"),
                           scan_batch_size(cfg, source), {"cfg": cfg}, ("meter", "run_dir", "run_id"))]
     cpu = {"cfg": cfg}
+    # video.clips: the decode cuts each video into clips and drops the committed ones (their ids are made there)
+    decode_rt = ("meter", "done") if cfg.video.clips.mode != "none" else ("meter",)
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
         out = [StageSpec("decode+preprocess", f"{_STAGES}.cpu:PrepareStage", _pool(cfg, "preprocess"),
-                         r.preprocess.batch_size, cpu, ("meter",), produces="Prepared")]
+                         r.preprocess.batch_size, cpu, decode_rt, produces="Prepared")]
     else:
         out = [StageSpec("decode", f"{_STAGES}.cpu:DecodeStage", _pool(cfg, "decode"), r.decode.batch_size, cpu,
-                         ("meter",), produces="Decoded"),
+                         decode_rt, produces="Decoded"),
                StageSpec("preprocess", f"{_STAGES}.cpu:PreprocessStage", _pool(cfg, "preprocess"),
                          r.preprocess.batch_size, cpu, ("meter",), reads="Decoded", produces="Prepared")]
     gpus = model_gpus(cfg, cluster)  # per rank; a replica of model.tensor_parallel_size ranks

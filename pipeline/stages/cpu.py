@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.stages.rows import Decoded, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import Decoded, MediaTask, Prepared, clip_fields, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 
 if TYPE_CHECKING:  # annotations only: the processor is imported when the stage starts
@@ -37,7 +37,7 @@ def _error_fields(row: MediaTask) -> dict:
 def _base(row: MediaTask) -> dict:
     return {"media_uri": row.media_uri, "media_type": row.media_type, "ids": row.ids,
             "request_indices": row.request_indices, "prompts": row.prompts, **_error_fields(row), "keep": row.keep,
-            "prompt_names": row.prompt_names}
+            "prompt_names": row.prompt_names, **clip_fields(row)}
 
 
 def _catch(row: MediaTask, fn, err_cls):
@@ -65,9 +65,10 @@ class DecodeStage:
     metadata and sampled indices, no frame decoded) and its bytes ride on (`Decoded.deferred`).
     """
 
-    def __init__(self, cfg: JobConfig, meter=None, ready: bool = True):
+    def __init__(self, cfg: JobConfig, meter=None, done=None, ready: bool = True):
         from vlbatch.operators.media.video import FrameSampling
         from vlbatch.operators.media.worker import DecodeWorker
+        from vlbatch.pipeline.stages.clip_rows import resolve_done
         from vlbatch.pipeline.telemetry.meter import CPU_READY, MeterClient
 
         self.cfg = cfg
@@ -82,27 +83,52 @@ class DecodeStage:
         from vlbatch.operators.storage.http import HostLimiter
 
         self.limiter = HostLimiter(cfg.storage.http_per_host)
+        # video.clips: each video cut into clips, one row each (pipeline/stages/clip_rows.py); `done`: the
+        # committed ids (an ObjectRef from the graph), the clips to drop on resume
+        self.clips = v.clips.rule() if v.clips.mode != "none" else None
+        self.done = resolve_done(done) if self.clips is not None else None
         self.meter = MeterClient(meter)
         if ready:  # one CPU actor ready (a fused PrepareStage counts once: its preprocess part)
             self.meter.ready(CPU_READY)
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, MediaTask)
+        if self.clips is not None:
+            return self._clip_batches(rows)
         with self.lock:
             out = to_table([self.decode_one(r) for r in rows], Decoded)
         self.meter.add(DECODED, requests_of(rows))
         self.meter.flush()
         return out
 
+    def _clip_batches(self, rows: list[MediaTask]):
+        from vlbatch.pipeline.stages.clip_rows import clip_batches
+
+        def count(out):
+            self.meter.add(DECODED, requests_of(out))
+            self.meter.flush()
+
+        with self.lock:
+            yield from clip_batches(rows, self.decode_rows, Decoded, count)
+
+    def decode_rows(self, row: MediaTask):
+        """The row's `Decoded` rows: one, or with `video.clips` one per clip of a video not committed."""
+        if self.clips is None or row.status != "ok" or row.media_type != "video":
+            yield self.decode_one(row)
+            return
+        from vlbatch.pipeline.stages.clip_rows import clip_rows
+
+        yield from clip_rows(self, row, self._read)
+
     def decode_one(self, row: MediaTask) -> Decoded:
         if row.status != "ok":
             return Decoded(**_base(row))
         return _catch(row, lambda: self._decode(row), Decoded)
 
-    def _decode(self, row: MediaTask) -> Decoded:
+    def _read(self, row: MediaTask) -> bytes:
+        """The media's bytes: the row's own, or read (at most its kind's `max_bytes`: InputError over it)."""
         from vlbatch.operators.storage import read_bytes
 
-        t0 = time.perf_counter()
         limit = self.cfg.image.max_bytes if row.media_type == "image" else self.cfg.video.max_bytes
         # the size is checked before reading, and at most limit + 1 bytes are read (InputError over it)
         name = f"{row.media_type}.max_bytes"
@@ -112,6 +138,11 @@ class DecodeStage:
                 raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {name} limit of {limit}")
         else:
             data = read_bytes(row.media_uri, self.storage, max_bytes=limit, limit_name=name, limiter=self.limiter)
+        return data
+
+    def _decode(self, row: MediaTask) -> Decoded:
+        t0 = time.perf_counter()
+        data = self._read(row)
         if row.media_type == "image":
             from vlbatch.operators.media.image import load_image
 
@@ -290,13 +321,15 @@ class PrepareStage:
     same errors, same timings as the two stages in sequence.
     """
 
-    def __init__(self, cfg: JobConfig, meter=None):
-        self.decode = DecodeStage(cfg, meter, ready=False)
+    def __init__(self, cfg: JobConfig, meter=None, done=None):
+        self.decode = DecodeStage(cfg, meter, done, ready=False)
         self.preprocess = PreprocessStage(cfg, meter)
         self.lock = threading.Lock()
 
     def __call__(self, batch: pa.Table):
         rows = from_table(batch, MediaTask)
+        if self.decode.clips is not None:  # clips: streamed, a few at a time (pipeline/stages/clip_rows.py)
+            return self._clip_batches(rows)
         meter = self.preprocess.meter
         with self.lock:
             decoded = [self.decode.decode_one(r) for r in rows]
@@ -305,6 +338,24 @@ class PrepareStage:
         meter.add(PREPROCESSED, requests_of(rows))
         meter.flush()
         return out
+
+
+    def _clip_batches(self, rows: list[MediaTask]):
+        from vlbatch.pipeline.stages.clip_rows import clip_batches
+
+        meter = self.preprocess.meter
+
+        def each(row):
+            for d in self.decode.decode_rows(row):
+                meter.add(DECODED, len(d.ids))
+                yield from self.preprocess.prepare_rows(d)
+
+        def count(out):
+            meter.add(PREPROCESSED, requests_of(out))
+            meter.flush()
+
+        with self.lock:
+            yield from clip_batches(rows, each, Prepared, count)
 
 
 def requests_of(rows) -> int:

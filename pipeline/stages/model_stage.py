@@ -54,7 +54,7 @@ from vlbatch.operators.errors import EngineError, SetupError, TruncatedError, Vl
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.config.model_backends import MODEL_BACKENDS
 from vlbatch.pipeline.stages.backends import resolve_device
-from vlbatch.pipeline.stages.rows import Generated, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import Generated, Prepared, clip_fields, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
 from vlbatch.pipeline.telemetry.metrics import MODEL_IN
 from vlbatch.pipeline.telemetry.occupancy import ModelReport
@@ -167,7 +167,8 @@ class ModelStage:
         return {"media_uri": r.media_uri, "media_type": r.media_type, "ids": r.ids,
                 "request_indices": r.request_indices, "prompts": r.prompts, "status": r.status,
                 "error_type": r.error_type, "error_message": r.error_message,
-                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s, "keep": r.keep, "prompt_names": r.prompt_names}
+                "decode_s": r.decode_s, "preprocess_s": r.preprocess_s, "keep": r.keep, "prompt_names": r.prompt_names,
+                **clip_fields(r)}
 
     def _passthrough(self, r: Prepared) -> Generated:
         n = len(r.ids)

@@ -51,6 +51,12 @@ def request_id(media_uri: str | None, request_index: int, prompt: str) -> str:
     return h.hexdigest()[:32]
 
 
+def clip_request_id(request_id: str, clip_index: int) -> str:
+    """The id of one clip's request (`video.clips`): 32 hex chars of sha256 over the video's request
+    id and the clip's index, so resume is exact per clip (the clip rule is in the run id)."""
+    return hashlib.sha256(f"{request_id}\x1fclip\x1f{clip_index}".encode()).hexdigest()[:32]
+
+
 def infer_media_type(uri: str, given: str | None) -> str:
     """'image'/'video' from the manifest column, else from the file extension (the media
     loader's table: `vlbatch.operators.media.load.media_type_from_extension`)."""

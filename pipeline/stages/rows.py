@@ -44,6 +44,12 @@ class MediaTask:
     # the media itself when the input carries it (not read again); dropped after decode
     media_bytes: bytes | None = None
     keep: bytes | None = None  # input.columns.keep values (pipeline/sources/keep.py), carried to the writer
+    # one clip of a video (`video.clips`, operators/media/clips.py): its index, seconds in the source's
+    # timeline and how it was cut (scenes | fixed); None for images and whole videos
+    clip_index: int | None = None
+    clip_start_s: float | None = None
+    clip_end_s: float | None = None
+    clip_source: str | None = None
     prompt_names: tuple[str | None, ...] = ()
 
     def __post_init__(self):
@@ -167,8 +173,15 @@ class Generated(MediaTask):
 _BASE = {
     "media_uri": pa.string(), "media_type": pa.string(), "ids": _LS, "request_indices": _LI, "prompts": _LS,
     "status": pa.string(), "error_type": pa.string(), "error_message": pa.string(),
-    "media_bytes": pa.large_binary(), "keep": pa.large_binary(), "prompt_names": _LS,
+    "media_bytes": pa.large_binary(), "keep": pa.large_binary(), "prompt_names": _LS, "clip_index": pa.int64(),
+    "clip_start_s": pa.float64(), "clip_end_s": pa.float64(), "clip_source": pa.string(),
 }
+CLIP_FIELDS = ("clip_index", "clip_start_s", "clip_end_s", "clip_source")
+
+
+def clip_fields(row: MediaTask) -> dict:
+    """The clip fields of `row` (None for images and whole videos), to carry into the next stage's row."""
+    return {k: getattr(row, k) for k in CLIP_FIELDS}
 ARROW_TYPES: dict[type, dict[str, Any]] = {
     MediaTask: _BASE,
     Decoded: {**_BASE, "frames": TENSOR, "source_fps": pa.float64(), "total_frames": pa.int64(),

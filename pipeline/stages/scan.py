@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.stages.rows import Generated, MediaTask, Prepared, from_table, to_table
+from vlbatch.pipeline.stages.rows import Generated, MediaTask, Prepared, clip_fields, from_table, to_table
 
 
 def scanned(p: Prepared) -> Generated:
@@ -29,7 +29,7 @@ def scanned(p: Prepared) -> Generated:
         finish_reasons=(None,) * n, prompt_tokens=tuple(len(x) for x in p.input_ids) if ok else (None,) * n,
         generated_tokens=(None,) * n, cached_tokens=(None,) * n, visual_tokens=p.visual_tokens,
         decode_s=p.decode_s, preprocess_s=p.preprocess_s, keep=p.keep,
-        prompt_names=p.prompt_names)
+        prompt_names=p.prompt_names, **clip_fields(p))
 
 
 class ScanStage:

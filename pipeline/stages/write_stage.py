@@ -27,7 +27,7 @@ from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.sources.keep import decode as decode_keep
 from vlbatch.pipeline.sources.keep import output_schema
-from vlbatch.pipeline.stages.rows import Generated, from_table
+from vlbatch.pipeline.stages.rows import CLIP_FIELDS, Generated, clip_fields, from_table
 
 STATS_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("error_type", pa.string()), ("prompt_tokens", pa.int64()),
@@ -51,7 +51,8 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
             prompt_name=g.prompt_names[i], parsed=g.parsed[i] if ok else None,
             error_type=None if ok else g.req_error_types[i], error_message=None if ok else g.req_error_messages[i],
             prompt_tokens=g.prompt_tokens[i], visual_tokens=g.visual_tokens or None,
-            generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings))
+            generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings,
+            **clip_fields(g)))
     return out
 
 
@@ -125,7 +126,8 @@ def output_tables(batch: pa.Table, model: str, run_id: str) -> tuple[pa.Table, p
            "visual_tokens": visual, "generated_tokens": flat("generated_tokens"),
            "finish_reason": flat("finish_reasons"), "quality_flags": pa.nulls(r, pa.list_(pa.string())),
            "model": pa.array([model] * r, pa.string()),
-           "run_id": pa.array([run_id] * r, pa.string()), "timings": timings}
+           "run_id": pa.array([run_id] * r, pa.string()), "timings": timings,
+           **{k: per(k) for k in CLIP_FIELDS}}
     table = pa.table({f.name: pc.cast(out[f.name], f.type) for f in OUTPUT_SCHEMA}, schema=OUTPUT_SCHEMA)
     first = np.zeros(r, bool)
     first[(np.cumsum(n) - n)[n > 0]] = True  # [R] each media's first request

@@ -121,6 +121,18 @@ class PyAVVideo(OpenVideo):
     def _to_rgb(self, frame) -> np.ndarray:
         return upright(frame.to_ndarray(format="rgb24"), self.info.rotation)
 
+    def stream_all(self) -> Iterator:
+        """Every picture that decodes, as PyAV frames in presentation order from the first
+        (nothing skipped; damaged packets left out): the clip decode's one pass
+        (`operators/media/clip_decode.py`). `to_rgb(frame)` makes one upright `[H, W, 3]` uint8."""
+        self._wanted = frozenset()
+        self._set_skip(False)
+        self._rewind(int(self.index.pts[0]))
+        return self._gen
+
+    def to_rgb(self, frame) -> np.ndarray:
+        return self._to_rgb(frame)
+
     def iter_frames(self, indices) -> Iterator[np.ndarray]:
         pts, keys = self.index.pts, self.index.keyframe_pts
         pos = None  # pts of the last decoded frame in the current run
