@@ -13,7 +13,7 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "infra" / "grafana" / "vlbatch
 # PromQL words that are no series: functions, aggregations, keywords
 PROMQL = {"sum", "by", "rate", "avg", "histogram_quantile", "label_values", "without", "max", "min", "irate",
           "increase", "count", "on", "ignoring"}
-LABELS = {*TAG_KEYS, "stage", "kind", "error_type", "result", "le", "WorkerId", "NodeAddress"}
+LABELS = {*TAG_KEYS, "stage", "kind", "error_type", "flag", "result", "le", "WorkerId", "NodeAddress"}
 
 
 def _exprs(dash: dict) -> list[str]:

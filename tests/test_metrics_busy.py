@@ -56,7 +56,7 @@ def scrape(port: int) -> dict:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.startswith("ray_vlbatch_") and s.labels.get("job") == JOB:
-                keep = tuple(sorted((k, v) for k, v in s.labels.items() if k in ("run_id", "stage", "kind",
+                keep = tuple(sorted((k, v) for k, v in s.labels.items() if k in ("run_id", "stage", "kind", "flag",
                                                                                    "error_type", "result", "le")))
                 out[(s.name, keep)] = out.get((s.name, keep), 0.0) + s.value  # summed over workers
     return out
@@ -137,7 +137,9 @@ def test_metrics_on_the_node_endpoint_and_the_starved_model_names_the_cpu_pool(t
         committed = sum(summary["processed_by_status"].values())
         after = _scrape_until(port, lambda s: value(s, "ray_vlbatch_rows_total", stage="committed") >= committed
                               and value(s, "ray_vlbatch_tokens_total", kind="generated")
-                              >= summary["generated_tokens"])
+                              >= summary["generated_tokens"]
+                              and all(value(s, "ray_vlbatch_quality_flags_total", flag=f) >= n
+                                      for f, n in summary["quality_flags"].items()))
     finally:
         server.close()
         if proc is not None and proc.poll() is None:
@@ -162,6 +164,10 @@ def test_metrics_on_the_node_endpoint_and_the_starved_model_names_the_cpu_pool(t
     for kind in ("prompt", "visual", "generated", "cached"):
         assert value(after, "ray_vlbatch_tokens_total", kind=kind) == summary[f"{kind}_tokens"], kind
     assert value(after, "ray_vlbatch_model_call_seconds_count") >= 1
+    # quality flags (max_tokens 4: the random model's answers stop at the limit: `truncated`)
+    assert summary["quality_flags"].get("truncated", 0) >= 1, summary["quality_flags"]
+    for flag, n in summary["quality_flags"].items():
+        assert value(after, "ray_vlbatch_quality_flags_total", flag=flag) == n, flag
     # the starved model: low busy share, the wait on the CPU stage, the final line names the CPU pool
     occ = summary["occupancy"]
     assert occ["busy"] < 0.5 and occ["waiting_on_cpu"] > 0.3, occ

@@ -12,6 +12,7 @@ counter's final value is the run's own figure (`_summary.json`):
 - `vlbatch_errors{error_type}`: committed error rows by type;
 - `vlbatch_tokens{kind}`: prompt / visual / generated / cached (prefix cache hits) tokens of committed rows;
 - `vlbatch_vision_cache{result}`: media looked up in the vision cache: `hit` / `encode`;
+- `vlbatch_quality_flags{flag}`: committed ok answers per quality flag (`operators/quality.py`);
 - `vlbatch_queue_depth{stage}` (gauge): requests waiting for `stage` (preprocess, model, write): the
   rows one stage produced that the next one has not taken (or, for write, not committed).
 
@@ -24,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ROWS, ERRORS, TOKENS, VISION = "vlbatch_rows", "vlbatch_errors", "vlbatch_tokens", "vlbatch_vision_cache"
+QUALITY = "vlbatch_quality_flags"
 QUEUE, CALL_S, BUSY = "vlbatch_queue_depth", "vlbatch_model_call_seconds", "vlbatch_model_busy_fraction"
 # the names Ray's Prometheus endpoint shows (prefix ray_, counters _total, a histogram its three series)
-SERIES = (*(f"ray_{n}_total" for n in (ROWS, ERRORS, TOKENS, VISION)), f"ray_{QUEUE}", f"ray_{BUSY}",
+SERIES = (*(f"ray_{n}_total" for n in (ROWS, ERRORS, TOKENS, VISION, QUALITY)), f"ray_{QUEUE}", f"ray_{BUSY}",
           *(f"ray_{CALL_S}_{s}" for s in ("bucket", "count", "sum")))
 TAG_KEYS = ("job", "run_id")
 CALL_BOUNDARIES = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 600]
@@ -38,6 +40,7 @@ TOKEN_KEYS = {"prompt_tokens": "prompt", "visual_tokens": "visual", "generated_t
               "cached_tokens": "cached"}
 VISION_KEYS = {"vision_hits": "hit", "vision_encodes": "encode"}
 ERROR_PREFIX = "error:"  # a meter key `error:<type>` counts committed error rows of that type
+QUALITY_PREFIX = "quality:"  # a meter key `quality:<flag>` counts committed ok answers with that flag
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ def committed_counts(stats) -> dict:
             out[ERROR_PREFIX + t] = out.get(ERROR_PREFIX + t, 0) + 1
     for k in (*TOKEN_KEYS, *VISION_KEYS):
         out[k] = sum(x or 0 for x in d.get(k, []))
+    for flags in d.get("quality_flags", []):
+        for f in flags or ():
+            out[QUALITY_PREFIX + f] = out.get(QUALITY_PREFIX + f, 0) + 1
     return out
 
 
@@ -75,6 +81,7 @@ class MeterMetrics:
         self.errors = Counter(ERRORS, "committed error rows by type", tag_keys=(*TAG_KEYS, "error_type"))
         self.tokens = Counter(TOKENS, "tokens of committed rows by kind", tag_keys=(*TAG_KEYS, "kind"))
         self.vision = Counter(VISION, "vision cache lookups by result", tag_keys=(*TAG_KEYS, "result"))
+        self.quality = Counter(QUALITY, "committed ok answers by quality flag", tag_keys=(*TAG_KEYS, "flag"))
         self.queue = Gauge(QUEUE, "requests waiting for a stage", tag_keys=(*TAG_KEYS, "stage"))
         self.sent: dict = {}
 
@@ -92,6 +99,8 @@ class MeterMetrics:
                 self.vision.inc(delta, tags=self.t.tags(result=VISION_KEYS[key]))
             elif key.startswith(ERROR_PREFIX):
                 self.errors.inc(delta, tags=self.t.tags(error_type=key.removeprefix(ERROR_PREFIX)))
+            elif key.startswith(QUALITY_PREFIX):
+                self.quality.inc(delta, tags=self.t.tags(flag=key.removeprefix(QUALITY_PREFIX)))
         for stage, n in queue_depths(counts).items():
             self.queue.set(n, tags=self.t.tags(stage=stage))
 
