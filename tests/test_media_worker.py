@@ -276,7 +276,7 @@ def zombie_or_gone(pid: int) -> bool:
 def test_frames_come_through_shared_memory_not_the_pipe(video):
     """The child writes headers to the pipe and pixels to the ring: its write() bytes stay far below the frames'."""
     with DecodeWorker(timeout_s=30) as w:
-        w.start()
+        w.decode(video, FrameSampling(num_frames=4))  # the child started and warm
 
         def written() -> int:
             with open(f"/proc/{w.pid}/io") as f:
@@ -300,7 +300,6 @@ def test_a_child_killed_while_the_parent_holds_its_frames(video):
         held = w.decode(video, sampling, backend="pyav")
         kept = held.frames.copy()
         pid, open_rings = w.pid, ring_fds()  # the memfd and its mapping's own dup
-        assert open_rings
         os.kill(pid, signal.SIGKILL)  # killed between calls, while we hold its frames
         deadline = time.monotonic() + 20
         while not zombie_or_gone(pid) and time.monotonic() < deadline:
@@ -309,6 +308,7 @@ def test_a_child_killed_while_the_parent_holds_its_frames(video):
         again = w.decode(video, sampling, backend="pyav")  # main: MediaError "died" (it wrote to the dead child)
         assert w.starts == 2 and w.pid != pid
         np.testing.assert_array_equal(again.frames, kept)
+        assert open_rings
         with pytest.raises(MediaError, match="died"):  # killed mid-hand-off, two frames in the ring
             w.decode(video, sampling, backend=DYING)
         np.testing.assert_array_equal(held.frames, kept)
