@@ -287,6 +287,9 @@ def test_frames_come_through_shared_memory_not_the_pipe(video):
         assert clip.frames.nbytes == 21 * 48 * 64 * 3
         assert written() - before < clip.frames.nbytes // 8  # JSON headers only (main: every pixel byte)
         assert w._ring.mapped_bytes <= clip.frames.nbytes + 4096  # the ring never exceeds the plan's frames
+        assert w.plan(video, FrameSampling(fps=10)).shape == clip.frames.shape  # a plan: no frames, no credits
+        np.testing.assert_array_equal(w.decode(video, FrameSampling(fps=10), "pyav").frames, clip.frames)
+        assert w.starts == 1  # the pipe stayed in step through all three
     np.testing.assert_array_equal(clip.frames, decode_video_inprocess(video, FrameSampling(fps=10), "pyav").frames)
 
 
@@ -334,5 +337,26 @@ def test_the_ring_cannot_be_shrunk_under_the_parent():
         with pytest.raises(PermissionError):  # and the seals cannot be changed
             fcntl.fcntl(r.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
         os.ftruncate(r.fd, 2 << 20)  # growing stays allowed (the parent grows it for larger frames)
+    finally:
+        r.close()
+
+
+def test_the_ring_gives_back_what_one_large_video_grew_it_to():
+    """Memory stays bounded across videos: after a video whose frames grew the ring past RING_BYTES (two 4K
+    frames are 50 MB), the pages above it are handed back; what stays is reused by the next video."""
+    from vlbatch.operators.media.ring import RING_BYTES, ChildRing, FrameRing, ring_slots
+
+    assert ring_slots(3840 * 2160 * 3, 20) == 2 and ring_slots(854 * 480 * 3, 1200) == 13
+    assert ring_slots(100, 3) == 3  # never more slots than the plan's frames
+    r = FrameRing()
+    try:
+        r.reserve(4 * RING_BYTES)
+        child = ChildRing(r.fd).slots(4, (RING_BYTES,))
+        child[:] = 7  # the child fills all four slots
+        assert os.fstat(r.fd).st_blocks * 512 == 4 * RING_BYTES
+        r.trim()
+        assert os.fstat(r.fd).st_blocks * 512 == RING_BYTES
+        assert child[0, :3].tolist() == [7, 7, 7] and not child[3].any()  # the kept share is untouched
+        del child
     finally:
         r.close()
