@@ -35,6 +35,8 @@ import os
 
 import numpy as np
 
+from vlbatch.operators.errors import MediaError, SetupError
+
 RING_BYTES = 16 << 20  # frames the ring holds beyond two: 13 of 480p, 2 of 1080p (6 MB each)
 CREDIT = b"\x01"  # one slot freed (parent -> child, on the request pipe)
 
@@ -53,8 +55,16 @@ class FrameRing:
     """Parent side: the sealed shared memory, grown on demand, mapped once per size. Not thread-safe."""
 
     def __init__(self):
-        self.fd = os.memfd_create("vlbatch-decode-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+        try:
+            self.fd = os.memfd_create("vlbatch-decode-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except (AttributeError, OSError) as e:  # not Linux, or a sandbox (seccomp) that forbids it
+            raise SetupError(f"the video decoder's frame ring needs Linux shared memory (memfd_create): {e}; "
+                             "run on Linux and allow memfd_create in any sandbox around the workers") from None
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+        except OSError as e:
+            os.close(self.fd)
+            raise SetupError(f"the video decoder's frame ring cannot be sealed (fcntl F_ADD_SEALS): {e}") from None
         self._map: mmap.mmap | None = None
 
     @property
@@ -66,11 +76,15 @@ class FrameRing:
         nbytes = _pages(nbytes)
         if nbytes <= self.mapped_bytes:
             return
-        if os.fstat(self.fd).st_size < nbytes:  # a child may have grown it; shrinking is sealed
-            os.ftruncate(self.fd, nbytes)
         if self._map is not None:
             self._map.close()
-        self._map = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map = None
+        try:
+            if os.fstat(self.fd).st_size < nbytes:  # a child may have grown it; shrinking is sealed
+                os.ftruncate(self.fd, nbytes)
+            self._map = mmap.mmap(self.fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:  # out of memory or address space: this video's frames do not fit now
+            raise MediaError(f"the decoder's frame ring cannot hold {nbytes} bytes: {e}") from None
 
     def copy_out(self, pos: int, out: np.ndarray) -> None:
         """Copy slot `pos` (of `out.nbytes` bytes each) into `out`, the parent's own array."""
