@@ -254,6 +254,42 @@ class DyingDecoder(VideoDecoder):
 DYING = f"{__name__}:DyingDecoder"
 
 
+class CutAfterTwoDecoder(VideoDecoder):
+    """Test-only: PyAV whose stream 'ends' after two frames (ShortVideo), so the PyAV recount sends a
+    second plan after frames of the first went through the ring."""
+
+    name = "pyav"
+
+    def open(self, data):
+        from vlbatch.operators.media.decoders import ShortVideo
+        from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
+
+        video = PyAVDecoder().open(data)
+        frames = video.iter_frames
+
+        def iter_frames(indices):
+            for n, frame in enumerate(frames(indices)):
+                if n == 2:
+                    raise ShortVideo("cut here (test)")
+                yield frame
+
+        video.iter_frames = iter_frames
+        return video
+
+
+def test_a_second_plan_after_frames_keeps_the_ring_in_step(video):
+    """The recount's second plan comes after two frames of the first: the child takes the first plan's
+    credits before it, and the clip is the recount's, as in-process."""
+    sampling = FrameSampling(fps=10)
+    with DecodeWorker(timeout_s=30) as w:
+        clip = w.decode(video, sampling, backend=f"{__name__}:CutAfterTwoDecoder")
+        again = w.decode(video, sampling, backend="pyav")  # the same child: its pipe is in step
+        assert w.starts == 1
+    ref = decode_video_inprocess(video, sampling, backend="pyav")
+    np.testing.assert_array_equal(clip.frames, ref.frames)
+    np.testing.assert_array_equal(again.frames, ref.frames)
+
+
 def ring_fds() -> list[str]:
     """This process's open memfd rings (`/proc/self/fd` links read `/memfd:vlbatch-decode-ring (deleted)`)."""
     links = []
