@@ -24,7 +24,8 @@ native leaks.
 
 Threads: the child decodes with `threads` decoder threads (PyAV `thread_count`, TorchCodec
 `num_ffmpeg_threads`, decord `num_threads`), as `decode_video_inprocess(threads=...)` would; it
-inherits the parent's environment (OMP_NUM_THREADS defaults to 1 there, as in a Ray CPU actor).
+inherits the parent's environment (OMP_NUM_THREADS: the parent's, else 1; Ray sets it to
+an actor's CPUs).
 Decoders stay warm per child, not per video: the chosen decoder's library is imported and
 initialised before "ready" (`preload`); none of the three can reuse an open decoder for another
 file (each is built over one file's bytes).
