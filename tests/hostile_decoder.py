@@ -1,6 +1,6 @@
 """A stand-in for a compromised decoder child (tests only), started the way `DecodeWorker` starts the real one.
 
-    python tests/hostile_decoder.py MODE MARKER REQ_FD RES_FD
+    python tests/hostile_decoder.py MODE MARKER REQ_FD RES_FD RING_FD
 
 It says ready (except in "pickle-ready", which sends a pickle instead), then answers every request with the reply of MODE, until the
 parent closes the request pipe. Pickle payloads reduce to `open(MARKER, "w")`: if the parent ever
@@ -15,7 +15,7 @@ import sys
 from multiprocessing.connection import Connection
 
 from vlbatch.operators.media import wire
-from vlbatch.operators.media.worker import _read_message, _write_all
+from vlbatch.operators.media.child import _read_exact, _read_message, _write_all
 
 
 class Evil:
@@ -32,7 +32,7 @@ def plan(shape, indices) -> bytes:
 
 
 def reply(mode: str, marker: str) -> bytes:
-    frame = wire.encode({"kind": "frame", "slot": 0, "dtype": "uint8", "shape": [2, 2, 3]}) + bytes(12)
+    frame = wire.encode({"kind": "frame", "slot": 0, "dtype": "uint8", "shape": [2, 2, 3]})  # pixels: the ring
     return {
         "pickle-header": wire.message(pickle.dumps(Evil(marker))),  # a pickle where the JSON header goes
         "huge-length": wire.LENGTH.pack(10**12),  # a header claiming 10^12 bytes
@@ -43,7 +43,7 @@ def reply(mode: str, marker: str) -> bytes:
         "not-an-object": wire.message(b"[1, 2, 3]"),
         "done-early": plan([2, 2, 2, 3], [0, 1]) + frame + wire.encode({"kind": "done"}),
         "float-dtype": plan([1, 2, 2, 3], [0]) + wire.encode(
-            {"kind": "frame", "slot": 0, "dtype": "float64", "shape": [2, 2, 3]}) + bytes(96),
+            {"kind": "frame", "slot": 0, "dtype": "float64", "shape": [2, 2, 3]}),
         "ok": plan([1, 2, 2, 3], [0]) + frame + wire.encode({"kind": "done"}),
         "error-InputError": wire.encode({"kind": "error", "type": "InputError", "message": "sampled too much"}),
         "error-EngineError": wire.encode({"kind": "error", "type": "EngineError", "message": "not mine"}),
@@ -70,6 +70,8 @@ def main(mode: str, marker: str, req: int, res: int) -> None:
             send_pickle(res, ("plan", Evil(marker)))
         else:
             _write_all(res, reply(mode, marker))
+            if mode == "ok":  # the ring's credits (one slot, one frame): 2 bytes, taken so the pipe stays in step
+                _read_exact(req, 2)
 
 
 if __name__ == "__main__":

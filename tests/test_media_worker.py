@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -226,3 +227,172 @@ def test_child_errors_map_only_to_allowed_classes(mode, cls, tmp_path):
         with pytest.raises(cls):
             w.decode(b"video")
         assert w.pid == pid and w.starts == 1  # a reported error keeps the child
+
+
+# The shared-memory hand-off (issue 54): frames go through the parent's sealed ring, not the pipe.
+class DyingDecoder(VideoDecoder):
+    """Test-only: PyAV that SIGKILLs its own (child) process after handing over two frames."""
+
+    name = "pyav"
+
+    def open(self, data):
+        from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
+
+        video = PyAVDecoder().open(data)
+        frames = video.iter_frames
+
+        def iter_frames(indices):
+            for n, frame in enumerate(frames(indices)):
+                if n == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield frame
+
+        video.iter_frames = iter_frames
+        return video
+
+
+DYING = f"{__name__}:DyingDecoder"
+
+
+class CutAfterTwoDecoder(VideoDecoder):
+    """Test-only: PyAV whose stream 'ends' after two frames (ShortVideo), so the PyAV recount sends a
+    second plan after frames of the first went through the ring."""
+
+    name = "pyav"
+
+    def open(self, data):
+        from vlbatch.operators.media.decoders import ShortVideo
+        from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
+
+        video = PyAVDecoder().open(data)
+        frames = video.iter_frames
+
+        def iter_frames(indices):
+            for n, frame in enumerate(frames(indices)):
+                if n == 2:
+                    raise ShortVideo("cut here (test)")
+                yield frame
+
+        video.iter_frames = iter_frames
+        return video
+
+
+def test_a_second_plan_after_frames_keeps_the_ring_in_step(video):
+    """The recount's second plan comes after two frames of the first: the child takes the first plan's
+    credits before it, and the clip is the recount's, as in-process."""
+    sampling = FrameSampling(fps=10)
+    with DecodeWorker(timeout_s=30) as w:
+        clip = w.decode(video, sampling, backend=f"{__name__}:CutAfterTwoDecoder")
+        again = w.decode(video, sampling, backend="pyav")  # the same child: its pipe is in step
+        assert w.starts == 1
+    ref = decode_video_inprocess(video, sampling, backend="pyav")
+    np.testing.assert_array_equal(clip.frames, ref.frames)
+    np.testing.assert_array_equal(again.frames, ref.frames)
+
+
+def ring_fds() -> list[str]:
+    """This process's open memfd rings (`/proc/self/fd` links read `/memfd:vlbatch-decode-ring (deleted)`)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue  # the fd listdir itself used, closed by now
+    return [link for link in links if "vlbatch-decode-ring" in link]
+
+
+def zombie_or_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" in f.read()
+    except FileNotFoundError:
+        return True
+
+
+def test_frames_come_through_shared_memory_not_the_pipe(video):
+    """The child writes headers to the pipe and pixels to the ring: its write() bytes stay far below the frames'."""
+    with DecodeWorker(timeout_s=30) as w:
+        w.decode(video, FrameSampling(num_frames=4))  # the child started and warm
+
+        def written() -> int:
+            with open(f"/proc/{w.pid}/io") as f:
+                return int(next(line for line in f if line.startswith("wchar:")).split()[1])
+
+        before = written()
+        clip = w.decode(video, FrameSampling(fps=10), backend="pyav")  # all 21 frames: 193 KB of pixels
+        assert clip.frames.nbytes == 21 * 48 * 64 * 3
+        assert written() - before < clip.frames.nbytes // 8  # JSON headers only (main: every pixel byte)
+        assert w._ring.mapped_bytes <= clip.frames.nbytes + 4096  # the ring never exceeds the plan's frames
+        assert w.plan(video, FrameSampling(fps=10)).shape == clip.frames.shape  # a plan: no frames, no credits
+        np.testing.assert_array_equal(w.decode(video, FrameSampling(fps=10), "pyav").frames, clip.frames)
+        assert w.starts == 1  # the pipe stayed in step through all three
+    np.testing.assert_array_equal(clip.frames, decode_video_inprocess(video, FrameSampling(fps=10), "pyav").frames)
+
+
+def test_a_child_killed_while_the_parent_holds_its_frames(video):
+    """Frames returned are the parent's own copy: a child killed after (or during) a hand-off changes
+    nothing in them, the next call starts a fresh child on the same ring, and close frees the ring
+    (no /dev/shm segment, no memfd left open)."""
+    shm_before = sorted(os.listdir("/dev/shm"))
+    sampling = FrameSampling(fps=4)
+    with DecodeWorker(timeout_s=30) as w:
+        held = w.decode(video, sampling, backend="pyav")
+        kept = held.frames.copy()
+        pid, open_rings = w.pid, ring_fds()  # the memfd and its mapping's own dup
+        os.kill(pid, signal.SIGKILL)  # killed between calls, while we hold its frames
+        deadline = time.monotonic() + 20
+        while not zombie_or_gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling an external process's state with a deadline
+        np.testing.assert_array_equal(held.frames, kept)
+        again = w.decode(video, sampling, backend="pyav")  # main: MediaError "died" (it wrote to the dead child)
+        assert w.starts == 2 and w.pid != pid
+        np.testing.assert_array_equal(again.frames, kept)
+        assert open_rings
+        with pytest.raises(MediaError, match="died"):  # killed mid-hand-off, two frames in the ring
+            w.decode(video, sampling, backend=DYING)
+        np.testing.assert_array_equal(held.frames, kept)
+        np.testing.assert_array_equal(again.frames, kept)
+        assert ring_fds() == open_rings  # one ring for all three children
+        np.testing.assert_array_equal(w.decode(video, sampling, backend="pyav").frames, kept)
+        assert w.starts == 3
+    assert ring_fds() == []
+    assert sorted(os.listdir("/dev/shm")) == shm_before
+
+
+def test_the_ring_cannot_be_shrunk_under_the_parent():
+    """A compromised child holds the ring's fd: truncating it would SIGBUS the parent's next read, so it is sealed."""
+    from vlbatch.operators.media.ring import FrameRing
+
+    r = FrameRing()
+    try:
+        r.reserve(1 << 20)
+        with pytest.raises(PermissionError):
+            os.ftruncate(r.fd, 0)
+        import fcntl
+
+        with pytest.raises(PermissionError):  # and the seals cannot be changed
+            fcntl.fcntl(r.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        os.ftruncate(r.fd, 2 << 20)  # growing stays allowed (the parent grows it for larger frames)
+    finally:
+        r.close()
+
+
+def test_the_ring_gives_back_what_one_large_video_grew_it_to():
+    """Memory stays bounded across videos: after a video whose frames grew the ring past RING_BYTES (two 4K
+    frames are 50 MB), the pages above it are handed back; what stays is reused by the next video."""
+    from vlbatch.operators.media.ring import RING_BYTES, ChildRing, FrameRing, ring_slots
+
+    assert ring_slots(3840 * 2160 * 3, 20) == 2 and ring_slots(854 * 480 * 3, 1200) == 13
+    assert ring_slots(100, 3) == 3  # never more slots than the plan's frames
+    r = FrameRing()
+    try:
+        r.reserve(4 * RING_BYTES)
+        child = ChildRing(r.fd).slots(4, (RING_BYTES,))
+        child[:] = 7  # the child fills all four slots
+        assert os.fstat(r.fd).st_blocks * 512 == 4 * RING_BYTES
+        r.trim()
+        assert os.fstat(r.fd).st_blocks * 512 == RING_BYTES
+        assert child[0, :3].tolist() == [7, 7, 7] and not child[3].any()  # the kept share is untouched
+        del child
+    finally:
+        r.close()

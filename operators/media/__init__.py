@@ -2,9 +2,10 @@
 
 Bytes come from `vlbatch.operators.storage` (`read_bytes`: local / s3:// with retries).
 Owns `image` (`load_image`: bytes -> upright RGB), `sampling` (`sample_frame_indices`,
-`group_timestamps`: which frames, and their seconds), `decoders` (decord default, PyAV second,
+`group_timestamps`: which frames, and their seconds), `decoders` (PyAV, TorchCodec, decord
 behind `VideoDecoder`), `video` (probe -> sample -> decode plan), `worker` (the time-limited
-child process), `wire` (its message format), `load` (`load_media` for images and videos).
+child process, parent side), `child` (its loop), `wire` (its message format), `ring` (the
+shared-memory frame hand-off), `load` (`load_media` for images and videos).
 Nothing here imports `vlbatch.operators.preprocess` (data flows media -> preprocess).
 Submodules are imported
 lazily by callers; importing this package loads nothing heavy.

@@ -17,7 +17,9 @@ Owns where a video may be decoded on a device and the device-side decode itself.
   A file cut short falls back to the PyAV recount on the CPU, and its frames are copied to `device`.
 
 It runs in the model actor's own process (the GPU's context lives there), not in the killable
-decoder child: NVDEC runs in hardware and parses the container with FFmpeg as the child does.
+decoder child: NVDEC runs in hardware and parses the container with FFmpeg as the child does. The
+only part that goes through the child is the CPU stage's plan (`DecodeWorker.plan`: the same
+protocol, a plan header and no frames), so no frame of this path crosses the child's hand-off.
 """
 from __future__ import annotations
 

@@ -7,16 +7,19 @@ allocates anything, and anything unexpected is a `MediaError`.
 
 Both pipes carry messages: an 8-byte big-endian length, then that many bytes.
 
-    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}} (JSON), then the video bytes
+    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}, "plan_only"} (JSON), then the
+      video bytes; during a decode, one credit byte per free ring slot (`vlbatch.operators.media.ring`)
     child -> parent, one JSON object per message (at most MAX_HEADER_BYTES):
       {"kind": "ready"}
       {"kind": "plan", "dtype": "uint8", "shape": [F, H, W, 3], "source_fps", "total_frames", "indices": [F]}
-      {"kind": "frame", "slot": i, "dtype": "uint8", "shape": [H, W, 3]}  then H * W * 3 raw bytes (no length)
+      {"kind": "frame", "slot": i, "dtype": "uint8", "shape": [H, W, 3]}  its H * W * 3 bytes are in ring slot
+        n % slots (n: the frames of this plan before it; the parent's own count), never on the pipe
       {"kind": "done"}
       {"kind": "error", "type": one of CHILD_ERRORS' names, "message": str}
 
 Frames of one plan arrive in slot order 0..F-1; a second plan restarts them (the
-PyAV recount); "done" is accepted only after all F frames.
+PyAV recount); "done" is accepted only after all F frames. `plan_only` requests (the deferred
+decode's `DecodeWorker.plan`) get a plan and "done", no frames and no credits.
 """
 from __future__ import annotations
 

@@ -5,22 +5,33 @@ from Python (dmlc/decord #373) and a native crash would take the caller with it,
 so decoding runs in a child process (`python -m vlbatch.operators.media.worker`, started
 with `subprocess`, not `multiprocessing`: no re-import of the caller's `__main__`,
 which matters inside Ray workers). The parent talks to it over two pipes in the
-format of `vlbatch.operators.media.wire`: JSON headers and raw bytes, never pickle,
-because the child parses untrusted media and may be compromised by it; every
-header is checked before the parent allocates for it.
+format of `vlbatch.operators.media.wire`: JSON headers, never pickle, because the child parses
+untrusted media and may be compromised by it; every header is checked before the parent
+allocates for it.
 
-Frames stream one at a time straight into the parent's preallocated output
-(`os.readv` into the destination rows: one copy), so the child never holds more
-than its backend's working set. Every read and write waits at
-most until the call's deadline; past it the child is SIGKILLed and the call raises
-`MediaTimeoutError`. A child that dies (native crash) or breaks the protocol gives
-`MediaError`. The next call starts a fresh child. Start-up (imports, about 1 s) is waited for
-separately and never counts against a video's limit. A child is reused across
-calls and recycled after `max_calls` to cap slow native leaks.
+Frames do not go through the pipe: the child writes each one into a slot of the parent's
+shared-memory ring (`vlbatch.operators.media.ring`: a sealed memfd the parent creates once per
+`DecodeWorker`, passed to every child as a third fd, reused across videos and children, closed by
+`close`), sends its header, and the parent copies the slot into its preallocated output (one copy,
+no syscall per 64 KB) and credits the slot back. So the child never holds more than its backend's
+working set plus the ring. Every read and write waits at most until the call's deadline; past it
+the child is SIGKILLed and the call raises `MediaTimeoutError`. A child that dies (native crash)
+or breaks the protocol gives `MediaError`; frames already returned are the parent's own and stay
+valid. The next call starts a fresh child (also when the child died between calls). Start-up
+(imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately and never counts
+against a video's limit. A child is reused across calls and recycled after `max_calls` to cap slow
+native leaks.
+
+Threads: the child decodes with `threads` decoder threads (PyAV `thread_count`, TorchCodec
+`num_ffmpeg_threads`, decord `num_threads`), as `decode_video_inprocess(threads=...)` would; it
+inherits the parent's environment (OMP_NUM_THREADS: the parent's, else 1; Ray sets it to
+an actor's CPUs).
+Decoders stay warm per child, not per video: the chosen decoder's library is imported and
+initialised before "ready" (`preload`); none of the three can reuse an open decoder for another
+file (each is built over one file's bytes).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import select
@@ -33,13 +44,13 @@ import numpy as np
 
 from vlbatch.operators import errors
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
-from vlbatch.operators.media import wire
-from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling, Plan, decode_stream
+from vlbatch.operators.media import ring, wire
+from vlbatch.operators.media.child import PRELOAD_ENV
+from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.types import VideoClip
 
 STARTUP_TIMEOUT_S = 120.0  # generous: a loaded node can take seconds to import av + decord
 CHILD_MODULE = "vlbatch.operators.media.worker"
-PRELOAD_ENV = "VLBATCH_DECODE_PRELOAD"  # the decoder the child imports before "ready" (torchcodec: torch)
 
 
 class DecodeWorker:
@@ -47,8 +58,8 @@ class DecodeWorker:
 
     timeout_s: wall-clock limit per video (probe + decode + transfer);
     max_calls: recycle the child after this many videos;
-    child_argv: the command before the two pipe fd numbers (default: this module under the
-    current interpreter); e.g. a sandbox wrapper, or a stand-in child in tests;
+    child_argv: the command before the three fd numbers (request pipe, reply pipe, frame ring) (default:
+    this module under the current interpreter); e.g. a sandbox wrapper, or a stand-in child in tests;
     preload: the decoder the calls will name (`video.decoder`); the child imports it before it says
     ready (TorchCodec imports torch: about 3 s of CPU and 700 MB, only where it is the one used).
     """
@@ -63,6 +74,7 @@ class DecodeWorker:
         self.preload = preload
         self.child_argv = tuple(child_argv) if child_argv is not None else (sys.executable, "-m", CHILD_MODULE)
         self._proc: subprocess.Popen | None = None
+        self._ring: ring.FrameRing | None = None  # created with the first child, kept across children
         self._calls = 0
         self.starts = 0  # how many children were started (observable by tests and benchmarks)
 
@@ -76,15 +88,23 @@ class DecodeWorker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def start(self) -> None:
+        """Start the child now (it imports its decoder before "ready"), unless one is running."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._drop()
+            self._start()
+
     def _start(self) -> None:
+        if self._ring is None:
+            self._ring = ring.FrameRing()
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         env.setdefault("OMP_NUM_THREADS", "1")
         env[PRELOAD_ENV] = self.preload
         self._proc = subprocess.Popen(
-            [*self.child_argv, str(req_r), str(res_w)],
-            pass_fds=(req_r, res_w), env=env, stdin=subprocess.DEVNULL,
+            [*self.child_argv, str(req_r), str(res_w), str(self._ring.fd)],
+            pass_fds=(req_r, res_w, self._ring.fd), env=env, stdin=subprocess.DEVNULL,
         )
         os.close(req_r)
         os.close(res_w)
@@ -111,7 +131,13 @@ class DecodeWorker:
         os.close(self._res)
 
     def close(self) -> None:
-        """Stop the child (closing its request pipe lets it exit; kill if it does not)."""
+        """Stop the child (closing its request pipe lets it exit; kill if it does not); free the ring."""
+        self._stop()
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+
+    def _stop(self) -> None:
         if self._proc is None:
             return
         self._close_pipes()
@@ -121,6 +147,13 @@ class DecodeWorker:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
+
+    def _drop(self) -> None:
+        """Forget a child that exited between calls (killed, crashed): reap it, close its pipes."""
+        if self._proc is not None:
+            self._proc.wait()
+            self._close_pipes()
+            self._proc = None
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -145,16 +178,19 @@ class DecodeWorker:
 
     def _call(self, data: bytes, sampling: FrameSampling, backend: str, plan_only: bool):
         request = wire.encode_request(backend, self.threads, sampling, plan_only)
-        if self._proc is None or self._calls >= self.max_calls:
-            self.close()
-            self._start()
+        if self._proc is not None and self._calls >= self.max_calls:
+            self._stop()
+        self.start()
         self._calls += 1
         deadline = time.monotonic() + self.timeout_s
         try:
             self._write(memoryview(request), deadline)
             self._write(memoryview(wire.LENGTH.pack(len(data))), deadline)
             self._write(memoryview(data).cast("B"), deadline)
-            clip, error = self._receive(sampling, deadline, plan_only)
+            try:
+                clip, error = self._receive(sampling, deadline, plan_only)
+            finally:
+                self._ring.trim()
         except (EOFError, OSError) as e:
             code = self._proc.poll() if self._proc is not None else None
             self._kill()
@@ -165,6 +201,14 @@ class DecodeWorker:
         if error is not None:
             raise error  # the child reported it and waits for the next request: keep it
         return clip
+
+    def _offer_ring(self, shape: tuple[int, ...], deadline: float) -> int:
+        """Size the ring for a checked plan `shape` `(F, H, W, 3)` and credit all its slots; the slot count."""
+        frame_bytes = math.prod(shape[1:])
+        slots = ring.ring_slots(frame_bytes, shape[0])
+        self._ring.reserve(slots * frame_bytes)  # <= the plan's bytes, already checked against the limit
+        self._write(memoryview(ring.CREDIT * slots), deadline)
+        return slots
 
     def _wait(self, poller: select.poll, deadline: float) -> None:
         left = deadline - time.monotonic()
@@ -203,19 +247,22 @@ class DecodeWorker:
         """Read one reply: (clip, None) (the plan's header with `plan_only`), or (None, the typed
         error the child reported)."""
         plan: wire.ClipHeader | None = None
-        frames, filled = None, 0
+        frames, filled, slots = None, 0, 1
         while True:
             header = self._read_header(deadline)
             kind = header["kind"]
             if kind == "plan":  # a second plan restarts the slots (the PyAV recount)
                 plan = wire.parse_plan(header, sampling.max_output_bytes)
                 frames, filled = np.empty(plan.shape, np.uint8), 0
+                if not plan_only:
+                    slots = self._offer_ring(plan.shape, deadline)
             elif kind == "done" and plan is not None and plan_only:
                 return plan, None
             elif kind == "frame" and plan is not None and filled < plan.shape[0] and not plan_only:
                 wire.check_frame(header, filled, plan.shape[1:])
-                self._read_into(memoryview(frames[filled].reshape(-1)), deadline)
+                self._ring.copy_out(filled % slots, frames[filled])  # into our own rows: the slot is free again
                 filled += 1
+                self._write(memoryview(ring.CREDIT), deadline)
             elif kind == "done" and plan is not None and filled == plan.shape[0]:
                 return VideoClip(frames=frames, source_fps=plan.source_fps, total_frames=plan.total_frames,
                                  indices=plan.indices), None
@@ -234,81 +281,7 @@ def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backen
         return one_shot.decode(data, sampling, backend)
 
 
-def _read_message(fd: int) -> bytes | None:
-    """Child side: one length-prefixed message from the parent; None at end of input."""
-    prefix = _read_exact(fd, wire.LENGTH.size)
-    if prefix is None:
-        return None
-    return _read_exact(fd, wire.LENGTH.unpack(prefix)[0])
+if __name__ == "__main__":  # the child's entry point (CHILD_MODULE): its loop is in `child`
+    from vlbatch.operators.media.child import main
 
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            return None  # the parent closed the pipe (or died)
-        got += k
-    return bytes(buf)
-
-
-def _serve(req: int, res: int) -> None:
-    """Child loop: one request at a time until the parent closes the request pipe."""
-    while True:
-        raw = _read_message(req)
-        data = _read_message(req) if raw is not None else None
-        if data is None:
-            return
-        backend, threads, sampling, plan_only = wire.decode_request(raw)
-        try:
-            for item in decode_stream(data, sampling, backend, threads):
-                if isinstance(item, Plan):
-                    _write_all(res, wire.encode(wire.plan_header(item)))
-                    if plan_only:  # the first plan: the probe's (no frame decoded)
-                        break
-                else:
-                    slot, frame = item
-                    frame = np.ascontiguousarray(frame)
-                    _write_all(res, wire.encode({"kind": "frame", "slot": slot, "dtype": str(frame.dtype),
-                                                 "shape": list(frame.shape)}))
-                    _write_all(res, memoryview(frame).cast("B"))  # raw: the parent reads them in place
-            _write_all(res, wire.encode({"kind": "done"}))
-        except errors.VlbatchError as e:
-            _write_all(res, wire.encode(wire.error_header(e)))
-        except Exception as e:  # a backend bug or native error text: still a typed, per-file error
-            _write_all(res, wire.encode(wire.error_header(MediaError(f"decoder failed: {type(e).__name__}: "
-                                                                     f"{str(e)[:300]}"))))
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    data = memoryview(data)
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def main(argv: list[str]) -> None:
-    import av
-    import decord  # noqa: F401 - imported before "ready" so the first decode's time limit is all decoding
-
-    import vlbatch.operators.media.decoders.decord_backend  # noqa: F401
-    import vlbatch.operators.media.decoders.pyav_backend  # noqa: F401
-    from vlbatch.operators.media.decoders import DECODERS, resolve_backend
-
-    preload = resolve_backend(os.environ.get(PRELOAD_ENV, "auto"))
-    if preload == "torchcodec":  # torch + FFmpeg: ~3 s, before "ready"
-        import torchcodec.decoders  # noqa: F401
-
-        import vlbatch.operators.media.decoders.torchcodec_backend  # noqa: F401
-    elif ":" not in preload and preload not in DECODERS.entries_by_name():  # a plugin's decoder: its module
-        with contextlib.suppress(Exception):  # a broken one fails each decode with its ConfigError instead
-            DECODERS.load(preload)
-
-    av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
-    req, res = int(argv[1]), int(argv[2])
-    _write_all(res, wire.encode({"kind": "ready"}))
-    _serve(req, res)
-
-
-if __name__ == "__main__":
     main(sys.argv)

@@ -1,0 +1,145 @@
+"""The decoder child's side of the protocol (`vlbatch.operators.media.worker` starts it).
+
+Owns the child's loop: read a request (`wire.decode_request`) and the video bytes from the request
+pipe, run `decode_stream`, and answer on the reply pipe with JSON headers while the frames go into
+the parent's shared-memory ring (`vlbatch.operators.media.ring`: a slot is written only with a
+credit in hand, and every credit owed is taken before the next plan, "done" or "error"). It exits
+when the parent closes the request pipe (or dies). Started as
+`python -m vlbatch.operators.media.worker REQ_FD RES_FD RING_FD`; imports its decoders before
+saying "ready", so a video's time limit is all decoding.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import numpy as np
+
+from vlbatch.operators import errors
+from vlbatch.operators.errors import MediaError
+from vlbatch.operators.media import ring, wire
+from vlbatch.operators.media.video import Plan, decode_stream
+
+PRELOAD_ENV = "VLBATCH_DECODE_PRELOAD"  # the decoder the child imports before "ready" (torchcodec: torch)
+
+
+def _read_message(fd: int) -> bytes | None:
+    """Child side: one length-prefixed message from the parent; None at end of input."""
+    prefix = _read_exact(fd, wire.LENGTH.size)
+    if prefix is None:
+        return None
+    return _read_exact(fd, wire.LENGTH.unpack(prefix)[0])
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            return None  # the parent closed the pipe (or died)
+        got += k
+    return bytes(buf)
+
+
+class _Sender:
+    """Child side of one request: plans and frame headers on the reply pipe, frames into the ring
+    (`vlbatch.operators.media.ring`: a slot is written only with a credit in hand)."""
+
+    def __init__(self, req: int, res: int, frame_ring: ring.ChildRing):
+        self.req, self.res, self.ring = req, res, frame_ring
+        self.slots = 0  # 0: no ring in use (no plan yet, or plan_only)
+        self.sent = self.credits = 0
+        self.view: np.ndarray | None = None  # [slots, H, W, 3] over the ring, mapped after the first credit
+
+    def plan(self, plan: Plan, plan_only: bool) -> None:
+        self.drain()  # a second plan (the recount): every frame of the first one is copied out
+        _write_all(self.res, wire.encode(wire.plan_header(plan)))
+        if not plan_only:
+            self.shape = plan.shape[1:]
+            self.slots = ring.ring_slots(math.prod(self.shape), plan.shape[0])
+
+    def frame(self, slot: int, frame: np.ndarray) -> None:
+        if frame.shape != self.shape or frame.dtype != np.uint8:
+            raise MediaError(f"the decoder made a frame of {frame.dtype} {list(frame.shape)}, planned "
+                             f"uint8 {list(self.shape)}")
+        while self.credits <= self.sent:
+            self._take()
+        if self.view is None:  # the parent grew the ring before its first credit
+            self.view = self.ring.slots(self.slots, self.shape)
+        np.copyto(self.view[self.sent % self.slots], frame)
+        self.sent += 1
+        _write_all(self.res, wire.encode({"kind": "frame", "slot": slot, "dtype": "uint8",
+                                          "shape": list(frame.shape)}))
+
+    def drain(self) -> None:
+        """Take every credit still owed for this plan (`slots` + one per frame sent)."""
+        while self.slots and self.credits < self.slots + self.sent:
+            self._take()
+        self.slots = self.sent = self.credits = 0
+        self.view = None
+
+    def _take(self) -> None:
+        got = os.read(self.req, self.slots + self.sent - self.credits)  # blocks until the parent credits
+        if not got:
+            raise EOFError("the parent closed the request pipe")
+        self.credits += len(got)
+
+    def finish(self, header: dict) -> None:
+        self.drain()
+        _write_all(self.res, wire.encode(header))
+
+
+def _serve(req: int, res: int, ring_fd: int) -> None:
+    """Child loop: one request at a time until the parent closes the request pipe."""
+    frame_ring = ring.ChildRing(ring_fd)
+    while True:
+        raw = _read_message(req)
+        data = _read_message(req) if raw is not None else None
+        if data is None:
+            return
+        backend, threads, sampling, plan_only = wire.decode_request(raw)
+        sender = _Sender(req, res, frame_ring)
+        try:
+            for item in decode_stream(data, sampling, backend, threads):
+                if isinstance(item, Plan):
+                    sender.plan(item, plan_only)
+                    if plan_only:  # the first plan: the probe's (no frame decoded)
+                        break
+                else:
+                    sender.frame(*item)
+            sender.finish({"kind": "done"})
+        except errors.VlbatchError as e:
+            sender.finish(wire.error_header(e))
+        except Exception as e:  # a backend bug or native error text: still a typed, per-file error
+            sender.finish(wire.error_header(MediaError(f"decoder failed: {type(e).__name__}: {str(e)[:300]}")))
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    data = memoryview(data)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def main(argv: list[str]) -> None:
+    import av
+    import decord  # noqa: F401 - imported before "ready" so the first decode's time limit is all decoding
+
+    import vlbatch.operators.media.decoders.decord_backend  # noqa: F401
+    import vlbatch.operators.media.decoders.pyav_backend  # noqa: F401
+    from vlbatch.operators.media.decoders import DECODERS, resolve_backend
+
+    preload = resolve_backend(os.environ.get(PRELOAD_ENV, "auto"))
+    if preload == "torchcodec":  # torch + FFmpeg: ~3 s, before "ready"
+        import torchcodec.decoders  # noqa: F401
+
+        import vlbatch.operators.media.decoders.torchcodec_backend  # noqa: F401
+    elif ":" not in preload and preload not in DECODERS.entries_by_name():  # a plugin's decoder: its module
+        with contextlib.suppress(Exception):  # a broken one fails each decode with its ConfigError instead
+            DECODERS.load(preload)
+
+    av.logging.set_level(av.logging.ERROR)  # keep FFmpeg's per-packet warnings out of worker logs
+    req, res, ring_fd = int(argv[1]), int(argv[2]), int(argv[3])
+    _write_all(res, wire.encode({"kind": "ready"}))
+    _serve(req, res, ring_fd)
