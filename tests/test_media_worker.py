@@ -359,6 +359,19 @@ def test_a_child_killed_while_the_parent_holds_its_frames(video):
     assert sorted(os.listdir("/dev/shm")) == shm_before
 
 
+def test_a_child_killed_just_before_a_call_costs_that_video_nothing(video):
+    """A child killed an instant before the next call (the OOM killer between videos) may still look alive: a
+    multi-threaded child's leader stays unreapable until its threads exit. The call finds it gone before a byte
+    of the answer and runs once more on a fresh child; the video is decoded, not an error row."""
+    sampling = FrameSampling(fps=4)
+    with DecodeWorker(timeout_s=30) as w:
+        kept = w.decode(video, sampling, backend="pyav").frames.copy()
+        for _ in range(5):
+            os.kill(w.pid, signal.SIGKILL)  # no wait: the next call races the child's exit
+            np.testing.assert_array_equal(w.decode(video, sampling, backend="pyav").frames, kept)
+        assert w.starts == 6
+
+
 def test_the_ring_cannot_be_shrunk_under_the_parent():
     """A compromised child holds the ring's fd: truncating it would SIGBUS the parent's next read, so it is sealed."""
     from vlbatch.operators.media.ring import FrameRing

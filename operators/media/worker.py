@@ -73,6 +73,7 @@ class DecodeWorker:
         self.threads = threads
         self.preload = preload
         self.child_argv = tuple(child_argv) if child_argv is not None else (sys.executable, "-m", CHILD_MODULE)
+        self._heard = False  # this call has read a byte of the child's answer
         self._proc: subprocess.Popen | None = None
         self._ring: ring.FrameRing | None = None  # created with the first child, kept across children
         self._calls = 0
@@ -180,8 +181,13 @@ class DecodeWorker:
         request = wire.encode_request(backend, self.threads, sampling, plan_only)
         if self._proc is not None and self._calls >= self.max_calls:
             self._stop()
+        # A child that died between calls is replaced by `start`, but a multi-threaded child killed a moment
+        # ago may not be reapable yet (its leader is a zombie until every thread has exited): a reused child
+        # that ends before a byte of its answer is no fault of this file, and the call runs once more afresh.
+        reused = self._proc is not None and self._proc.poll() is None
         self.start()
         self._calls += 1
+        self._heard = False
         deadline = time.monotonic() + self.timeout_s
         try:
             self._write(memoryview(request), deadline)
@@ -194,6 +200,8 @@ class DecodeWorker:
         except (EOFError, OSError) as e:
             code = self._proc.poll() if self._proc is not None else None
             self._kill()
+            if reused and not self._heard:
+                return self._call(data, sampling, backend, plan_only)  # a fresh child: not reused, at most once
             raise MediaError(f"the decoder process died (exit code {code}) on this file") from e
         except BaseException:  # timeout, interrupt, bad message: the pipe is out of step, start afresh
             self._kill()
@@ -233,6 +241,7 @@ class DecodeWorker:
             if n == 0:
                 raise EOFError("the decoder process closed its pipe mid-message")
             got += n
+            self._heard = True
 
     def _read_header(self, deadline: float) -> dict:
         """One JSON header from the child, its length checked before the buffer is allocated."""
