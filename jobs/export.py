@@ -15,7 +15,6 @@ as the run's rows).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -47,6 +46,11 @@ def run_export(target: str, *, layout: str, fmt: str, dest: str, config: str | N
         return 2
     except VlbatchError as e:
         print(f"vlbatch export: {e.error_type}: {e}", file=sys.stderr)
+        return 1
+    except (pa.ArrowException, OSError) as e:  # a part that is not Parquet, a full disk: one line, DEST untouched
+        from vlbatch.operators.storage.retry import describe
+
+        print(f"vlbatch export: nothing written to {dest}: {describe(e)}", file=sys.stderr)
         return 1
     what = f"{rows} rows ({media} media)" if media is not None else f"{rows} rows"
     print(f"exported {what} to {dest}")

@@ -18,7 +18,10 @@ than hashing it once):
 1. `bucket_tables` reads the run part by part (the columns the layout needs) and appends each part's
    rows, hash-partitioned by media_uri (blake2b, so one media always lands in one bucket), to N
    temporary Parquet files in a local temp folder; N = ceil(run rows / bucket_rows), so a bucket holds
-   about `bucket_rows` rows. A run of at most one bucket is grouped straight from its parts.
+   about `bucket_rows` rows (N is capped at `MAX_BUCKETS` open files: past 10^8 rows at the default
+   buckets grow; raise --bucket-rows with the memory to match). A run of at most one bucket is grouped
+   straight from its parts. Pass 1 holds one part and N Parquet writers (bench_export: 200 of them
+   cost less than one 100k-row bucket).
 2. each bucket is read whole (bounded by `bucket_rows`), sorted by key, pivoted (`pivot`: vectorised,
    a per-value Python check only for constrained prompts) and handed to the writer before the next is read.
 Media rows come out bucket by bucket, sorted by media_uri and clip_index inside a bucket.
@@ -46,6 +49,7 @@ MEDIA_COLUMNS = ("media_uri", "media_type", "clip_index", "clip_start_s", "clip_
 READ_COLUMNS = [*MEDIA_COLUMNS, "request_index", "prompt_name", "answer", "parsed", "status"]
 NAME = "_name"  # the prompt's column name, computed in pass 1
 DEFAULT_BUCKET_ROWS = 200_000
+MAX_BUCKETS = 512  # temp files open at once in pass 1 (under the common limit of 1024 descriptors)
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def bucket_of(uris: pa.Array | pa.ChunkedArray, n: int) -> np.ndarray:
 def bucket_tables(tables: Iterable[pa.Table], rows: int, bucket_rows: int, folder: str) -> Iterator[pa.Table]:
     """Pass 1 then pass 2's input (module docstring): `tables` (`named` parts) -> each bucket's rows, one
     bucket at a time. `rows`: the run's row count (sizes N); `folder`: the temp folder for the buckets."""
-    n = max(1, math.ceil(rows / max(1, bucket_rows)))
+    n = min(MAX_BUCKETS, max(1, math.ceil(rows / max(1, bucket_rows))))
     if n == 1:  # the whole run fits one bucket: no temp files
         parts = list(tables)
         if parts:

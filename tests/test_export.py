@@ -218,3 +218,28 @@ def test_export_to_s3_appears_whole(s3_server, tmp_path, capsys):
     assert (rows, media, len(body.splitlines())) == (13, None, 13)
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket, Prefix="exports/")["Contents"]]
     assert sorted(keys) == ["exports/media.parquet", "exports/rows.jsonl"]
+
+
+def test_caption_mode_rows_without_a_name_are_the_caption_and_a_failure_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    sink = ParquetSink(f"{out}/{RUN_ID}", schema=output_schema(KEEP))
+    sink.prepare()
+    _commit(sink, [_row("a.png", 0, None, answer='"yes"', parsed='"yes"'), _row("b.png", 0, None, "error",
+                                                                                 err="MediaError")])
+    record_fingerprint(_config(str(out), mode="caption",
+                               response_format={"type": "choice", "choices": ["yes", "no"]}))
+    dest = tmp_path / "m.parquet"
+    code, text, err = _cli(capsys, out, "-o", dest)  # the output.uri holding one run: that run
+    assert code == 0 and "2 rows (2 media)" in text, err
+    t = pq.read_table(dest)
+    assert t.column_names[6:8] == ["caption", "caption_status"] and "q0" not in t.column_names
+    assert t.schema.field("caption").type == pa.dictionary(pa.int32(), pa.string())
+    assert sorted(t.select(["caption", "caption_status"]).to_pylist(), key=str) == sorted(
+        [{"caption": "yes", "caption_status": "ok"}, {"caption": None, "caption_status": "error"}], key=str)
+    code, _, err = _cli(capsys, out, "--bucket-rows", "0", "-o", dest)
+    assert code == 2 and "--bucket-rows" in err
+    (out / RUN_ID / "part-0000000000000000000000ff.parquet").write_bytes(b"not parquet")
+    for fmt in ("parquet", "csv"):
+        code, _, err = _cli(capsys, out, "--layout", "rows", "--format", fmt, "-o", tmp_path / f"bad.{fmt}")
+        assert code == 1 and "nothing written" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.parquet", "out"]  # no half file, no temp file
