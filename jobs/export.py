@@ -22,7 +22,15 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlbatch.jobs.export_media import DEFAULT_BUCKET_ROWS, MediaSpec, bucket_tables, make_spec, named, pivot
+from vlbatch.jobs.export_media import (
+    DEFAULT_BUCKET_ROWS,
+    READ_COLUMNS,
+    MediaSpec,
+    bucket_tables,
+    make_spec,
+    named,
+    pivot,
+)
 from vlbatch.jobs.export_write import FORMATS, ExportFile
 from vlbatch.jobs.inspect_run import RunRef, read_fingerprint, reading, resolve_run
 from vlbatch.operators.errors import ConfigError, VlbatchError
@@ -81,7 +89,8 @@ def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None 
     with tempfile.TemporaryDirectory(prefix="vlbatch-export-", dir=tmp_dir) as folder:
         seen: set[str] = set()
         caption_mode = task.mode == "caption"
-        tables = (_seen(named(sink.read_part(p), caption_mode, keep), seen) for p in parts)
+        columns = [*READ_COLUMNS, *keep.names]  # only what the layout reads
+        tables = (_seen(named(sink.read_part(p, columns), caption_mode, keep), seen) for p in parts)
         buckets = bucket_tables(tables, total, bucket_rows, folder)
         first = next(buckets, None)  # pass 1 is done once the first bucket comes: every name is seen
         spec = make_spec(task, seen, keep)

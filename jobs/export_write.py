@@ -65,16 +65,16 @@ def _embed(text):
         return text
 
 
-def jsonl_lines(table: pa.Table) -> str:
-    """`table` as JSONL text (module docstring)."""
+def jsonl_chunks(table: pa.Table):
+    """`table` as JSONL text, `JSONL_BATCH` lines per chunk (module docstring)."""
     json_cols = [f.name for f in table.schema if _is_json(f.type)]
-    out = []
     for batch in table.to_batches(max_chunksize=JSONL_BATCH):
+        out = []
         for row in batch.to_pylist():
             for c in json_cols:
                 row[c] = _embed(row[c])
             out.append(json.dumps(_plain(row), ensure_ascii=False, allow_nan=False))
-    return "".join(line + "\n" for line in out)
+        yield "".join(line + "\n" for line in out)
 
 
 def csv_cells(table: pa.Table) -> pa.Table:
@@ -120,7 +120,8 @@ class ExportFile:
         elif self.csv is not None:
             self.csv.write_table(csv_cells(table))
         else:
-            self.f.write(jsonl_lines(table).encode())
+            for chunk in jsonl_chunks(table):
+                self.f.write(chunk.encode())
 
     def commit(self) -> None:
         for w in (self.pq, self.csv):
