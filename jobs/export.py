@@ -199,7 +199,14 @@ def run_task(ref: RunRef, target: str, config: str | None):
     from vlbatch.pipeline.plan.fingerprint import changed_fields
 
     recorded = _recorded_flat(ref)
-    given = load_config(config).task if config else (load_config(target).task if ref.from_config else None)
+    given = None
+    if config:
+        try:
+            given = load_config(config).task
+        except ConfigError as e:
+            raise ConfigError(f"--config {config}: {e}") from None
+    elif ref.from_config:
+        given = load_config(target).task
     if given is not None and recorded is not None:
         differ = changed_fields(recorded, _flatten("task", given.model_dump(mode="json")))
         if differ:
