@@ -243,3 +243,28 @@ def test_caption_mode_rows_without_a_name_are_the_caption_and_a_failure_writes_n
         code, _, err = _cli(capsys, out, "--layout", "rows", "--format", fmt, "-o", tmp_path / f"bad.{fmt}")
         assert code == 1 and "nothing written" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.parquet", "out"]  # no half file, no temp file
+
+
+def test_schema_types_follow_refs_nullables_and_fall_back_to_json_text():
+    from vlbatch.jobs.export_types import JSON_TEXT, Misfit, schema_type
+
+    s = {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": ["integer", "null"]}}}},
+         "type": "object", "properties": {"p": {"$ref": "#/$defs/pt"}, "any": {"anyOf": [{"type": "string"}]},
+                                          "n": {"enum": [1, 2]}, "free": {"type": "object"}}}
+    t = schema_type(s)
+    assert t.type == pa.struct([("any", JSON_TEXT.type), ("free", JSON_TEXT.type), ("n", pa.int64()),
+                                ("p", pa.struct([("x", pa.float64()), ("y", pa.int64())]))])
+    assert t.check({"p": {"x": 1, "y": 2.0}, "any": "a", "n": 2, "free": {"k": [1]}}) == {
+        "p": {"x": 1.0, "y": 2}, "any": '"a"', "n": 2, "free": '{"k": [1]}'}
+    for bad in ({"p": {"x": True}}, {"n": 3}, {"p": {"y": 1.5}}, [1]):
+        with pytest.raises(Misfit):
+            t.check(bad)
+
+
+def test_an_ok_copy_wins_over_an_error_copy_of_the_same_prompt():
+    rows = [_row("a.png", 2, "has_text", "error", err="EngineError"), _row("a.png", 2, "has_text", answer="yes",
+                                                                           parsed='"yes"')]
+    t = named(rows_to_table(rows), False, pa.schema([]))
+    spec = make_spec(_config("o").task, {"has_text"}, pa.schema([]))
+    (row,) = pivot(t, spec).to_pylist()
+    assert (row["has_text"], row["has_text_status"]) == ("yes", "ok")
