@@ -48,6 +48,41 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
                        endpoint_url=args.endpoint_url)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from vlbatch.jobs.export import run_export
+
+    return run_export(args.run, layout=args.layout, fmt=args.format, dest=args.out, config=args.config,
+                      endpoint_url=args.endpoint_url, bucket_rows=args.bucket_rows, tmp_dir=args.tmp_dir)
+
+
+def _add_export(sub) -> None:
+    exp = sub.add_parser(
+        "export", help="a run's rows as one Parquet, JSONL or CSV file: per request, or one row per media with "
+                       "each prompt a typed column", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a run's output as one file (local or s3://), streamed: memory stays bounded at any\n"
+                    "run size. --layout rows: one line per request, the run's columns. --layout media: one row per\n"
+                    "media (per clip), the caption and each named prompt its own column typed from its\n"
+                    "response format (JSON schema objects: structs; arrays: lists; enums and choices: dictionary\n"
+                    "strings), <name>_status, and the kept input columns. JSONL nests structured values; CSV\n"
+                    "cells hold them as JSON text. Prints `exported N rows (M media) to DEST`.")
+    exp.add_argument("run", help="run directory (<output.uri>/<run_id>, local or s3://) or a job config")
+    exp.add_argument("--layout", choices=["media", "rows"], default="media", help="media (default) or rows")
+    exp.add_argument("--format", choices=["parquet", "jsonl", "csv"], default="parquet",
+                     help="file format (default parquet)")
+    exp.add_argument("-o", "--out", required=True, metavar="DEST",
+                     help="the file to write (local path or s3://bucket/key); replaced whole, never half written")
+    exp.add_argument("--config", metavar="JOB.yaml",
+                     help="the run's job config, for the prompts' formats (media layout) when the run folder has "
+                          "no _fingerprint.json")
+    exp.add_argument("--endpoint-url", help="S3-compatible endpoint for an s3:// run directory or DEST")
+    exp.add_argument("--bucket-rows", type=int, default=200_000,
+                     help="media layout: rows grouped in memory at a time (default 200000; the run is hashed into "
+                          "run rows / this many temporary buckets)")
+    exp.add_argument("--tmp-dir", help="media layout: where the temporary buckets go (default: the system's temp "
+                                       "folder; needs about the run's size in free space)")
+    exp.set_defaults(func=_cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vlbatch", description=__doc__.split("\n\n")[0],
@@ -71,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page with thumbnails")
     ins.add_argument("--endpoint-url", help="S3-compatible endpoint for an s3:// run directory")
     ins.set_defaults(func=_cmd_inspect)
+
+    _add_export(sub)
 
     tiny = sub.add_parser("make-tiny-checkpoint", help="write a tiny random Qwen3.5 checkpoint (HF layout)")
     tiny.add_argument("out_dir")
