@@ -169,3 +169,23 @@ def test_tp2_replica_decodes_the_same_constrained_tokens(ckpt, plain):
     for r in reqs:
         assert got[r.id] == (want[r.id].token_ids, want[r.id].parsed)
         _check_valid(want[r.id], r.response_format)
+
+
+def test_an_unconstrained_run_never_imports_the_grammar_engine(ckpt, plain):
+    """No constrained row: no grammar work and no xgrammar import (the GPU device env has none), in a
+    fresh interpreter where nothing imported it before."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pickle; from vlbatch.operators.factory import load_engine; "
+            "reqs = pickle.loads(sys.stdin.buffer.read()); "
+            "engine = load_engine(sys.argv[1], kv_budget_bytes=16 << 20); "
+            "out = list(engine.generate(reqs)); "
+            "assert len(out) == len(reqs) and all(r.finish_reason for r in out); "
+            "print('xgrammar' in sys.modules)")
+    import pickle
+
+    done = subprocess.run([sys.executable, "-c", code, str(ckpt)], input=pickle.dumps(plain[:2]),
+                          capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert done.stdout.decode().strip().splitlines()[-1] == "False", done.stderr.decode()[-2000:]

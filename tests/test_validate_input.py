@@ -167,3 +167,13 @@ def test_a_storage_problem_in_the_preflight_is_exit_2_naming_the_field(s3_server
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"vlbatch: {field}: ") and "NoCredentialsError" in err, err
     assert len(err.splitlines()) == 1, err
+
+
+def test_a_line_pyarrow_cannot_read_is_no_schema_failure():
+    """Python's json takes a lone surrogate ("\\ud800"), pyarrow's reader does not: such a line is an error row
+    when it is read (tests/test_hardening_inputs_cli.py), never a refused input at validate."""
+    from vlbatch.pipeline.sources.text import _json_schema
+
+    schema = _json_schema([{"media_uri": "a.png", "question": "\ud800x"}, {"media_uri": "b.png", "k": 1}])
+    assert schema.names == ["media_uri", "k"]
+    assert _json_schema([{"media_uri": "\ud800"}]).names == []

@@ -153,12 +153,13 @@ class GrammarBook:
     def mask_logits(self, logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
         """logits [n, V'] (V' >= vocab_size) -> float32 logits with every token the grammar of row i
         forbids at -inf, for the rows whose state is active; the others untouched. One bitmask
-        [n, ceil(V / 32)] filled on the CPU, one apply call on the logits' device."""
-        import xgrammar as xgr
-
+        [n, ceil(V / 32)] filled on the CPU, one apply call on the logits' device. A step without a
+        constrained row returns at once and never imports xgrammar (an unconstrained run needs none)."""
         rows = [i for i, s in enumerate(states) if s is not None and s.active and not s.matcher.is_terminated()]
         if not rows:
             return logits
+        import xgrammar as xgr
+
         t0 = time.perf_counter()
         bitmask = self._mask_buffer(len(states))
         for i in rows:

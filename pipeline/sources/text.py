@@ -260,14 +260,26 @@ def _utf8(values: dict) -> bool:
     return True
 
 
+def _arrow_reads(row: dict) -> bool:
+    """Whether pyarrow's JSON reader takes this one row (Python's json takes a lone surrogate, "\\ud800";
+    pyarrow does not: such a line is an error row when read, and no part of the schema)."""
+    import pyarrow.json as pj
+
+    try:
+        pj.read_json(io.BytesIO((json.dumps(row) + "\n").encode()))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
+
+
 def _json_schema(rows: list[dict]) -> pa.Schema:
     import pyarrow.json as pj
 
-    names = list(dict.fromkeys(k for r in rows for k in r))
     try:
         return pj.read_json(io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())).schema
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        pass
+        rows = [r for r in rows if _arrow_reads(r)]
+    names = list(dict.fromkeys(k for r in rows for k in r))
     fields = []
     for n in names:  # a clash: column by column, the first non-null value's type where the column clashes
         values = [r[n] for r in rows if n in r]
