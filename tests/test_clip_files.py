@@ -204,3 +204,30 @@ def test_clip_files_config_defaults_and_off_by_default():
 def test_clip_files_without_clips_are_refused():
     with pytest.raises(ConfigError, match="output.clip_files"):
         validate_config({**MIN, "output": {"uri": "out", "clip_files": {"format": "mp4"}}})
+
+
+def test_a_clip_file_the_codec_refuses_keeps_the_rows_ok_without_a_uri(tmp_path, caplog):
+    """mpeg4 takes 4:2:0 only, and an odd-sized clip is encoded 4:4:4: the encoder refuses. The captions
+    stand (ok rows, clip_uri null), the log names the clip, and no file is left."""
+    path = tmp_path / "odd.mp4"
+    encode_video(path, 30, 65, 49, FPS, codec="mpeg4")
+    target = ClipTarget(folder=str(tmp_path / "run" / "clips"), settings=ClipFileSettings(codec="mpeg4"),
+                        storage=StorageOptions())
+    with caplog.at_level("WARNING", logger="vlbatch.clip_files"):
+        rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=1.0), target), _row(),
+                              lambda _r: path.read_bytes()))
+    assert len(rows) == 3 and all(r.status == "ok" and r.clip_uri is None and r.frames.size for r in rows)
+    assert "clip 0 of videos/scenes.mp4: no clip file (encoding clip file" in caplog.text and "mpeg4" in caplog.text
+    assert not (tmp_path / "run" / "clips").exists() or list((tmp_path / "run" / "clips").iterdir()) == []
+
+
+def test_a_clip_file_that_cannot_be_stored_fails_its_rows_for_resume(video, tmp_path):
+    """The clips folder cannot be made (a file holds its name): each clip's rows are error rows (redone on
+    resume, file included), the video's other clips still come out, and the rows keep their clip columns."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "clips").write_bytes(b"not a folder")
+    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5), _local(tmp_path)), _row(),
+                          lambda _r: video))
+    assert [r.clip_index for r in rows] == [0, 1, 2, 3]
+    assert all(r.status == "error" and r.error_type in ("FileExistsError", "NotADirectoryError", "StorageError")
+               and r.clip_uri is None for r in rows), [(r.status, r.error_type) for r in rows]

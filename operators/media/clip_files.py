@@ -18,9 +18,10 @@ already holds (`clip_decode.py`; no second decode), Ray-free.
 Failures (the decision): the clip's caption does not depend on its file. An encode the codec refuses (a
 `MediaError`: e.g. a size the codec cannot take) leaves the clip's rows ok with `clip_uri` null and logs
 one warning naming the media, the clip and the codec's message (`vlbatch.clip_files` logger, the CPU
-actor's log); rerunning with another codec does not redo those committed rows. A storage failure that
-outlasts the retries (`StorageError`, transient) makes the clip's rows `StorageError` error rows, which a
-resumed run redoes, file included, so no clip file is silently lost to a passing outage.
+actor's log); rerunning with another codec does not redo those committed rows. A storage failure (a
+`StorageError` that outlasted the retries, an `OSError` of the local disk) makes the clip's rows error rows
+under that error's name, which a resumed run redoes (transient), file included, so no clip file is
+silently lost to a passing outage; the video's other clips go on.
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ class ClipWriter:
         # 4:2:0 takes even sizes only; odd ones keep every sample in 4:4:4
         stream.pix_fmt = "yuv420p" if width % 2 == 0 and height % 2 == 0 else "yuv444p"
         stream.codec_context.time_base = self.time_base  # the source's: its timestamps survive as they are
+        stream.codec_context.thread_count = 1  # the CPU actor's one core (x264 would start 1.5 per CPU seen)
         stream.time_base = self.time_base
         if s.codec in _TUNED:
             stream.codec_context.options = {"crf": str(s.crf), "preset": s.preset}
@@ -206,6 +208,8 @@ def write_clip(target: ClipTarget, name: str, frames: Iterable, stream, rotation
     except av.FFmpegError as e:
         if writer is not None:
             writer.abort()
+        if isinstance(e, OSError):  # the temporary file could not be written (a full disk): storage, not codec
+            raise StorageError(f"writing clip file {name}: {e}") from e
         raise MediaError(f"encoding clip file {name} with {target.settings.codec}: {e}") from e
     except BaseException:
         if writer is not None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import MediaError, SetupError, StorageError, VlbatchError, stable_message
+from vlbatch.operators.errors import MediaError, SetupError, VlbatchError, stable_message
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
 
@@ -93,12 +93,12 @@ def _clip_task(row: MediaTask, base: dict, clip, done) -> MediaTask | None:
 
 class _ClipFiles:
     """One video's clip files (`output.clip_files`): `write` is `decode_clips`' hook, called just before
-    each clip is yielded; `outcome(index)` -> (its URI or None, a `StorageError` that fails its rows or
+    each clip is yielded; `outcome(index)` -> (its URI or None, the storage error that fails its rows or
     None). Failures: `operators/media/clip_files.py`'s docstring."""
 
     def __init__(self, target, row: MediaTask, done):
         self.target, self.row, self.done = target, row, done
-        self.last: tuple[int, str | None, VlbatchError | None] | None = None
+        self.last: tuple[int, str | None, Exception | None] | None = None
 
     def write(self, clip, frames, stream, rotation: int = 0) -> None:
         from vlbatch.operators.media.clip_files import clip_file_name, write_clip
@@ -109,12 +109,12 @@ class _ClipFiles:
         try:
             uri = write_clip(self.target, clip_file_name(self.row.media_uri, clip.index), frames, stream, rotation)
             self.last = (clip.index, uri, None)
-        except StorageError as e:  # transient: the clip's rows fail and are redone on resume, file included
-            self.last = (clip.index, None, e)
         except MediaError as e:  # the codec refused: the caption stands without a file
             LOG.warning("clip %d of %s: no clip file (%s)", clip.index, self.row.media_uri, stable_message(str(e)))
+        except Exception as e:  # storage (StorageError, an OSError): the clip's rows fail, resume redoes them
+            self.last = (clip.index, None, e)
 
-    def outcome(self, index: int) -> tuple[str | None, VlbatchError | None]:
+    def outcome(self, index: int) -> tuple[str | None, Exception | None]:
         if self.last is None or self.last[0] != index:
             return None, None
         return self.last[1], self.last[2]
