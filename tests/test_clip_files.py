@@ -231,3 +231,19 @@ def test_a_clip_file_that_cannot_be_stored_fails_its_rows_for_resume(video, tmp_
     assert [r.clip_index for r in rows] == [0, 1, 2, 3]
     assert all(r.status == "error" and r.error_type in ("FileExistsError", "NotADirectoryError", "StorageError")
                and r.clip_uri is None for r in rows), [(r.status, r.error_type) for r in rows]
+
+
+def test_a_killed_writers_temp_files_are_cleaned_and_nothing_else(video, tmp_path):
+    from vlbatch.operators.media.clip_files import clean_debris
+
+    target = _local(tmp_path)
+    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=5.0), target), _row(), lambda _r: video))
+    folder = tmp_path / "run" / "clips"
+    name = rows[0].clip_uri.rsplit("/", 1)[1]
+    (folder / f"{name}.{'ab' * 16}.vlbatch-tmp").write_bytes(b"half a file")  # what a killed writer leaves
+    (folder / "notes.txt.vlbatch-tmp").write_bytes(b"not ours")
+    (folder / "notes.txt").write_bytes(b"the user's")
+    assert clean_debris(target.folder, target.storage) == 1
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [r.clip_uri.rsplit("/", 1)[1] for r in rows] + ["notes.txt", "notes.txt.vlbatch-tmp"])
+    assert clean_debris(str(tmp_path / "nowhere"), target.storage) == 0

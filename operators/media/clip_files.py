@@ -13,7 +13,8 @@ already holds (`clip_decode.py`; no second decode), Ray-free.
   temporary file of this machine, then one PUT via `storage.put_atomic`). A failure deletes the temporary
   file: never a half file under the final name.
 - Resume: a file already under the final name is not rewritten (`ClipTarget.exists`): a clip whose rows
-  were not committed when a run stopped gets the file the earlier run finished.
+  were not committed when a run stopped gets the file the earlier run finished. A killed writer's
+  temporary file is deleted when the next run opens (`clean_debris`, from `pipeline/graph.py`).
 
 Failures (the decision): the clip's caption does not depend on its file. An encode the codec refuses (a
 `MediaError`: e.g. a size the codec cannot take) leaves the clip's rows ok with `clip_uri` null and logs
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterable
@@ -37,9 +39,9 @@ from vlbatch.operators.errors import MediaError, StorageError
 from vlbatch.operators.storage import StorageOptions, filesystem, join
 from vlbatch.operators.storage.io import TMP_MARK, put_atomic
 
-FORMATS = ("mp4",)  # container formats a clip file may take (`output.clip_files.format`)
-PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 _TUNED = ("libx264", "libx265")  # encoders that take `crf` and `preset` (others: their own defaults)
+# a killed writer's temporary file beside the final names (local output): `<32 hex>.<format>.<32 hex>.vlbatch-tmp`
+_DEBRIS = re.compile(r"^[0-9a-f]{32}\.[a-z0-9]+\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,28 @@ class ClipTarget:
     def exists(self, uri: str) -> bool:
         fs, path = filesystem(uri, self.storage)
         return fs.exists(path)
+
+
+def clean_debris(folder: str, storage: StorageOptions) -> int:
+    """Delete the temporary files a killed writer left in the local clips `folder` (only names of that
+    form: `_DEBRIS`) -> how many. Called before a run's workers start (none writes then); object
+    storage has none (a clip is uploaded in one PUT)."""
+    if not _is_local(folder):
+        return 0
+    _, path = filesystem(folder, storage)
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    gone = 0
+    for name in names:
+        if _DEBRIS.match(name):
+            try:
+                os.unlink(os.path.join(path, name))
+                gone += 1
+            except FileNotFoundError:
+                pass
+    return gone
 
 
 def _is_local(uri: str) -> bool:
