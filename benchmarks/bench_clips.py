@@ -1,7 +1,7 @@
 """Video clips benchmark (issue 51): bounded memory of a long video, and one decode vs cut-then-caption.
 
     python -m benchmarks.bench_clips [--cache DIR] [--long-hours 2 --long-fps 2] [--minutes 10 --fps 30]
-        [--parts rss,compare]
+        [--parts rss,compare] [--clip-files]
 
 Videos (generated once into the cache dir, H.264 ultrafast, a hard cut every 7 s, a moving square): a
 `--long-hours` 854x480 video at `--long-fps` of solid scenes (low rate and plain, to keep it small on
@@ -19,6 +19,9 @@ compare: the 720p video in 10 s windows, each path in its own child process (CPU
     - cut-then-caption: what users do today: cut the file into 10 s clip files with PyAV (decode and
       re-encode, libx264 veryfast), then each clip file as a whole-video media (`clips.mode: none`:
       `decode_video_inprocess` at 2 fps + the same preprocess).
+    - with `--clip-files`: vlbatch one decode again, also writing every clip as a file (`output.clip_files`
+      defaults: mp4, libx264 crf 23 veryfast, `operators/media/clip_files.py`, to a temp folder); the extra
+      CPU seconds over the plain one-decode run printed, and the CPU inside the writer's hook.
     The model is left out of both (same clips, same frames, same tokens to it in either path): this
     compares the CPU-stage work, where the two paths differ. Ratio: cut-then-caption CPU / vlbatch CPU
     (target >= 2x).
@@ -98,8 +101,26 @@ def _processor():
     return Processor.from_pretrained(str(SHAPES_TINY))
 
 
+def _clip_file_hook(folder: str, spent: list[float]):
+    """`decode_clips`' hook writing each clip file under `folder` (its CPU added to `spent[0]`)."""
+    from vlbatch.operators.media.clip_files import ClipFileSettings, ClipTarget, write_clip
+    from vlbatch.operators.storage import StorageOptions
+
+    target = ClipTarget(folder=folder, settings=ClipFileSettings(), storage=StorageOptions())
+
+    def hook(clip, frames, stream, rotation: int = 0) -> None:
+        c0 = time.process_time()
+        write_clip(target, f"clip-{clip.index:05d}", frames, stream, rotation)
+        spent[0] += time.process_time() - c0
+
+    return hook
+
+
 def run_vlbatch(path: str, mode: str) -> dict:
-    """One decode: every clip of the video, sampled and preprocessed (child process)."""
+    """One decode: every clip of the video, sampled and preprocessed (child process); mode `files`:
+    fixed windows, each clip also written as a clip file."""
+    import tempfile
+
     from vlbatch.operators.media import clip_decode
     from vlbatch.operators.media.clip_decode import decode_clips
     from vlbatch.operators.media.clips import ClipRule
@@ -120,11 +141,17 @@ def run_vlbatch(path: str, mode: str) -> dict:
     data = Path(path).read_bytes()
     base = _rss_gib()  # imports, the processor and the video's bytes, before any frame
     clips = tokens = 0
-    for _clip, vc in decode_clips(data, ClipRule(mode=mode, window_s=WINDOW_S), FrameSampling(fps=2.0)):
-        media = proc.encode_media(videos=[vc], frames=True)
-        tokens += int(media.arrays["video_grid_thw"][0].prod())
-        clips += 1
-    return {"clips": clips, "patches": tokens, "detect_s": detect_s[0], "base_rss_gib": base}
+    write_s = [0.0]
+    with tempfile.TemporaryDirectory() as folder:
+        hook = _clip_file_hook(folder, write_s) if mode == "files" else None
+        rule = ClipRule(mode="fixed" if mode == "files" else mode, window_s=WINDOW_S)
+        for _clip, vc in decode_clips(data, rule, FrameSampling(fps=2.0), on_clip=hook):
+            media = proc.encode_media(videos=[vc], frames=True)
+            tokens += int(media.arrays["video_grid_thw"][0].prod())
+            clips += 1
+        file_mb = sum(f.stat().st_size for f in Path(folder).iterdir()) / 2**20
+    return {"clips": clips, "patches": tokens, "detect_s": detect_s[0], "base_rss_gib": base,
+            "write_s": write_s[0], "file_mb": file_mb}
 
 
 def _rss_gib() -> float:
@@ -197,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--parts", default="rss,compare")
     ap.add_argument("--methods", default="fixed,scenes,cut", help="compare's paths (the ratio needs fixed and cut)")
+    ap.add_argument("--clip-files", action="store_true",
+                    help="compare: also the one-decode path writing clip files (output.clip_files); prints the "
+                         "extra CPU seconds")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "PATH"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -213,8 +243,12 @@ def main(argv: list[str] | None = None) -> None:
               f"frame: imports, processor, the file's bytes), {r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} s")
     if "compare" in parts:
         src = make_video(cache / f"cmp_{a.minutes:g}min_720p_{a.fps:g}fps.mp4", a.minutes * 60, a.fps, 1280, 720)
-        res = {m: measure(m, src) for m in a.methods.split(",")}
-        for m, name in (("fixed", "vlbatch one decode"), ("scenes", "vlbatch scenes"), ("cut", "cut-then-caption")):
+        methods = a.methods.split(",") + (["files"] if a.clip_files else [])
+        if a.clip_files and "fixed" not in methods:
+            methods.insert(0, "fixed")  # the extra CPU is measured against it
+        res = {m: measure(m, src) for m in methods}
+        for m, name in (("fixed", "vlbatch one decode"), ("scenes", "vlbatch scenes"), ("cut", "cut-then-caption"),
+                        ("files", "vlbatch + clip files")):
             if m not in res:
                 continue
             r = res[m]
@@ -224,6 +258,12 @@ def main(argv: list[str] | None = None) -> None:
         if "cut" in res and "fixed" in res:
             print(f"{what} cut-then-caption / vlbatch CPU {res['cut']['cpu_s'] / res['fixed']['cpu_s']:.2f}x "
                   f"(target >= 2), wall {res['cut']['wall_s'] / res['fixed']['wall_s']:.2f}x")
+        if "files" in res:
+            f = res["files"]
+            print(f"{what} clip files (mp4, libx264 crf 23 veryfast, {f['file_mb']:.1f} MiB): "
+                  f"+{f['cpu_s'] - res['fixed']['cpu_s']:.1f} CPU s over the one decode "
+                  f"({f['cpu_s'] / res['fixed']['cpu_s']:.2f}x), {f['write_s']:.1f} CPU s inside the writer, "
+                  f"wall +{f['wall_s'] - res['fixed']['wall_s']:.1f} s")
         if "scenes" in res:
             print(f"{what} detection's share of the scenes CPU stage "
                   f"{res['scenes']['detect_s'] / res['scenes']['cpu_s']:.1%} (target <= 15 %)")

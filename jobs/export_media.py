@@ -1,6 +1,6 @@
 """`vlbatch export --layout media`: a run's rows pivoted to one row per media (per clip), typed columns.
 
-Output columns: `media_uri`, `media_type`, `clip_index`, `clip_start_s`, `clip_end_s`, `clip_source`, then
+Output columns: `media_uri`, `media_type`, `clip_index`, `clip_start_s`, `clip_end_s`, `clip_source`, `clip_uri`, then
 per prompt `<name>` (typed from its response format: `jobs/export_types.py`) and `<name>_status` (ok /
 error; null where the media has no row for that prompt): the caption first, then task.questions' names in
 the config's order, then the other names seen (a manifest's unnamed questions are `q<request_index>`),
@@ -45,7 +45,7 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 
 CAPTION = "caption"
-MEDIA_COLUMNS = ("media_uri", "media_type", "clip_index", "clip_start_s", "clip_end_s", "clip_source")
+MEDIA_COLUMNS = ("media_uri", "media_type", "clip_index", "clip_start_s", "clip_end_s", "clip_source", "clip_uri")
 READ_COLUMNS = [*MEDIA_COLUMNS, "request_index", "prompt_name", "answer", "parsed", "status"]
 NAME = "_name"  # the prompt's column name, computed in pass 1
 DEFAULT_BUCKET_ROWS = 200_000

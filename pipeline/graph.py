@@ -144,6 +144,10 @@ def _open_run(cfg: JobConfig, run_uri: str):
     """(sink, index before the run, transient rows purged, committed ids to skip)."""
     sink = open_sink(cfg, run_uri)
     sink.prepare()
+    if cfg.output.clip_files is not None:  # a killed clip writer's temp files (no worker writes yet)
+        from vlbatch.operators.media.clip_files import clean_debris
+
+        clean_debris(join(run_uri, "clips"), cfg.storage.options())
     index = sink.index()
     if index.files and not cfg.resume.enabled:
         raise ConfigError(f"resume.enabled=false but {run_uri} already holds {len(index.files)} committed files; "

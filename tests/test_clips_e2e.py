@@ -1,6 +1,7 @@
 """Video clips end to end (issue 51): `vlbatch run` with `video.clips` fixed windows writes one row
 per (clip, prompt) with its clip columns; Ctrl-C mid-run and the rerun redoes no committed clip
-and loses none (ids are per clip, stable across runs).
+and loses none (ids are per clip, stable across runs). With `output.clip_files` each clip row's
+`clip_uri` names its file under `<run>/clips/`, and the rerun leaves the files already there as they are.
 
 Mid-run is an event the test controls: the media come from a loopback HTTP server that holds the
 image listed after the video until the test lets it go, so the first run is certainly still running
@@ -52,7 +53,7 @@ resources:
   preprocess: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 1}}
   model: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 1}}
   write: {{num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 1}}
-output: {{uri: {tmp_path / 'out'}, part_rows: 1}}
+output: {{uri: {tmp_path / 'out'}, part_rows: 1, clip_files: {{format: mp4}}}}
 ray: {{progress_interval_s: 1}}
 """)
     return cfg, video, image
@@ -100,6 +101,8 @@ def test_clip_rows_and_resume_after_sigint_redo_no_committed_clip(tmp_path, tiny
         n = len(before)
         assert 2 <= n <= N_CLIPS and all(r["media_uri"] == video for r in before)  # the image was held
         parts = {p.name: p.read_bytes() for p in run_dir.glob("part-*.parquet")}
+        files = {r["clip_uri"]: _stat(r["clip_uri"]) for r in before}  # the committed clips' files
+        assert len(files) == n and all(files.values())
 
         server.release.set()
         again = _start(cfg, home)
@@ -109,6 +112,7 @@ def test_clip_rows_and_resume_after_sigint_redo_no_committed_clip(tmp_path, tiny
         assert m and int(m.group(1)) == N_CLIPS + 1 - n and m.group(2) == "0", stdout  # no committed clip redone
         rows = read_output(run_dir)
         assert all((run_dir / name).read_bytes() == data for name, data in parts.items())  # kept as they were
+        assert {uri: _stat(uri) for uri in files} == files  # not rewritten (same inode, same mtime)
     finally:
         server.close()
     assert len(rows) == len({r["id"] for r in rows}) == N_CLIPS + 1 and all(r["status"] == "ok" for r in rows)
@@ -119,4 +123,17 @@ def test_clip_rows_and_resume_after_sigint_redo_no_committed_clip(tmp_path, tiny
         (k, k * WINDOW, (k + 1) * WINDOW, "fixed") for k in range(N_CLIPS)]
     assert all(r["prompt"] == "What happens?" and r["media_type"] == "video" for r in clips)
     (img,) = [r for r in rows if r["media_uri"] == image]
-    assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"]) == (None,) * 4
+    assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"], img["clip_uri"]) == (
+        (None,) * 5)
+    uris = [r["clip_uri"] for r in clips]
+    assert len(set(uris)) == N_CLIPS and all(u.startswith(f"{run_dir}/clips/") and u.endswith(".mp4") for u in uris)
+    assert sorted(p.name for p in (run_dir / "clips").iterdir()) == sorted(u.rsplit("/", 1)[1] for u in uris)
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    """(inode, mtime in ns) of a file, None when it is missing."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns

@@ -44,7 +44,7 @@ def _config(out: str, endpoint: str | None = None, **task):
 
 def _row(uri, idx, name, status="ok", answer=None, parsed=None, kind="image", clip=None, err=None):
     c = {} if clip is None else {"clip_index": clip, "clip_start_s": 2.0 * clip, "clip_end_s": 2.0 * clip + 2,
-                                 "clip_source": "fixed"}
+                                 "clip_source": "fixed", "clip_uri": f"out/{RUN_ID}/clips/{clip}.mp4"}
     return OutputRow(id=uuid.uuid5(uuid.NAMESPACE_URL, f"{uri}#{clip}#{idx}").hex, request_index=idx, media_uri=uri,
                      media_type=kind, prompt=f"prompt {idx}", prompt_name=name, status=status, model="tiny",
                      run_id=RUN_ID, answer=answer, parsed=parsed, error_type=err,
@@ -108,8 +108,8 @@ def test_media_layout_is_one_typed_row_per_media_or_clip(run_dir, tmp_path, caps
     assert t.schema.field("has_text").type == pa.dictionary(pa.int32(), pa.string())
     assert t.schema.field("caption").type == pa.string() and t.schema.field("q0").type == pa.string()
     assert t.schema.field("score").type == pa.int64() and t.schema.field("clip_index").type == pa.int32()
-    assert t.column_names[:8] == ["media_uri", "media_type", "clip_index", "clip_start_s", "clip_end_s",
-                                  "clip_source", "caption", "caption_status"]
+    assert t.column_names[:9] == ["media_uri", "media_type", "clip_index", "clip_start_s", "clip_end_s",
+                                  "clip_source", "clip_uri", "caption", "caption_status"]
     rows = {(r["media_uri"], r["clip_index"]): r for r in t.to_pylist()}
     assert sorted(rows, key=str) == sorted([("a.png", None), ("b.png", None), ("c.png", None), ("d.png", None),
                                             ("v.mp4", 0), ("v.mp4", 1)], key=str)
@@ -125,6 +125,7 @@ def test_media_layout_is_one_typed_row_per_media_or_clip(run_dir, tmp_path, caps
     v0, v1 = rows[("v.mp4", 0)], rows[("v.mp4", 1)]
     assert (v0["caption"], v0["q0"], v0["clip_start_s"], v0["clip_source"]) == ("A square moves.", None, 0.0, "fixed")
     assert (v1["caption"], v1["q0"], v1["clip_end_s"], v1["media_type"]) == ("It stops.", "Nobody.", 4.0, "video")
+    assert (v1["clip_uri"], a["clip_uri"]) == (f"out/{RUN_ID}/clips/1.mp4", None)  # the clip's file; none for images
 
 
 def test_media_layout_jsonl_nests_and_csv_holds_json_text(run_dir, tmp_path, capsys):
@@ -232,7 +233,7 @@ def test_caption_mode_rows_without_a_name_are_the_caption_and_a_failure_writes_n
     code, text, err = _cli(capsys, out, "-o", dest)  # the output.uri holding one run: that run
     assert code == 0 and "2 rows (2 media)" in text, err
     t = pq.read_table(dest)
-    assert t.column_names[6:8] == ["caption", "caption_status"] and "q0" not in t.column_names
+    assert t.column_names[7:9] == ["caption", "caption_status"] and "q0" not in t.column_names
     assert t.schema.field("caption").type == pa.dictionary(pa.int32(), pa.string())
     assert sorted(t.select(["caption", "caption_status"]).to_pylist(), key=str) == sorted(
         [{"caption": "yes", "caption_status": "ok"}, {"caption": None, "caption_status": "error"}], key=str)

@@ -17,6 +17,11 @@ planner's `keep_from` on, so a few windows (scenes: the open shot <= window_s pl
 <= 2 window_s; fixed: one window plus the overlap), plus one clip's sampled RGB frames; never the
 whole video. Only sampled frames are converted to RGB.
 
+Clip files (`output.clip_files`): `on_clip(clip, frames, stream)`, when given, is called once per clip just
+before it is yielded, with an iterator over the held pictures of frames [start, end) (PyAV frames of
+the input `stream`, in order) and the video's display rotation as `rotation=`: the caller's
+`clip_files.write_clip` encodes them one by one (no second decode, no copy of the clip).
+
 Time limit: `timeout_s` bounds the time between two clips (a long video is many clips); checked
 between pictures. Unlike whole-video decodes this runs in the caller's process (a native hang in
 FFmpeg is not interruptible here; `worker.DecodeWorker` is the killable path for whole videos).
@@ -96,14 +101,16 @@ class _Held:
 
 def decode_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
                  detector: Callable[[ClipRule, float], CutDetector] = CutDetector,
-                 threads: int = 1) -> Iterator[tuple[Clip, VideoClip | VlbatchError]]:
+                 threads: int = 1, on_clip: Callable | None = None) -> Iterator[tuple[Clip, VideoClip | VlbatchError]]:
     """Yield each clip of `data` with its sampled frames (or the clip's own typed error: too many
     bytes to sample). `MediaError` for bytes that are not a video; `MediaTimeoutError` past
-    `timeout_s` between two clips. `detector(rule, fps)`: the cut detector (a test passes one that fails)."""
+    `timeout_s` between two clips. `detector(rule, fps)`: the cut detector (a test passes one that fails);
+    `on_clip`: the clip files' hook (module docstring)."""
     from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
 
     with PyAVDecoder(threads, skip_nonref=False).open(data) as video:
         state = _State(video, rule, sampling, detector, timeout_s)
+        state.on_clip = on_clip
         yield from state.run()
 
 
@@ -116,6 +123,7 @@ class _State:
         if not self.fps > 0:
             raise MediaError("the video has no frame rate; clips need one")
         self.held = _Held()
+        self.on_clip = None  # decode_clips' hook
         self.detector = None
         from av.video.reformatter import VideoReformatter
 
@@ -155,7 +163,7 @@ class _State:
             clips = self._detect(i, frame) if self.detector is not None else []
             clips += self.planner.advance(i)
             for clip in clips:
-                yield clip, self._sample(clip)
+                yield self._emit(clip)
                 deadline = self._deadline()
             self.held.drop_before(self.planner.keep_from)
         if i < 0:
@@ -167,7 +175,13 @@ class _State:
             except Exception:
                 self._fall_back()
         for clip in clips + self.planner.finish(i + 1):
-            yield clip, self._sample(clip)
+            yield self._emit(clip)
+
+    def _emit(self, clip: Clip) -> tuple[Clip, VideoClip | VlbatchError]:
+        if self.on_clip is not None:
+            pictures = (self.held.get(j) for j in range(clip.start, clip.end))
+            self.on_clip(clip, pictures, self.video.stream, rotation=self.video.info.rotation)
+        return clip, self._sample(clip)
 
     def _deadline(self) -> float | None:
         return None if self.timeout_s is None else time.monotonic() + self.timeout_s

@@ -392,6 +392,9 @@ class JobConfig(_Section):
         if self.task.mode == "scan" and self.video.clips.mode != "none":
             raise ValueError(f"video.clips.mode={self.video.clips.mode}: task.mode=scan does not count clips yet "
                              "(it would scan whole videos); set video.clips.mode: none to scan")
+        if self.output.clip_files is not None and self.video.clips.mode == "none":
+            raise ValueError("output.clip_files writes the clips of video.clips, but video.clips.mode is none; "
+                             "set video.clips.mode (fixed | scenes) or remove output.clip_files")
         return self
 
     def resolved_run_id(self) -> str:

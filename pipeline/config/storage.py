@@ -2,6 +2,8 @@
 persistent filesystems) and `storage` (object storage and http(s) options, their limits)."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from vlbatch.operators import sink as sink_pkg
@@ -9,6 +11,35 @@ from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 
 SinkChoice = registry_choice(sink_pkg, "SINKS")
+
+
+class ClipFilesSection(_Section):
+    """`output.clip_files`: each clip of `video.clips` written as its own file under `<run>/clips/`
+    (`operators/media/clip_files.py`); off when absent."""
+
+    format: Literal["mp4"] = Field("mp4", description="the clip files' container")
+    codec: str = Field("libx264", min_length=1, description="an FFmpeg video encoder PyAV has (libx264, "
+                                                             "libx265, mpeg4, ...); re-encoded, so cuts are "
+                                                             "frame-exact")
+    crf: int = Field(23, ge=0, le=51, description="libx264 / libx265 quality (lower: better, larger files)")
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
+                    "veryslow"] = Field("veryfast", description="libx264 / libx265 speed against size")
+
+    @field_validator("codec")
+    @classmethod
+    def _encoder_here(cls, v: str) -> str:
+        from vlbatch.operators.media.clip_files import codec_problem
+
+        why = codec_problem(v)
+        if why is not None:
+            raise ValueError(why)
+        return v
+
+    def settings(self):
+        """The Ray-free `ClipFileSettings` (operators/media/clip_files.py)."""
+        from vlbatch.operators.media.clip_files import ClipFileSettings
+
+        return ClipFileSettings(format=self.format, codec=self.codec, crf=self.crf, preset=self.preset)
 
 
 class OutputSection(_Section):
@@ -24,6 +55,8 @@ class OutputSection(_Section):
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
+    clip_files: ClipFilesSection | None = Field(None, description="write each clip (video.clips) as a file under "
+                                                                   "<run>/clips/ and its URI in clip_uri; null: off")
 
     @field_validator("uri")
     @classmethod

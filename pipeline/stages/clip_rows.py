@@ -14,16 +14,31 @@ streams), so a long video never holds more than that many clips' frames in the a
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import SetupError, VlbatchError
+from vlbatch.operators.errors import MediaError, SetupError, VlbatchError, stable_message
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
 
+LOG = logging.getLogger("vlbatch.clip_files")
 CLIP_BLOCK = 4  # clips per output block: bounds the frames a long video holds in the actor
+
+
+def clip_target(cfg):
+    """The run's `ClipTarget` (`<output.uri>/<run id>/clips`, the output's storage options), None when
+    `output.clip_files` is off."""
+    files = cfg.output.clip_files
+    if files is None:
+        return None
+    from vlbatch.operators.media.clip_files import ClipTarget
+    from vlbatch.operators.storage import join
+
+    run_dir = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())  # as pipeline/graph.py names the run
+    return ClipTarget(folder=join(run_dir, "clips"), settings=files.settings(), storage=cfg.storage.options())
 
 
 def resolve_done(done):
@@ -37,25 +52,26 @@ def resolve_done(done):
 
 def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> Iterator[Decoded]:
     """The `Decoded` rows of one video row's clips not committed (`stage`: the `DecodeStage`, its
-    rule, sampling and `done`; `data_of(row)`: the video's bytes)."""
+    rule, sampling, `done` and `clip_target` (None: no clip files); `data_of(row)`: the video's bytes)."""
     from vlbatch.operators.media.clip_decode import decode_clips
 
     base = {k: getattr(row, k)
             for k in ("media_uri", "media_type", "request_indices", "prompts", "keep", "prompt_names")}
+    files = _ClipFiles(stage.clip_target, row, stage.done)
     t0 = time.perf_counter()
     try:
-        clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s)
+        clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s,
+                             on_clip=files.write if stage.clip_target is not None else None)
         for clip, result in clips:
-            task = MediaTask(ids=tuple(clip_request_id(rid, clip.index) for rid in row.ids), **base,
-                             clip_index=clip.index, clip_start_s=clip.start_s, clip_end_s=clip.end_s,
-                             clip_source=clip.source)
-            task = pending(task, stage.done) if stage.done is not None else task
+            task = _clip_task(row, base, clip, stage.done)
             if task is None:  # every request of this clip is committed
                 t0 = time.perf_counter()
                 continue
             fields = {f: getattr(task, f) for f in MediaTask.__dataclass_fields__}
-            if isinstance(result, VlbatchError):
-                yield Decoded(**fields).failed(result)
+            uri, failure = files.outcome(clip.index)
+            fields["clip_uri"] = uri
+            if isinstance(result, VlbatchError) or failure is not None:
+                yield Decoded(**fields).failed(failure or result)
             else:
                 yield Decoded(**fields, frames=result.frames, source_fps=result.source_fps,
                               total_frames=result.total_frames, frame_indices=result.indices,
@@ -66,6 +82,42 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
     except Exception as e:  # the whole file: one error row under the video's own ids
         fields = {f: getattr(row, f) for f in MediaTask.__dataclass_fields__}
         yield Decoded(**{**fields, "media_bytes": None}).failed(e)
+
+
+def _clip_task(row: MediaTask, base: dict, clip, done) -> MediaTask | None:
+    """The clip's `MediaTask` (its own ids), its committed requests left out; None when all are."""
+    task = MediaTask(ids=tuple(clip_request_id(rid, clip.index) for rid in row.ids), **base,
+                     clip_index=clip.index, clip_start_s=clip.start_s, clip_end_s=clip.end_s, clip_source=clip.source)
+    return pending(task, done) if done is not None else task
+
+
+class _ClipFiles:
+    """One video's clip files (`output.clip_files`): `write` is `decode_clips`' hook, called just before
+    each clip is yielded; `outcome(index)` -> (its URI or None, the storage error that fails its rows or
+    None). Failures: `operators/media/clip_files.py`'s docstring."""
+
+    def __init__(self, target, row: MediaTask, done):
+        self.target, self.row, self.done = target, row, done
+        self.last: tuple[int, str | None, Exception | None] | None = None
+
+    def write(self, clip, frames, stream, rotation: int = 0) -> None:
+        from vlbatch.operators.media.clip_files import clip_file_name, write_clip
+
+        self.last = (clip.index, None, None)
+        if self.done is not None and all(clip_request_id(rid, clip.index) in self.done for rid in self.row.ids):
+            return  # committed: its rows are not redone, so neither is its file
+        try:
+            uri = write_clip(self.target, clip_file_name(self.row.media_uri, clip.index), frames, stream, rotation)
+            self.last = (clip.index, uri, None)
+        except MediaError as e:  # the codec refused: the caption stands without a file
+            LOG.warning("clip %d of %s: no clip file (%s)", clip.index, self.row.media_uri, stable_message(str(e)))
+        except Exception as e:  # storage (StorageError, an OSError): the clip's rows fail, resume redoes them
+            self.last = (clip.index, None, e)
+
+    def outcome(self, index: int) -> tuple[str | None, Exception | None]:
+        if self.last is None or self.last[0] != index:
+            return None, None
+        return self.last[1], self.last[2]
 
 
 def clip_batches(rows: list[MediaTask], each: Callable[[MediaTask], Iterator], cls: type,

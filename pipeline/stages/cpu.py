@@ -68,7 +68,7 @@ class DecodeStage:
     def __init__(self, cfg: JobConfig, meter=None, done=None, ready: bool = True):
         from vlbatch.operators.media.video import FrameSampling
         from vlbatch.operators.media.worker import DecodeWorker
-        from vlbatch.pipeline.stages.clip_rows import resolve_done
+        from vlbatch.pipeline.stages.clip_rows import clip_target, resolve_done
         from vlbatch.pipeline.telemetry.meter import CPU_READY, MeterClient
 
         self.cfg = cfg
@@ -87,6 +87,7 @@ class DecodeStage:
         # committed ids (an ObjectRef from the graph), the clips to drop on resume
         self.clips = v.clips.rule() if v.clips.mode != "none" else None
         self.done = resolve_done(done) if self.clips is not None else None
+        self.clip_target = clip_target(cfg) if self.clips is not None else None  # output.clip_files
         self.meter = MeterClient(meter)
         if ready:  # one CPU actor ready (a fused PrepareStage counts once: its preprocess part)
             self.meter.ready(CPU_READY)

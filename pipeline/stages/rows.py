@@ -50,6 +50,7 @@ class MediaTask:
     clip_start_s: float | None = None
     clip_end_s: float | None = None
     clip_source: str | None = None
+    clip_uri: str | None = None  # the clip's file (`output.clip_files`, operators/media/clip_files.py); else None
     prompt_names: tuple[str | None, ...] = ()
 
     def __post_init__(self):
@@ -175,8 +176,9 @@ _BASE = {
     "status": pa.string(), "error_type": pa.string(), "error_message": pa.string(),
     "media_bytes": pa.large_binary(), "keep": pa.large_binary(), "prompt_names": _LS, "clip_index": pa.int64(),
     "clip_start_s": pa.float64(), "clip_end_s": pa.float64(), "clip_source": pa.string(),
+    "clip_uri": pa.string(),
 }
-CLIP_FIELDS = ("clip_index", "clip_start_s", "clip_end_s", "clip_source")
+CLIP_FIELDS = ("clip_index", "clip_start_s", "clip_end_s", "clip_source", "clip_uri")
 
 
 def clip_fields(row: MediaTask) -> dict:
