@@ -1,6 +1,6 @@
 """Video clips end to end (issue 51): `vlbatch run` with `video.clips` fixed windows writes one row
 per (clip, prompt) with its clip columns; Ctrl-C mid-run and the rerun redoes no committed clip
-and loses none (ids are per clip, stable across runs).
+and loses none (ids are per clip, stable across runs); a third run finds nothing to do and starts no Ray.
 
 Mid-run is an event the test controls: the media come from a loopback HTTP server that holds the
 image listed after the video until the test lets it go, so the first run is certainly still running
@@ -109,14 +109,20 @@ def test_clip_rows_and_resume_after_sigint_redo_no_committed_clip(tmp_path, tiny
         assert m and int(m.group(1)) == N_CLIPS + 1 - n and m.group(2) == "0", stdout  # no committed clip redone
         rows = read_output(run_dir)
         assert all((run_dir / name).read_bytes() == data for name, data in parts.items())  # kept as they were
+        third = _start(cfg, home)  # complete: the last clip's rows say so, and no Ray starts (nothing_to_do.py)
+        stdout, stderr = third.communicate(timeout=300)
+        assert third.returncode == 0, stdout + stderr
+        assert stdout.splitlines()[-1] == (f"[vlbatch] nothing to do: all {N_CLIPS + 1} requests of {run_dir}/ "
+                                           "are committed") and "starting Ray" not in stdout, stdout
     finally:
         server.close()
     assert len(rows) == len({r["id"] for r in rows}) == N_CLIPS + 1 and all(r["status"] == "ok" for r in rows)
     clips = sorted((r for r in rows if r["media_uri"] == video), key=lambda r: r["clip_index"])
     base = request_id(video, 0, "What happens?")
     assert [r["id"] for r in clips] == [clip_request_id(base, k) for k in range(N_CLIPS)]  # stable, per clip
-    assert [(r["clip_index"], r["clip_start_s"], r["clip_end_s"], r["clip_source"]) for r in clips] == [
-        (k, k * WINDOW, (k + 1) * WINDOW, "fixed") for k in range(N_CLIPS)]
+    assert [(r["clip_index"], r["clip_start_s"], r["clip_end_s"], r["clip_source"], r["clip_last"]) for r in clips] == [
+        (k, k * WINDOW, (k + 1) * WINDOW, "fixed", k == N_CLIPS - 1) for k in range(N_CLIPS)]
     assert all(r["prompt"] == "What happens?" and r["media_type"] == "video" for r in clips)
     (img,) = [r for r in rows if r["media_uri"] == image]
-    assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"]) == (None,) * 4
+    assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"], img["clip_last"]) == \
+        (None,) * 5

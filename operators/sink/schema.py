@@ -56,6 +56,7 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field("clip_start_s", pa.float64()),  # seconds in the source's timeline
         pa.field("clip_end_s", pa.float64()),
         pa.field("clip_source", pa.string()),  # scenes | fixed (a scene detector that failed falls back)
+        pa.field("clip_last", pa.bool_()),  # true on the rows of a video's last clip: its clip set is complete
     ]
 )
 
@@ -96,6 +97,7 @@ class OutputRow:
     clip_start_s: float | None = None
     clip_end_s: float | None = None
     clip_source: str | None = None
+    clip_last: bool | None = None
 
 
 _NAMES = [f.name for f in fields(OutputRow)]

@@ -9,20 +9,28 @@ so an interrupted video resumes at its first clip not committed. A failure of th
 (not a video, a timeout) is one error row under the video's own ids; a clip's own failure (too many
 bytes to sample) is that clip's error row.
 
+`clip_last` is true on the rows of a video's last clip (`with_last`: each clip is handed on once the
+next one has decoded, or the decode ended), so the committed rows say when a video's clip set is
+complete: the rerun check (`nothing_to_do.py`) decides "all committed" from them without decoding.
+A decode that fails after some clips hands the held clip on (not last) before its error row.
+
 The stages hand rows on in blocks of `CLIP_BLOCK` clips (`clip_batches`, a generator Ray Data
 streams), so a long video never holds more than that many clips' frames in the actor.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import pyarrow as pa
 
 from vlbatch.operators.errors import SetupError, VlbatchError
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
+from vlbatch.pipeline.telemetry.meter import CLIPS, MEDIA_CUT
 
+T = TypeVar("T")
 CLIP_BLOCK = 4  # clips per output block: bounds the frames a long video holds in the actor
 
 
@@ -45,10 +53,10 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
     t0 = time.perf_counter()
     try:
         clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s)
-        for clip, result in clips:
+        for (clip, result), last in with_last(clips):
             task = MediaTask(ids=tuple(clip_request_id(rid, clip.index) for rid in row.ids), **base,
                              clip_index=clip.index, clip_start_s=clip.start_s, clip_end_s=clip.end_s,
-                             clip_source=clip.source)
+                             clip_source=clip.source, clip_last=last)
             task = pending(task, stage.done) if stage.done is not None else task
             if task is None:  # every request of this clip is committed
                 t0 = time.perf_counter()
@@ -66,6 +74,37 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
     except Exception as e:  # the whole file: one error row under the video's own ids
         fields = {f: getattr(row, f) for f in MediaTask.__dataclass_fields__}
         yield Decoded(**{**fields, "media_bytes": None}).failed(e)
+
+
+def cut_counted(decoded: Iterable[Decoded], meter) -> Iterator[Decoded]:
+    """One media row's `Decoded` rows, telling `meter` (a `MeterClient`) each clip and then the media cut:
+    a clipped run's progress (`telemetry/progress.py`) counts media, not rows, before the decode."""
+    for d in decoded:
+        if d.clip_index is not None:
+            meter.add(CLIPS, 1)
+        yield d
+    meter.add(MEDIA_CUT, 1)
+
+
+def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """(item, last) for each of `items`, one held back until the next arrives (or the stream ends: last).
+    An error raised by `items` hands the held item on, not last, then is raised."""
+    it = iter(items)
+    try:
+        held = next(it)
+    except StopIteration:
+        return
+    while True:
+        try:
+            nxt = next(it)
+        except StopIteration:
+            yield held, True
+            return
+        except Exception:
+            yield held, False
+            raise
+        yield held, False
+        held = nxt
 
 
 def clip_batches(rows: list[MediaTask], each: Callable[[MediaTask], Iterator], cls: type,
