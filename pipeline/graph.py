@@ -238,7 +238,7 @@ def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, time
     sink.write_summary(summary.to_json())
     sink.finish()
     if cfg.task.mode == "scan":
-        stream.write(scan_line(summary) + "\n")
+        stream.write(scan_line(summary, progress.counts) + "\n")
     return summary
 
 

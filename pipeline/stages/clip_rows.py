@@ -28,7 +28,7 @@ import pyarrow as pa
 from vlbatch.operators.errors import SetupError, VlbatchError
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
-from vlbatch.pipeline.telemetry.meter import CLIPS, MEDIA_CUT
+from vlbatch.pipeline.telemetry.meter import CLIP_FRAMES, CLIPS, MEDIA_CUT
 
 T = TypeVar("T")
 CLIP_BLOCK = 4  # clips per output block: bounds the frames a long video holds in the actor
@@ -82,6 +82,7 @@ def cut_counted(decoded: Iterable[Decoded], meter) -> Iterator[Decoded]:
     for d in decoded:
         if d.clip_index is not None:
             meter.add(CLIPS, 1)
+            meter.add(CLIP_FRAMES, len(d.frame_indices))
         yield d
     meter.add(MEDIA_CUT, 1)
 
