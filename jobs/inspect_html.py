@@ -7,8 +7,9 @@ away (`<details>`), counts; its attempts (each call of `vlbatch run`) and the la
 tokens/s over time (`inspect_run.rates`); token histograms;
 the sampled rows as cards (`#sample .card`, one per sampled row: an image thumbnail or a
 video's frame strip beside the caption or question and answer); the errors grouped by type,
-each with one example message and a few of its media. A small inline script records on
-`<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
+each with one example message and a few of its media; a clipped run's timelines (`#clips .timeline`, a
+few videos: per clip a frame near its middle, its start-end and caption; `inspect_clips`). A small inline
+script records on `<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
 """
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ svg text{font:11px system-ui,sans-serif;fill:#4b5563}
 table.attempts{border-collapse:collapse;font-size:13px;margin-bottom:10px}table.attempts td,table.attempts th{
 padding:2px 10px;text-align:right}table.attempts td.w,table.attempts th.w{text-align:left}
 table.attempts tr.total td{border-top:1px solid #d1d5db;font-weight:600}
+.timeline{display:flex;gap:8px;overflow-x:auto;padding-top:8px}.timeline figure.clip{margin:0;flex:none;width:150px;
+font-size:12px}.timeline img{max-width:150px;border-radius:4px}.timeline .a{font-size:12px}
+#clips .panel{margin-bottom:12px}
 """
 
 SCRIPT = """addEventListener('load',()=>{const im=[...document.querySelectorAll('img.thumb')];
@@ -105,11 +109,54 @@ def write_html(rep: RunReport, path: str | Path, opts: ThumbOptions | None = Non
     thumbs.update({u: Thumb(note="InputError: refused by the run before reading, not read here either")
                    for u in refused})
     out = Path(path)
-    out.write_text(render(rep, thumbs), encoding="utf-8")
+    out.write_text(render(rep, thumbs, timeline_frames(rep.timelines, opts)), encoding="utf-8")
     return out
 
 
-def render(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
+def timeline_frames(timelines, opts: ThumbOptions) -> dict[str, list | Thumb]:
+    """{video uri: one `Frame` per shown clip (`thumbnails.clip_frames`), or a placeholder `Thumb`}."""
+    from vlbatch.jobs.thumbnails import clip_frames, fetch_all, placeholder
+
+    data = fetch_all([v.uri for v in timelines], opts)
+    out: dict[str, list | Thumb] = {}
+    for v in timelines:
+        got = data[v.uri]
+        if isinstance(got, Thumb):
+            out[v.uri] = got
+            continue
+        mids = [((c.start_s or 0.0) + (c.end_s if c.end_s is not None else c.start_s or 0.0)) / 2 for c in v.clips]
+        try:
+            out[v.uri] = clip_frames(got, mids, opts)
+        except Exception as err:  # noqa: BLE001 - a preview: any failure is this video's placeholder
+            out[v.uri] = placeholder(err)
+    return out
+
+
+def _timelines(timelines, frames: dict) -> str:
+    """Each video's clips as a strip: a frame near the clip's middle, its start-end, source and caption."""
+    from vlbatch.jobs.inspect_clips import span
+
+    if not timelines:
+        return ""
+    blocks = []
+    for v in timelines:
+        got = frames.get(v.uri)
+        cells = []
+        for k, c in enumerate(v.clips):
+            note = "not previewed" if got is None or isinstance(got, list) else (got.note or "")
+            pic = _img(got[k]) if isinstance(got, list) else f'<div class="placeholder">{e(note)}</div>'
+            cls = "a" if c.status == "ok" else "err"
+            cells.append(f'<figure class="clip">{pic}<figcaption><b>#{c.index}</b> {e(span(c))} '
+                         f'<span class="muted">{e(c.source or "")}</span><div class="{cls}">{e(c.text)}</div>'
+                         '</figcaption></figure>')
+        state = "complete" if v.complete else "last clip not committed"
+        blocks.append(f'<div class="panel"><div class="uri">{e(v.uri)}</div><div class="meta">{v.count} clips '
+                      f'({state}), {v.visual_tokens} visual tokens</div>'
+                      f'<div class="timeline">{"".join(cells)}</div></div>')
+    return f'<h2>Clips</h2><section id="clips">{"".join(blocks)}</section>'
+
+
+def render(rep: RunReport, thumbs: dict[str, Thumb], frames: dict | None = None) -> str:
     run_id = ", ".join(k for k, _ in rep.run_ids.most_common(2)) or rep.ref.uri.rsplit("/", 1)[-1]
     chips = "".join(f'<span class="{s if s in ("ok", "error") else "other"}">{n} {e(s)}</span>'
                     for s, n in sorted(rep.status.items(), key=lambda x: (x[0] != "ok", x[0])))
@@ -123,6 +170,7 @@ def render(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
             f'<div class="chips">{chips}</div>'
             f'<h2>Throughput</h2><div class="panel">{_throughput(rep.summary)}</div>'
             f'<h2>Tokens per request</h2><div class="row">{_histograms(rep)}</div>'
+            f'{_timelines(rep.timelines, frames or {})}'
             f'{_sample(rep, thumbs)}{_quality(rep)}{_errors(rep, thumbs)}</main></body></html>\n')
 
 

@@ -66,6 +66,7 @@ class RunReport:
     quality: Counter = field(default_factory=Counter)  # ok answers per quality flag
     quality_rows: dict = field(default_factory=dict)  # flag -> [(part, row)] first examples, then full rows
     seed: int = 0
+    timelines: list = field(default_factory=list)  # video.clips: `inspect_clips.VideoTimeline`s of a few videos
 
 
 def parse_where(items: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -176,7 +177,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunReport:
-    """Stream the run's parts once (module docstring)."""
+    """Stream the run's parts once (module docstring; a clipped run's timelines: `jobs/inspect_clips.py`)."""
+    from vlbatch.jobs.inspect_clips import CLIP_COLUMNS, Timelines
     from vlbatch.operators.sink.parquet import ParquetSink
 
     sink = ParquetSink(ref.uri, ref.storage)
@@ -184,8 +186,10 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
     rep = RunReport(ref=ref, parts=len(parts), where=tuple(where), seed=seed)
     rng = np.random.default_rng(seed)
     kept: list[tuple[float, str, int]] = []  # (key, part, row) of the sample so far
+    timelines = Timelines()
     for part in parts:
-        t = sink.read_part(part, SCAN_COLUMNS)
+        t = sink.read_part(part, SCAN_COLUMNS + CLIP_COLUMNS)
+        timelines.add(t, part)
         _count(rep, t)
         _count_quality(rep, t, part)
         match = np.flatnonzero(_mask(t, rep.where))
@@ -196,6 +200,7 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
             keys, match = keys[best], match[best]
         kept = sorted(kept + [(float(k), part, int(r)) for k, r in zip(keys, match, strict=True)])[:sample]
     rep.sample = _rows(sink, kept)
+    rep.timelines = timelines.finish(sink)
     rep.quality_rows = {f: _rows(sink, [(0.0, p, r) for p, r in at]) for f, at in rep.quality_rows.items()}
     rep.summary = read_json(join(ref.uri, SUMMARY_NAME), ref.storage)
     rep.fingerprint = read_fingerprint(ref)

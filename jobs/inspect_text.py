@@ -3,7 +3,8 @@
 Sections: the run's identity (its fingerprint, else run id and model), counts by status, error types
 with one example message each, token histograms (power-of-two buckets), throughput over the run
 (each attempt: a call of `vlbatch run`, a resume; then the whole run; sparklines of rows/s and
-tokens/s from the last call's timeline), then the sampled rows (media URI,
+tokens/s from the last call's timeline), a clipped run's video timelines (`inspect_clips.print_timelines`: one
+line per clip), then the sampled rows (media URI,
 prompt, answer or error). The data comes from `vlbatch.jobs.inspect_run.read_run`; `--html` adds the
 page (`vlbatch.jobs.inspect_html`).
 """
@@ -15,6 +16,7 @@ from typing import TextIO
 
 import numpy as np
 
+from vlbatch.jobs.inspect_clips import print_timelines
 from vlbatch.jobs.inspect_run import (
     TOKENS,
     Attempt,
@@ -73,6 +75,7 @@ def print_report(rep: RunReport, out: TextIO) -> None:
         for label in sorted(h, key=hist_key):
             w(f"    {label:>11} {h[label]:>7} {_bar(h[label], top)}\n")
     _print_throughput(rep.summary, w)
+    print_timelines(rep.timelines, w, _one_line)
     _print_sample(rep, w)
 
 

@@ -5,7 +5,8 @@ s3://, http(s)://) with `read_bytes`; a WebDataset member `<shard>#<key>.<ext>` 
 its shard once with `tarfile` (every wanted member of one shard in one pass); embedded bytes
 `<file.parquet>#<row>` from that row of the manifest's media column. Images are decoded by
 `load_image`; a video by `decode_video` (the killable child) with the run's frame sampling, so
-its strip shows frames at the timestamps the model saw (`strip_frames` of them, evenly picked).
+its strip shows frames at the timestamps the model saw (`strip_frames` of them, evenly picked); a
+clipped video's timeline one frame per clip (`clip_frames`).
 
 Limits: each medium's bytes are at most `max_bytes` (refused from stat / HEAD / tar headers
 before reading), a video's decoded frames at most `max_frame_bytes`, each thumbnail at most
@@ -201,6 +202,25 @@ def _strip(data: bytes, opts: ThumbOptions) -> Thumb:
     frames = tuple(replace(_jpeg(clip.frames[i], opts.strip_size, opts.quality), label=f"{times[i]:.1f} s")
                    for i in pick)
     return Thumb(frames=frames, note=f"{len(pick)} of the {n} frames the model saw")
+
+
+def clip_frames(data: bytes, mids: list[float], opts: ThumbOptions) -> list[Frame]:
+    """A clipped video's timeline (`inspect_clips`): for each clip's middle (`mids`, seconds in the source),
+    the nearest of the frames the run's sampling takes from the whole video (one decode, bounded as a
+    strip's), labelled with its own time; a frame nearest two clips is made once."""
+    from vlbatch.operators.media.worker import decode_video
+
+    sampling = replace(opts.sampling, max_output_bytes=min(opts.sampling.max_output_bytes, opts.max_frame_bytes))
+    clip = decode_video(data, sampling, backend=opts.backend, timeout_s=opts.timeout_s)
+    times = clip.timestamps
+    if not len(times):
+        raise InputError("the video gave no frames")
+    made: dict[int, Frame] = {}
+    for m in mids:
+        i = int(np.abs(times - m).argmin())
+        if i not in made:
+            made[i] = replace(_jpeg(clip.frames[i], opts.strip_size, opts.quality), label=f"{times[i]:.1f} s")
+    return [made[int(np.abs(times - m).argmin())] for m in mids]
 
 
 def _jpeg(rgb: np.ndarray, size: int, quality: int) -> Frame:

@@ -199,12 +199,16 @@ def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None) -
     del done  # the driver keeps only its length (below) and the index
     t_graph = time.monotonic()
     models = next((s.pool.min_actors for s in plan.stages if s.name == "model"), None)
-    progress = Progress(total=pending_n if pending_n is not None else plan.requests, stream=stream,
-                        interval_s=cfg.ray.progress_interval_s, expect_models=models)
+    # video.clips: the rows (one per clip and prompt) are counted only as videos are cut; the total is in media
+    clipped = cfg.video.clips.mode != "none"
+    media_total = (plan.media if pending_n is None else tasks_ds.count()) if clipped else None
+    progress = Progress(total=None if clipped else pending_n if pending_n is not None else plan.requests,
+                        stream=stream, interval_s=cfg.ray.progress_interval_s, expect_models=models,
+                        clipped=clipped, media_total=media_total)
     timeline, failed = Timeline(), []
     if pending_n is None or pending_n:
-        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, known, timeline, name or run_id,
-                               done_ref)
+        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, None if clipped else known, timeline,
+                               name or run_id, done_ref)
     for line in failed:
         _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
     return _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, timeline, failed, stream,
@@ -224,7 +228,8 @@ def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, time
         dropped = ray.get(tally.get.remote())[2]
     elif dropped is None:  # nothing reached the writer: no duplicate was dropped either
         dropped = 0
-    if pending_n is None:  # the graph completed: every pending request gave one stats row
+    if pending_n is None or cfg.video.clips.mode != "none":  # the graph completed: a stats row per pending request
+        # (clipped: `pending_n` counted the videos' requests, not their clips')
         pending_n = progress.total = progress.done
     progress.tick(final=True)
     after = sink.index()
@@ -237,7 +242,7 @@ def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, time
     sink.write_summary(summary.to_json())
     sink.finish()
     if cfg.task.mode == "scan":
-        stream.write(scan_line(summary) + "\n")
+        stream.write(scan_line(summary, progress.counts) + "\n")
     return summary
 
 

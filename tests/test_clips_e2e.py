@@ -1,7 +1,8 @@
 """Video clips end to end (issue 51): `vlbatch run` with `video.clips` fixed windows writes one row
 per (clip, prompt) with its clip columns; Ctrl-C mid-run and the rerun redoes no committed clip
-and loses none (ids are per clip, stable across runs). With `output.clip_files` each clip row's
-`clip_uri` names its file under `<run>/clips/`, and the rerun leaves the files already there as they are.
+and loses none (ids are per clip, stable across runs); a third run finds nothing to do and starts no Ray.
+With `output.clip_files` each clip row's `clip_uri` names its file under `<run>/clips/`, and the rerun
+leaves the files already there as they are.
 
 Mid-run is an event the test controls: the media come from a loopback HTTP server that holds the
 image listed after the video until the test lets it go, so the first run is certainly still running
@@ -113,18 +114,23 @@ def test_clip_rows_and_resume_after_sigint_redo_no_committed_clip(tmp_path, tiny
         rows = read_output(run_dir)
         assert all((run_dir / name).read_bytes() == data for name, data in parts.items())  # kept as they were
         assert {uri: _stat(uri) for uri in files} == files  # not rewritten (same inode, same mtime)
+        third = _start(cfg, home)  # complete: the last clip's rows say so, and no Ray starts (nothing_to_do.py)
+        stdout, stderr = third.communicate(timeout=300)
+        assert third.returncode == 0, stdout + stderr
+        assert stdout.splitlines()[-1] == (f"[vlbatch] nothing to do: all {N_CLIPS + 1} requests of {run_dir}/ "
+                                           "are committed") and "starting Ray" not in stdout, stdout
     finally:
         server.close()
     assert len(rows) == len({r["id"] for r in rows}) == N_CLIPS + 1 and all(r["status"] == "ok" for r in rows)
     clips = sorted((r for r in rows if r["media_uri"] == video), key=lambda r: r["clip_index"])
     base = request_id(video, 0, "What happens?")
     assert [r["id"] for r in clips] == [clip_request_id(base, k) for k in range(N_CLIPS)]  # stable, per clip
-    assert [(r["clip_index"], r["clip_start_s"], r["clip_end_s"], r["clip_source"]) for r in clips] == [
-        (k, k * WINDOW, (k + 1) * WINDOW, "fixed") for k in range(N_CLIPS)]
+    assert [(r["clip_index"], r["clip_start_s"], r["clip_end_s"], r["clip_source"], r["clip_last"]) for r in clips] == [
+        (k, k * WINDOW, (k + 1) * WINDOW, "fixed", k == N_CLIPS - 1) for k in range(N_CLIPS)]
     assert all(r["prompt"] == "What happens?" and r["media_type"] == "video" for r in clips)
     (img,) = [r for r in rows if r["media_uri"] == image]
-    assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"], img["clip_uri"]) == (
-        (None,) * 5)
+    assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"], img["clip_uri"],
+            img["clip_last"]) == (None,) * 6
     uris = [r["clip_uri"] for r in clips]
     assert len(set(uris)) == N_CLIPS and all(u.startswith(f"{run_dir}/clips/") and u.endswith(".mp4") for u in uris)
     assert sorted(p.name for p in (run_dir / "clips").iterdir()) == sorted(u.rsplit("/", 1)[1] for u in uris)

@@ -38,7 +38,7 @@ def test_ok_and_error_rows_share_one_schema_and_round_trip():
                                    "answer", "parsed", "thinking",
                                    "status", "error_type", "error_message", "prompt_tokens", "visual_tokens",
                                    "generated_tokens", "finish_reason", "quality_flags", "model", "run_id", "timings",
-                                   "clip_index", "clip_start_s", "clip_end_s", "clip_source", "clip_uri"]
+                                   "clip_index", "clip_start_s", "clip_end_s", "clip_source", "clip_uri", "clip_last"]
 
 
 def test_part_names_are_deterministic_and_order_free():

@@ -14,7 +14,8 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
   for the commit (the same for the same ids), or None for an empty table. Transient storage
   failures are retried; when retries run out `StorageError`, and nothing is committed.
 - `index() -> CommittedIndex`: which ids are committed, and how (`build_index` does the
-  bookkeeping from the (id, status, error_type) columns of each committed unit).
+  bookkeeping from the (id, status, error_type) columns of each committed unit, and `clip_last`
+  where the unit has it: the ids of video's last clips, read by the rerun check).
 - `purge(ids) -> int`: remove the transient error rows of `ids` (ok and permanent-error rows
   stay, whatever their id), so resume can compute those ids again; a crash part-way leaves
   rows that the next `index()` / `purge()` resolve the same way. Returns the rows removed.
@@ -55,7 +56,7 @@ from vlbatch.operators.sink.ids import KEY, IdIndex, id_keys
 from vlbatch.operators.sink.schema import STATUS_OK
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, check_output_uri
 
-INDEX_COLUMNS = ["id", "status", "error_type"]
+INDEX_COLUMNS = ["id", "status", "error_type", "clip_last"]  # a unit without clip_last: none last
 
 
 def is_transient(error_type: str | None) -> bool:
@@ -85,6 +86,9 @@ class CommittedIndex:
     files: tuple[str, ...]  # the committed units, as `commit` names them
     status_counts: dict[str, int] = field(default_factory=dict)  # every committed row
     duplicate_ids: int = 0
+    # the ids of rows with `clip_last` true (any status): a video's clip set ends at that clip
+    # (`pipeline/stages/nothing_to_do.py` tells a complete clipped video from it)
+    last_clip_ids: IdIndex = field(default_factory=lambda: IdIndex(np.zeros(0, KEY)))
 
 
 def retried_mask(status: pa.ChunkedArray | pa.Array, error_type: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -117,6 +121,7 @@ def build_index(units: Iterable[tuple[str, pa.Table]]) -> CommittedIndex:
     (16 B per committed row kept, about 33 B at the peak while the keys are sorted)."""
     done: list[np.ndarray] = []
     transient: list[np.ndarray] = []
+    last: list[np.ndarray] = []
     status: Counter = Counter()
     names = []
     for name, t in units:
@@ -125,6 +130,9 @@ def build_index(units: Iterable[tuple[str, pa.Table]]) -> CommittedIndex:
         mask = retried_mask(t.column("status"), t.column("error_type"))
         done.append(keys[~mask])
         transient.append(keys[mask])
+        if "clip_last" in t.column_names:
+            is_last = t.column("clip_last").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False)
+            last.append(keys[np.asarray(is_last, bool)])
         for v in t.column("status").value_counts().to_pylist():
             status[v["values"]] += v["counts"]
     done_u, done_rep = _sorted_unique(done)
@@ -132,7 +140,8 @@ def build_index(units: Iterable[tuple[str, pa.Table]]) -> CommittedIndex:
     done_ix, trans_ix = IdIndex(done_u), IdIndex(trans_u)
     both = trans_u[done_ix.contains_many(trans_u)]  # an id with a done row and a transient row
     dups = len(np.unique(np.concatenate([done_rep, trans_rep, both])))
-    return CommittedIndex(done_ix, trans_ix - done_ix, trans_ix, tuple(names), dict(status), dups)
+    return CommittedIndex(done_ix, trans_ix - done_ix, trans_ix, tuple(names), dict(status), dups,
+                          IdIndex.from_keys(np.concatenate(last) if last else np.zeros(0, KEY)))
 
 
 class Sink(ABC):

@@ -57,6 +57,7 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field("clip_end_s", pa.float64()),
         pa.field("clip_source", pa.string()),  # scenes | fixed (a scene detector that failed falls back)
         pa.field("clip_uri", pa.string()),  # the clip's file (output.clip_files); null when off or not written
+        pa.field("clip_last", pa.bool_()),  # true on the rows of a video's last clip: its clip set is complete
     ]
 )
 
@@ -98,6 +99,7 @@ class OutputRow:
     clip_end_s: float | None = None
     clip_source: str | None = None
     clip_uri: str | None = None
+    clip_last: bool | None = None
 
 
 _NAMES = [f.name for f in fields(OutputRow)]

@@ -389,9 +389,6 @@ class JobConfig(_Section):
             raise ValueError(f"input.format={self.input.format} has no questions column; use task.questions")
         if self.input.format == "glob" and self.input.columns.keep:
             raise ValueError("input.format=glob has no columns to keep")
-        if self.task.mode == "scan" and self.video.clips.mode != "none":
-            raise ValueError(f"video.clips.mode={self.video.clips.mode}: task.mode=scan does not count clips yet "
-                             "(it would scan whole videos); set video.clips.mode: none to scan")
         if self.output.clip_files is not None and self.video.clips.mode == "none":
             raise ValueError("output.clip_files writes the clips of video.clips, but video.clips.mode is none; "
                              "set video.clips.mode (fixed | scenes) or remove output.clip_files")

@@ -118,12 +118,12 @@ def read_spec() -> StageSpec:
 def stage_specs(cfg: JobConfig, cluster: Cluster | None, source=None) -> list[StageSpec]:
     """The actor stages in graph order (`source`: the run's `Source`, for the scan's batch size)."""
     r = cfg.resources
-    if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
-        return [StageSpec("decode+preprocess+write (scan)", f"{_STAGES}.scan:ScanStage", _pool(cfg, "preprocess"),
-                          scan_batch_size(cfg, source), {"cfg": cfg}, ("meter", "run_dir", "run_id"))]
-    cpu = {"cfg": cfg}
     # video.clips: the decode cuts each video into clips and drops the committed ones (their ids are made there)
     decode_rt = ("meter", "done") if cfg.video.clips.mode != "none" else ("meter",)
+    if cfg.task.mode == "scan":  # no model: decode + preprocess -> scan rows -> written, in one CPU pool
+        return [StageSpec("decode+preprocess+write (scan)", f"{_STAGES}.scan:ScanStage", _pool(cfg, "preprocess"),
+                          scan_batch_size(cfg, source), {"cfg": cfg}, ("run_dir", "run_id", *decode_rt))]
+    cpu = {"cfg": cfg}
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
         out = [StageSpec("decode+preprocess", f"{_STAGES}.cpu:PrepareStage", _pool(cfg, "preprocess"),
                          r.preprocess.batch_size, cpu, decode_rt, produces="Prepared")]

@@ -9,6 +9,11 @@ so an interrupted video resumes at its first clip not committed. A failure of th
 (not a video, a timeout) is one error row under the video's own ids; a clip's own failure (too many
 bytes to sample) is that clip's error row.
 
+`clip_last` is true on the rows of a video's last clip (`with_last`: each clip is handed on once the
+next one has decoded, or the decode ended), so the committed rows say when a video's clip set is
+complete: the rerun check (`nothing_to_do.py`) decides "all committed" from them without decoding.
+A decode that fails after some clips hands the held clip on (not last) before its error row.
+
 The stages hand rows on in blocks of `CLIP_BLOCK` clips (`clip_batches`, a generator Ray Data
 streams), so a long video never holds more than that many clips' frames in the actor.
 """
@@ -16,15 +21,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import pyarrow as pa
 
 from vlbatch.operators.errors import MediaError, SetupError, VlbatchError, stable_message
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
+from vlbatch.pipeline.telemetry.meter import CLIP_FRAMES, CLIPS, MEDIA_CUT
 
 LOG = logging.getLogger("vlbatch.clip_files")
+T = TypeVar("T")
 CLIP_BLOCK = 4  # clips per output block: bounds the frames a long video holds in the actor
 
 
@@ -62,8 +70,8 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
     try:
         clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s,
                              on_clip=files.write if stage.clip_target is not None else None)
-        for clip, result in clips:
-            task = _clip_task(row, base, clip, stage.done)
+        for (clip, result), last in with_last(clips):
+            task = _clip_task(row, base, clip, last, stage.done)
             if task is None:  # every request of this clip is committed
                 t0 = time.perf_counter()
                 continue
@@ -84,10 +92,12 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
         yield Decoded(**{**fields, "media_bytes": None}).failed(e)
 
 
-def _clip_task(row: MediaTask, base: dict, clip, done) -> MediaTask | None:
-    """The clip's `MediaTask` (its own ids), its committed requests left out; None when all are."""
+def _clip_task(row: MediaTask, base: dict, clip, last: bool, done) -> MediaTask | None:
+    """The clip's `MediaTask` (its own ids; `last`: the video's last clip), its committed requests left out;
+    None when all are."""
     task = MediaTask(ids=tuple(clip_request_id(rid, clip.index) for rid in row.ids), **base,
-                     clip_index=clip.index, clip_start_s=clip.start_s, clip_end_s=clip.end_s, clip_source=clip.source)
+                     clip_index=clip.index, clip_start_s=clip.start_s, clip_end_s=clip.end_s, clip_source=clip.source,
+                     clip_last=last)
     return pending(task, done) if done is not None else task
 
 
@@ -98,26 +108,57 @@ class _ClipFiles:
 
     def __init__(self, target, row: MediaTask, done):
         self.target, self.row, self.done = target, row, done
-        self.last: tuple[int, str | None, Exception | None] | None = None
+        # clip index -> (URI or None, failure or None); at most two held: `with_last` keeps one clip back
+        self.outcomes: dict[int, tuple[str | None, Exception | None]] = {}
 
     def write(self, clip, frames, stream, rotation: int = 0) -> None:
         from vlbatch.operators.media.clip_files import clip_file_name, write_clip
 
-        self.last = (clip.index, None, None)
+        self.outcomes[clip.index] = (None, None)
         if self.done is not None and all(clip_request_id(rid, clip.index) in self.done for rid in self.row.ids):
             return  # committed: its rows are not redone, so neither is its file
         try:
             uri = write_clip(self.target, clip_file_name(self.row.media_uri, clip.index), frames, stream, rotation)
-            self.last = (clip.index, uri, None)
+            self.outcomes[clip.index] = (uri, None)
         except MediaError as e:  # the codec refused: the caption stands without a file
             LOG.warning("clip %d of %s: no clip file (%s)", clip.index, self.row.media_uri, stable_message(str(e)))
         except Exception as e:  # storage (StorageError, an OSError): the clip's rows fail, resume redoes them
-            self.last = (clip.index, None, e)
+            self.outcomes[clip.index] = (None, e)
 
     def outcome(self, index: int) -> tuple[str | None, Exception | None]:
-        if self.last is None or self.last[0] != index:
-            return None, None
-        return self.last[1], self.last[2]
+        return self.outcomes.pop(index, (None, None))
+
+
+def cut_counted(decoded: Iterable[Decoded], meter) -> Iterator[Decoded]:
+    """One media row's `Decoded` rows, telling `meter` (a `MeterClient`) each clip and then the media cut:
+    a clipped run's progress (`telemetry/progress.py`) counts media, not rows, before the decode."""
+    for d in decoded:
+        if d.clip_index is not None:
+            meter.add(CLIPS, 1)
+            meter.add(CLIP_FRAMES, len(d.frame_indices))
+        yield d
+    meter.add(MEDIA_CUT, 1)
+
+
+def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """(item, last) for each of `items`, one held back until the next arrives (or the stream ends: last).
+    An error raised by `items` hands the held item on, not last, then is raised."""
+    it = iter(items)
+    try:
+        held = next(it)
+    except StopIteration:
+        return
+    while True:
+        try:
+            nxt = next(it)
+        except StopIteration:
+            yield held, True
+            return
+        except Exception:
+            yield held, False
+            raise
+        yield held, False
+        held = nxt
 
 
 def clip_batches(rows: list[MediaTask], each: Callable[[MediaTask], Iterator], cls: type,

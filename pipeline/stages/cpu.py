@@ -103,14 +103,14 @@ class DecodeStage:
         return out
 
     def _clip_batches(self, rows: list[MediaTask]):
-        from vlbatch.pipeline.stages.clip_rows import clip_batches
+        from vlbatch.pipeline.stages.clip_rows import clip_batches, cut_counted
 
         def count(out):
             self.meter.add(DECODED, requests_of(out))
             self.meter.flush()
 
         with self.lock:
-            yield from clip_batches(rows, self.decode_rows, Decoded, count)
+            yield from clip_batches(rows, lambda r: cut_counted(self.decode_rows(r), self.meter), Decoded, count)
 
     def decode_rows(self, row: MediaTask):
         """The row's `Decoded` rows: one, or with `video.clips` one per clip of a video not committed."""
@@ -342,12 +342,12 @@ class PrepareStage:
 
 
     def _clip_batches(self, rows: list[MediaTask]):
-        from vlbatch.pipeline.stages.clip_rows import clip_batches
+        from vlbatch.pipeline.stages.clip_rows import clip_batches, cut_counted
 
         meter = self.preprocess.meter
 
         def each(row):
-            for d in self.decode.decode_rows(row):
+            for d in cut_counted(self.decode.decode_rows(row), meter):
                 meter.add(DECODED, len(d.ids))
                 yield from self.preprocess.prepare_rows(d)
 

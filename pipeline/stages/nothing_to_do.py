@@ -14,6 +14,10 @@ The ids are computed as the expansion stage computes them (`requests.expand_rows
 the rows the source can give in the driver (`Source.driver_blocks`: a local manifest of URIs, a glob's
 listing, made once by the preflight); a source that cannot (WebDataset shards, remote or embedded-bytes
 manifests) returns None and is never read here. The walk stops at the first block holding a pending id.
+With `video.clips` a video's requests are its clips' (`requests.clip_request_id(video's id, k)`), known only
+once it is decoded: a video request is covered when its own id is committed (the whole file failed) or its
+clips 0, 1, ... are each committed up to one whose row says `clip_last` (the sink's `last_clip_ids`); a
+missing clip, or none marked last (rows written before the marker existed), is work left (`clip_keys`).
 With `input.columns.keep` a request id seen twice is refused here (None): which of them gets ids of its
 own depends on the Ray blocks (`requests._expand_records`). Cost: the expansion of every row once (1M requests
 of 250k media: 4.2-4.6 s on one loaded core, `python -m benchmarks.bench_nothing_to_do`), 16 B per id kept.
@@ -33,7 +37,8 @@ from vlbatch.pipeline.config import TaskSection
 from vlbatch.pipeline.plan.fingerprint import record_fingerprint
 from vlbatch.pipeline.plan.spec import RunPlan
 from vlbatch.pipeline.sources.base import COLUMNS
-from vlbatch.pipeline.stages.requests import expand_rows
+from vlbatch.pipeline.stages.requests import clip_request_id, expand_rows
+from vlbatch.pipeline.stages.rows import MediaTask
 from vlbatch.pipeline.telemetry.summary import error_limits_text, past_error_limits
 
 log = logging.getLogger("vlbatch.pipeline")
@@ -70,25 +75,65 @@ class NothingToDo:
         return line
 
 
-def block_ids(block: pa.Table, task: TaskSection) -> list[str]:
-    """The request ids of one block of manifest rows (`sources/base.MANIFEST_SCHEMA`), in order, as
+def block_rows(block: pa.Table, task: TaskSection) -> list[MediaTask]:
+    """The expanded rows of one block of manifest rows (`sources/base.MANIFEST_SCHEMA`), in order, as
     `requests.expand_rows` gives them (every request, duplicates included; no kept-values re-keying)."""
     records = zip(*(block.column(c).to_pylist() for c in COLUMNS[:6]), strict=True)
-    return [rid for rec in records for row in expand_rows(*rec[:3], task, *rec[3:6]) for rid in row.ids]
+    return [row for rec in records for row in expand_rows(*rec[:3], task, *rec[3:6])]
+
+
+def block_ids(block: pa.Table, task: TaskSection) -> list[str]:
+    """The request ids of one block of manifest rows, in order (`block_rows`)."""
+    return [rid for row in block_rows(block, task) for rid in row.ids]
+
+
+def clip_keys(rids: list[str], done: IdIndex, last: IdIndex) -> np.ndarray | None:
+    """`[n] S16` the committed clip ids of the video requests `rids` when each one's clips 0, 1, ... are
+    committed up to a clip marked last; None at the first video request with work left. Ends: each round
+    needs every asked clip id in `done`, and a request's clip ids are distinct."""
+    keys: list[np.ndarray] = []
+    todo, k = list(rids), 0
+    while todo:
+        ks = id_keys([clip_request_id(r, k) for r in todo])
+        if not done.contains_many(ks).all():
+            return None
+        keys.append(ks)
+        todo = [r for r, end in zip(todo, last.contains_many(ks), strict=True) if not end]
+        k += 1
+    return np.concatenate(keys) if keys else np.zeros(0, KEY)
+
+
+def _block_keys(block: pa.Table, task: TaskSection, done: IdIndex, last: IdIndex | None) -> np.ndarray | None:
+    """`[n] S16` the committed ids of one block's requests (a clipped video's: its clips'), None: work left.
+    `last`: the sink's `last_clip_ids` in a clipped run (None: no clips)."""
+    if last is None:
+        k = id_keys(block_ids(block, task))
+        return k if done.contains_many(k).all() else None
+    plain, videos = [], []
+    for row in block_rows(block, task):  # as the CPU stage cuts: only an ok video row becomes clips
+        (videos if row.status == "ok" and row.media_type == "video" else plain).extend(row.ids)
+    whole = id_keys(videos)
+    failed = done.contains_many(whole)  # the whole file failed: one row under the video's own id
+    k = id_keys(plain)
+    clips = clip_keys([r for r, f in zip(videos, failed, strict=True) if not f], done, last)
+    if clips is None or not done.contains_many(k).all():
+        return None
+    return np.concatenate([k, whole[failed], clips])
 
 
 def covered(blocks: Iterable[pa.Table], task: TaskSection, done: IdIndex, *, limit: int | None,
-            keep: bool) -> int | None:
-    """The distinct request ids of `blocks` (the first `limit` rows) when `done` holds them all; None at the
-    first block with a pending id, or (`keep`: kept columns) when an id occurs twice."""
+            keep: bool, last: IdIndex | None = None) -> int | None:
+    """The distinct request ids of `blocks` (the first `limit` rows) when `done` holds them all (`last`: a
+    clipped run's last-clip ids, `_block_keys`); None at the first block with a pending id, or (`keep`: kept
+    columns) when an id occurs twice."""
     keys: list[np.ndarray] = []  # [n] S16 per block
     left = limit
     for block in blocks:
         if left is not None:
             block = block.slice(0, left)
             left -= block.num_rows
-        k = id_keys(block_ids(block, task))
-        if not done.contains_many(k).all():
+        k = _block_keys(block, task, done, last)
+        if k is None:
             return None
         keys.append(k)
         if left == 0:
@@ -124,7 +169,8 @@ def _decide(plan: RunPlan) -> NothingToDo | None:
     if not len(index.done_ids) or index.duplicate_ids or (cfg.resume.retry_transient and len(index.purgeable_ids)):
         return None  # a fresh run; or a run to tidy: ids committed twice, transient rows to purge and redo
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
-    n = covered(blocks, cfg.task, done, limit=cfg.input.limit, keep=bool(cfg.input.columns.keep))
+    last = index.last_clip_ids if cfg.video.clips.mode != "none" else None
+    n = covered(blocks, cfg.task, done, limit=cfg.input.limit, keep=bool(cfg.input.columns.keep), last=last)
     if n is None:
         return None
     record_fingerprint(cfg, had_rows=True)  # an accepted config change is recorded, as a run records it

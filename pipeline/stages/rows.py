@@ -50,6 +50,8 @@ class MediaTask:
     clip_start_s: float | None = None
     clip_end_s: float | None = None
     clip_source: str | None = None
+    # the video's last clip (its clip set ends here; the rerun check `nothing_to_do.py` reads it); None: no clip
+    clip_last: bool | None = None
     clip_uri: str | None = None  # the clip's file (`output.clip_files`, operators/media/clip_files.py); else None
     prompt_names: tuple[str | None, ...] = ()
 
@@ -175,10 +177,10 @@ _BASE = {
     "media_uri": pa.string(), "media_type": pa.string(), "ids": _LS, "request_indices": _LI, "prompts": _LS,
     "status": pa.string(), "error_type": pa.string(), "error_message": pa.string(),
     "media_bytes": pa.large_binary(), "keep": pa.large_binary(), "prompt_names": _LS, "clip_index": pa.int64(),
-    "clip_start_s": pa.float64(), "clip_end_s": pa.float64(), "clip_source": pa.string(),
+    "clip_start_s": pa.float64(), "clip_end_s": pa.float64(), "clip_source": pa.string(), "clip_last": pa.bool_(),
     "clip_uri": pa.string(),
 }
-CLIP_FIELDS = ("clip_index", "clip_start_s", "clip_end_s", "clip_source", "clip_uri")
+CLIP_FIELDS = ("clip_index", "clip_start_s", "clip_end_s", "clip_source", "clip_last", "clip_uri")
 
 
 def clip_fields(row: MediaTask) -> dict:

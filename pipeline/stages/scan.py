@@ -8,6 +8,21 @@ generated tokens and finish reason stay null. No model is loaded and no GPU is a
 the pixel values never leave the actor. What a user runs before spending GPU hours (which
 files are broken, what the job costs in tokens), and how the pipeline's own machinery is
 benchmarked (`benchmarks/bench_scale.py`). The same actor writes the rows (`ScanStage`).
+
+Clips (`video.clips`): the scan cuts each video as the run will, by the run's own path
+(`DecodeStage.decode_rows`: one decode, the detector on small frames for scenes, each clip sampled
+and preprocessed) and writes one scan row per clip and prompt (`clip_index`, `clip_start_s`,
+`clip_end_s`, `clip_source`, `clip_last`, its prompt and visual tokens). Why not estimate from the
+header: (1) scenes need the detector's pass anyway, and it is a small share of the decode (DETECT_WIDTH
+frames, `benchmarks/bench_clips.py`); (2) a header's duration may lie (a truncated upload, a wrong
+`moov`): the run's clips come from the frames that really decode, so a count from the header would be
+wrong exactly for the files a scan is meant to find; (3) the scan's CPU cost per request is then the
+run's. So the scan reports what the run will do, never an estimate: a video whose header claims more
+than decodes gets the clips of what decodes, and a file that does not decode is its error row. Per
+video: its rows (clips, each clip's visual and prompt tokens; `vlbatch inspect RUN` prints a video's
+clips as a timeline with their tokens and the video's total); the final line adds the clips, the
+media cut, the sampled frames and visual tokens per clip (`clip_text`, from the meter's counts).
+Resume: committed clips are dropped as in a run (`done`).
 """
 from __future__ import annotations
 
@@ -41,10 +56,12 @@ class ScanStage:
     never cross the object store (no writer pool, no writer process). Without it
     (tests) it returns the Generated scan rows."""
 
-    def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None, meter=None):
+    def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None, meter=None,
+                 done=None):
         from vlbatch.pipeline.stages.cpu import PrepareStage
 
-        self.prepare = PrepareStage(cfg, meter)  # progress: its decoded / preprocessed counts (telemetry/meter.py)
+        # progress: its decoded / preprocessed counts (telemetry/meter.py); done: committed ids, clips to drop
+        self.prepare = PrepareStage(cfg, meter, done)
         self.writer = None
         if run_dir is not None:
             from vlbatch.pipeline.stages.write_stage import WriteStage
@@ -53,19 +70,30 @@ class ScanStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from vlbatch.pipeline.stages.cpu import requests_of
-        from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
+        from vlbatch.pipeline.telemetry.meter import CLIP_VISUAL, DECODED, PREPROCESSED
 
         p = self.prepare
         tasks = from_table(batch, MediaTask)
+        meter = p.preprocess.meter
         with p.lock:  # the roller is not thread-safe either
-            rows = to_table([scanned(x) for r in tasks for x in p.preprocess.prepare_rows(p.decode.decode_one(r))],
-                            Generated)
+            got = [scanned(x) for r in tasks for d in self._decoded(r) for x in p.preprocess.prepare_rows(d)]
+            rows = to_table(got, Generated)
             out = rows if self.writer is None else self.writer(rows)
-        meter, n = p.preprocess.meter, requests_of(tasks)
+        n = requests_of(got)  # clips: each clip's requests
         meter.add(DECODED, n)
         meter.add(PREPROCESSED, n)
+        meter.add(CLIP_VISUAL, sum(g.visual_tokens for g in got if g.clip_index is not None and g.status == "ok"))
         meter.flush()
         return out
+
+    def _decoded(self, row: MediaTask):
+        """The row's `Decoded` rows: one, or a video's clips (counted for progress: `clip_rows.cut_counted`)."""
+        d = self.prepare.decode
+        if d.clips is None:
+            return [d.decode_one(row)]
+        from vlbatch.pipeline.stages.clip_rows import cut_counted
+
+        return cut_counted(d.decode_rows(row), self.prepare.preprocess.meter)
 
 
 def _hist_text(h: dict) -> str:
@@ -87,11 +115,26 @@ def cpu_cost_text(s) -> str | None:
             f"_summary.json; e.g. {1 / per:.1f} requests/s per core)")
 
 
-def scan_line(s) -> str:
-    """The scan's final line (`s`: the run's `telemetry/summary.RunSummary`): totals, the token histograms and
-    the CPU cost per request (`cpu_cost_text`)."""
+def clip_text(counts: dict) -> str | None:
+    """A clipped scan's figures from the meter's `counts` (`telemetry/meter.py`): clips, media cut, the
+    sampled frames and visual tokens per clip. None: no clip was cut."""
+    from vlbatch.pipeline.telemetry.meter import CLIP_FRAMES, CLIP_VISUAL, CLIPS, MEDIA_CUT
+
+    clips, media = counts.get(CLIPS, 0), counts.get(MEDIA_CUT, 0)
+    if not clips:
+        return None
+    return (f"clips {clips} of {media} media cut ({clips / max(media, 1):.1f} per media), per clip "
+            f"{counts.get(CLIP_FRAMES, 0) / clips:.1f} sampled frames and {counts.get(CLIP_VISUAL, 0) / clips:.0f} "
+            f"visual tokens (each video's clips: vlbatch inspect RUN)")
+
+
+def scan_line(s, counts: dict | None = None) -> str:
+    """The scan's final line (`s`: the run's `telemetry/summary.RunSummary`): totals, the token histograms,
+    the clips (`clip_text` of the meter's `counts`, a clipped run) and the CPU cost per request (`cpu_cost_text`)."""
     cost = cpu_cost_text(s)
+    clips = clip_text(counts or {})
     return (f"vlbatch scan: {s.requests_computed} requests, {s.processed_by_status.get('error', 0)} errors "
             f"{dict(sorted(s.error_types.items()))}; prompt tokens {s.prompt_tokens}, visual tokens {s.visual_tokens}; "
             f"prompt histogram {_hist_text(s.token_histogram.get('prompt', {}))}; "
-            f"visual histogram {_hist_text(s.token_histogram.get('visual', {}))}" + (f"; {cost}" if cost else ""))
+            f"visual histogram {_hist_text(s.token_histogram.get('visual', {}))}" + (f"; {clips}" if clips else "")
+            + (f"; {cost}" if cost else ""))

@@ -31,6 +31,9 @@ log = logging.getLogger("vlbatch.pipeline")
 
 DECODED, PREPROCESSED, GENERATED = "decoded", "preprocessed", "generated"
 CPU_READY, MODEL_READY = "cpu_ready", "model_ready"
+# video.clips: media rows the CPU stage has finished (a video once its last clip is out), clips it emitted
+MEDIA_CUT, CLIPS = "media_cut", "clips"
+CLIP_FRAMES, CLIP_VISUAL = "clip_frames", "clip_visual_tokens"  # the clips' sampled frames; visual tokens (scan)
 MODEL_OCCUPANCY, CPU_WINDOW_S = "model_occupancy", "cpu_window_s"  # snapshot keys that are no counts
 
 

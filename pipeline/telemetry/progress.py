@@ -10,6 +10,12 @@ a timestamped log line every `ray.progress_interval_s` seconds, whether or not a
 committed, and at the end. A change of phase (`starting the actors`, `running`) is a line of
 its own at once. `update`, `observe` and `tick` may come from two threads (the graph's
 iterator, the ticker): they take one lock.
+
+A clipped run (`video.clips`, `clipped`): a video becomes one row per clip and prompt, and how many clips
+it has is known only once it is decoded, so before the decode only the media count is knowable
+(`media_total`: the rows the CPU stage cuts). The line then says `committed D/~E rows (media C/M cut, K
+clips so far)`: E estimates the rows as the requests decoded so far per media cut, times `media_total`;
+the ETA counts against E. `total`, when set (the end of the run), is the exact row count.
 """
 from __future__ import annotations
 
@@ -22,7 +28,15 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from vlbatch.pipeline.telemetry.meter import CPU_READY, CPU_WINDOW_S, MODEL_OCCUPANCY, MODEL_READY
+from vlbatch.pipeline.telemetry.meter import (
+    CLIPS,
+    CPU_READY,
+    CPU_WINDOW_S,
+    DECODED,
+    MEDIA_CUT,
+    MODEL_OCCUPANCY,
+    MODEL_READY,
+)
 from vlbatch.pipeline.telemetry.occupancy import Occupancy, cpu_busy_fraction
 
 
@@ -68,6 +82,8 @@ class Progress:
     counts: dict = field(default_factory=dict)  # the stages' counters (pipeline/telemetry/meter.py), latest snapshot
     phase: str | None = None  # what the run is doing while nothing is committed (None: running)
     expect_models: int | None = None  # model actors the phase waits for (None: no model stage)
+    clipped: bool = False  # video.clips: rows are per clip, their total unknown before the decode (module doc)
+    media_total: int | None = None  # a clipped run: the media rows the CPU stage cuts (None: not known)
 
     def __post_init__(self):
         if self.tty is None:
@@ -142,12 +158,23 @@ class Progress:
     def elapsed(self) -> float:
         return max(1e-9, self.clock() - self.start)
 
+    def row_total(self) -> tuple[int | None, bool]:
+        """(rows to do, exact): `total`; a clipped run without it: the requests decoded per media cut so far
+        times `media_total` (an estimate; None before the first media is cut)."""
+        if self.total is not None or not self.clipped:
+            return self.total, True
+        cut = self.counts.get(MEDIA_CUT, 0)
+        if not cut or self.media_total is None:
+            return None, False
+        return max(round(self.counts.get(DECODED, 0) * max(self.media_total, cut) / cut), self.done), False
+
     def rates(self) -> dict:
         e = self.elapsed
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         # the ETA counts generated rows too: before the first commit, and while the writer holds rows
         basis = max(self.done, self.counts.get("generated", 0))
-        left = None if self.total is None else max(0, self.total - basis)
+        total, _ = self.row_total()
+        left = None if total is None else max(0, total - basis)
         rps = self.done / e
         brps = basis / e
         return {"rows_per_s": rps, "visual_tokens_per_s": self.visual_tokens / e,
@@ -182,12 +209,18 @@ class Progress:
     def line(self) -> str:
         r = self.rates()
         errs = self.status.get("error", 0)
-        total = "?" if self.total is None else self.total
+        n, exact = self.row_total()
+        total = "?" if n is None else f"{'' if exact else '~'}{n}"
         c = self.counts
+        if self.clipped and self.total is None:  # what is known before the decode: media, clips so far
+            media = "?" if self.media_total is None else self.media_total
+            total += f" rows (media {c.get(MEDIA_CUT, 0)}/{media} cut, {c.get(CLIPS, 0)} clips so far)"
+        else:
+            total += " rows"
         stages = (f"decoded {c.get('decoded', 0)}  preprocessed {c.get('preprocessed', 0)}  "
                   f"generated {c.get('generated', 0)}  committed ")
         phase = f"[{self.phase}] " if self.phase else ""
-        return (f"{phase}{stages}{self.done}/{total} rows  {r['rows_per_s']:.2f} rows/s  "
+        return (f"{phase}{stages}{self.done}/{total}  {r['rows_per_s']:.2f} rows/s  "
                 f"vis {r['visual_tokens_per_s']:.0f} tok/s  gen {r['generated_tokens_per_s']:.1f} tok/s  "
                 f"prefix-hit {r['prefix_cache_hit_rate']:.0%}  errors {errs}  ETA {_fmt_eta(r['eta_s'])}"
                 + (f"  {occ.text()}" if (occ := self.occupancy()) is not None else ""))
