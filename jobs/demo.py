@@ -4,9 +4,11 @@
 media (images and videos the bundled model `models/shapes-tiny` was trained to describe),
 deliberately bad files and a manifest under `out_dir`, then `configs/demo.yaml` runs
 through the real pipeline on a local Ray (decode, preprocess, engine, Parquet writer).
-Every output row is printed: the caption next to the scene's ground truth, or the error
-type of a bad file; then the next step (`vlbatch inspect` on the run, with `--html`) and the
-run's closing line, last. A second run resumes: committed rows are not recomputed.
+Every media (or clip: the reel is cut into scenes) is printed: its caption and structured answer
+next to the scene generator's record, or the error type of a bad file; the structured question's
+match rate and the reel's cuts found vs the true ones (`jobs/demo_report.py`); then the next
+step (`vlbatch inspect` on the run, with `--html`) and the run's closing line, last. A second run
+resumes: committed rows are not recomputed.
 
 `run_preprocess_demo(out_dir)` (`vlbatch demo --preprocess-only`) runs only
 `vlbatch.operators.preprocess.Processor` over a few generated images in several modes and
@@ -16,6 +18,7 @@ tokens per item. It finishes in seconds.
 from __future__ import annotations
 
 import io
+import sys
 import time
 from pathlib import Path
 
@@ -127,6 +130,7 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 def run_demo(out_dir: str | Path = "out/demo", *, show: int = 40) -> int:
     """The demo job through the whole pipeline on a local Ray; prints `show` output rows, then the run's
     closing line and the next step (`vlbatch inspect` on the run)."""
+    from vlbatch.jobs.demo_report import print_report
     from vlbatch.jobs.local import run_local, summary_line
     from vlbatch.pipeline.demo import demo_overrides, demo_truth, prepare_demo
 
@@ -134,7 +138,7 @@ def run_demo(out_dir: str | Path = "out/demo", *, show: int = 40) -> int:
     prepare_demo(out)
     held: list = []
     rc = run_local(DEMO_CONFIG, demo_overrides(out), name="demo", use_lock=False, report=held.append)
-    _print_rows(out / "output", show, demo_truth(out))
+    print_report(out / "output", show, demo_truth(out), sys.stdout)
     for summary in held:  # the closing line last, the next step just before it
         run_dir = summary.output_dir.rstrip("/")
         print(f"[vlbatch] next: vlbatch inspect {_shown(run_dir)} --html {_shown(str(out / 'report.html'))}")
@@ -148,27 +152,3 @@ def _shown(path: str) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return path
-
-
-def _print_rows(output_root: Path, show: int, truth: dict[str, str]) -> None:
-    """A few rows of the committed Parquet output, and the counts by status."""
-    import pyarrow.dataset as ds
-
-    parts = sorted(output_root.rglob("part-*.parquet"))
-    if not parts:
-        print(f"no output under {output_root}")
-        return
-    table = ds.dataset([str(p) for p in parts], format="parquet").to_table(
-        columns=["media_uri", "status", "error_type", "answer", "generated_tokens"])
-    rows = table.to_pylist()
-    ok = sum(r["status"] == "ok" for r in rows)
-    print(f"{len(rows)} rows in {len(parts)} Parquet files under {output_root}: {ok} ok, {len(rows) - ok} error")
-    rows.sort(key=lambda r: (r["status"] != "ok", r["media_uri"]))
-    for r in rows[:show]:
-        name = Path(r["media_uri"]).name
-        if r["status"] != "ok":
-            print(f"  {name:<28} error {r['error_type']}")
-            continue
-        print(f"  {name:<28} model: {r['answer']}")
-        if r["media_uri"] in truth:
-            print(f"  {'':<28} truth: {truth[r['media_uri']]}")

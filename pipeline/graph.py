@@ -48,9 +48,10 @@ from vlbatch.operators.storage import join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.plan.fingerprint import record_fingerprint
 from vlbatch.pipeline.plan.spec import RunPlan, StageSpec, block_bytes
+from vlbatch.pipeline.stages.engine_rate import scan_busy
 from vlbatch.pipeline.stages.expansion import Tally, count_pending, expanded
 from vlbatch.pipeline.stages.placement import INIT_DEATHS
-from vlbatch.pipeline.stages.scan import scan_line
+from vlbatch.pipeline.stages.scan import cpu_s_per_request, scan_line
 from vlbatch.pipeline.stages.write_stage import open_sink
 from vlbatch.pipeline.telemetry.attempts import with_attempts
 from vlbatch.pipeline.telemetry.meter import driver_node
@@ -242,7 +243,7 @@ def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, time
     sink.write_summary(summary.to_json())
     sink.finish()
     if cfg.task.mode == "scan":
-        stream.write(scan_line(summary, progress.counts) + "\n")
+        stream.write(scan_line(summary, progress.counts, scan_busy(cfg, summary, cpu_s_per_request(summary))) + "\n")
     return summary
 
 

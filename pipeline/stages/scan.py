@@ -101,15 +101,21 @@ def _hist_text(h: dict) -> str:
     return " ".join(f"{k}:{h[k]}" for k in sorted(h, key=key)) or "-"
 
 
-def cpu_cost_text(s) -> str | None:
-    """The CPU stage's cost per request measured by the scan (decode + preprocess actor-seconds / requests)
-    and what it means for a model replica: generating R requests/s it needs that many seconds x R CPU
-    cores to stay busy (R: a real run's `rows_per_s_busy`, `_summary.json` `model_actors`). None: nothing ran."""
+def cpu_s_per_request(s) -> float | None:
+    """The CPU stage's measured cost per request: decode + preprocess actor-seconds / requests (None: nothing
+    ran)."""
     n = sum(s.processed_by_status.values())
     cpu_s = s.stage_seconds.get("decode", 0.0) + s.stage_seconds.get("preprocess", 0.0)
-    if not n or cpu_s <= 0:
+    return cpu_s / n if n and cpu_s > 0 else None
+
+
+def cpu_cost_text(s) -> str | None:
+    """The CPU stage's cost per request measured by the scan and what it means for a model replica:
+    generating R requests/s it needs that many seconds x R CPU cores to stay busy (R: measured by
+    `engine_rate.scan_busy`, or a real run's `rows_per_s_busy`). None: nothing ran."""
+    per = cpu_s_per_request(s)
+    if per is None:
         return None
-    per = cpu_s / n
     return (f"decode + preprocess {per:.4f} CPU s per request: a model replica generating R requests/s needs "
             f"{per:.4f} x R CPU cores to stay busy (R: rows_per_s_busy of model_actors in a real run's "
             f"_summary.json; e.g. {1 / per:.1f} requests/s per core)")
@@ -128,13 +134,15 @@ def clip_text(counts: dict) -> str | None:
             f"visual tokens (each video's clips: vlbatch inspect RUN)")
 
 
-def scan_line(s, counts: dict | None = None) -> str:
+def scan_line(s, counts: dict | None = None, busy: str | None = None) -> str:
     """The scan's final line (`s`: the run's `telemetry/summary.RunSummary`): totals, the token histograms,
-    the clips (`clip_text` of the meter's `counts`, a clipped run) and the CPU cost per request (`cpu_cost_text`)."""
+    the clips (`clip_text` of the meter's `counts`, a clipped run), the CPU cost per request (`cpu_cost_text`)
+    and `busy` (`engine_rate.scan_busy`: the model's measured rate here and the cores that keep it busy)."""
     cost = cpu_cost_text(s)
     clips = clip_text(counts or {})
     return (f"vlbatch scan: {s.requests_computed} requests, {s.processed_by_status.get('error', 0)} errors "
             f"{dict(sorted(s.error_types.items()))}; prompt tokens {s.prompt_tokens}, visual tokens {s.visual_tokens}; "
             f"prompt histogram {_hist_text(s.token_histogram.get('prompt', {}))}; "
             f"visual histogram {_hist_text(s.token_histogram.get('visual', {}))}" + (f"; {clips}" if clips else "")
-            + (f"; {cost}" if cost else ""))
+            + (f"; {cost}" if cost else "")
+            + (f"; {busy}" if busy else ""))
