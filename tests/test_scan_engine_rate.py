@@ -25,7 +25,7 @@ def test_cores_are_cpu_seconds_per_request_times_the_engines_rate():
     assert line.startswith("the model does 12.50 requests/s here (measured: 8 synthetic requests of 100 prompt / 36 "
                            "visual tokens, 64 generated each, in 0.64 s)")
     assert line.endswith("keeping it busy needs about 1.25 CPU cores of decode+preprocess per replica")
-    assert scan_line(s, line).endswith("; " + line) and scan_line(s).count("the model does") == 0
+    assert scan_line(s, busy=line).endswith("; " + line) and scan_line(s).count("the model does") == 0
 
 
 def test_the_rate_is_measured_once_per_machine_and_model_then_cached(tmp_path, tiny_ckpt):
