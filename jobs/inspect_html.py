@@ -6,9 +6,9 @@ headline (rows, ok / error, attempts, rows/s over the whole run, model, when), i
 away (`<details>`), counts; its attempts (each call of `vlbatch run`) and the last call's rows/s and
 tokens/s over time (`inspect_run.rates`); token histograms;
 the sampled media as cards (`#sample .card`, one per media, `inspect_cards`: an image thumbnail or a
-video's frame strip beside its caption, then each prompt and its answer, a parsed value as a small table); the errors grouped by type,
-each with one example message and a few of its media. A small inline script records on
-`<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
+video's frame strip beside its caption, then each prompt and its answer, a parsed value as a small
+table); the errors grouped by type, each with one example message and a few of its media. A small
+inline script records on `<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
 """
 from __future__ import annotations
 
