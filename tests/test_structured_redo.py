@@ -96,3 +96,11 @@ def test_a_larger_max_tokens_redoes_truncated_rows_under_a_pinned_run_id(tmp_pat
         assert after[i] == rows[i]
     summary = json.loads((run_dir / "_summary.json").read_text())
     assert summary["requests_skipped"] == 2, summary
+
+
+def test_the_refusal_of_a_grown_max_tokens_says_truncated_rows_are_redone():
+    from vlbatch.pipeline.plan.fingerprint import refusal
+
+    grown = refusal("r", {"sampling.max_tokens": [2, 12]})
+    assert "--allow-config-change" in grown and "TruncatedError rows" in grown and grown.endswith("computed again)")
+    assert "TruncatedError" not in refusal("r", {"sampling.max_tokens": [12, 2]})
