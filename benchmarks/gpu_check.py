@@ -4,7 +4,7 @@
 
 Prints one line: Python, torch (its CUDA, the device and its free memory), triton,
 transformers (and whether it has Qwen3.5: the parity reference), numba, the carried wheels
-(fla-core, einops, blake3: what the device's python3 lacks) and this project's import from
+(fla-core, einops, blake3, xgrammar: what the device's python3 lacks) and this project's import from
 the tree, then `missing: ...` naming what is absent. Exits 1 when something every step
 needs is missing (`--cpu`, the rehearsal: CUDA and fla are not needed). Not fatal, only named:
 fla on CUDA (the DeltaNet layers then run the torch kernels) and a transformers without
@@ -24,7 +24,7 @@ import sys
 NEEDED = {"torch": "torch", "numpy": "numpy", "safetensors": "safetensors", "tokenizers": "tokenizers",
           "jinja2": "jinja2", "PIL": "pillow", "yaml": "pyyaml", "numba": "numba", "triton": "triton",
           "transformers": "transformers", "blake3": "blake3"}
-CARRIED = ("fla-core", "einops", "blake3")  # the wheels benchmarks/gpu_wheels.sh downloads
+CARRIED = ("fla-core", "einops", "blake3", "xgrammar")  # the wheels benchmarks/gpu_wheels.sh downloads
 
 
 def _version(dist: str) -> str | None:

@@ -5,7 +5,7 @@
 # blake3, and no network. Nothing the steps import goes beyond these and the carried wheels.
 #
 # Prepare here, once (the device reaches no package registry):
-#   bash benchmarks/gpu_wheels.sh      # fla-core, einops, blake3 (cp312) into .whl/ (git-ignored)
+#   bash benchmarks/gpu_wheels.sh      # fla-core, einops, blake3, xgrammar (cp312) into .whl/ (git-ignored)
 # then the device tool's run: carry [".whl"], command "bash benchmarks/gpu_run.sh", timeout_s 480.
 # The CPU rehearsal (tests/test_gpu_run.py runs it in a venv holding only the packages above):
 #   python3 -m benchmarks.device_env /tmp/devenv --wheels /tmp/devwhl
@@ -25,6 +25,9 @@
 #                one "skipped: why" line where TorchCodec or FFmpeg's libraries cannot load there
 #   03_nine_b    9B shape: engine vs transformers generate (images/s, tokens/s, CUDA graphs off/on,
 #                decode vs the HBM roofline), video QA caches on/off, peak memory vs the plan
+#   04_structured constrained decoding (benchmarks/bench_structured.py): free vs JSON schema vs choices at
+#                batch 64, the step split (mask fill, mask apply, rest) and whether the CPU's mask fill is
+#                hidden behind the GPU's forward; "skipped: no xgrammar ..." (exit 0) where not carried
 # --rehearse: every step on the CPU at tiny shapes (float32), no CUDA needed.
 # Environment: OUT (default: a temp folder), WHEELS (default .whl), PYTHON (default python3),
 # CKPT_DIR (the 9B checkpoint, default /tmp/ckpt9b: reused by a rerun on a warm machine).
@@ -62,7 +65,8 @@ if [[ $REHEARSE == 1 ]]; then
           --requests 3 --new-tokens 4 --size 64 --videos 1 --questions 3 --frames 4 --video-new-tokens 3
           --hf-batches 1,3 --hf-images 3)
   DECODE=(--device cpu --clips tiny --cache "$WORK/clips")
-  LIMITS=(0 0 0 0)  # no step limit: the test's own timeout bounds the rehearsal
+  STRUCT=(--device cpu --shape tiny --requests 4 --new-tokens 8)
+  LIMITS=(0 0 0 0 0)  # no step limit: the test's own timeout bounds the rehearsal
 else
   command -v nvidia-smi > /dev/null && nvidia-smi > "$OUT/00_nvidia_smi.txt" 2>&1
   CHECK=()
@@ -70,7 +74,8 @@ else
   KERNELS=(--device cuda)
   NINE_B=(--device cuda --dtype bfloat16 --dir "${CKPT_DIR:-/tmp/ckpt9b}" --memory-fraction 0.85 --peak-gbs 4800)
   DECODE=(--device cuda --cache "$WORK/clips")
-  LIMITS=(150 120 420 180)
+  STRUCT=(--device cuda --dtype bfloat16 --requests 64 --new-tokens 64)
+  LIMITS=(150 120 420 180 150)
 fi
 
 FAILED=()
@@ -102,6 +107,7 @@ else
 fi
 step 02b_decode "${LIMITS[3]}" "$PY" -m benchmarks.gpu_decode "${DECODE[@]}" --json "$OUT/02b_decode.json"
 step 03_nine_b "${LIMITS[2]}" "$PY" -m benchmarks.gpu_nine_b --out "$OUT" "${NINE_B[@]}"
+step 04_structured "${LIMITS[4]}" "$PY" -m benchmarks.bench_structured "${STRUCT[@]}" --json "$OUT/04_structured.json"
 
 if (( ${#FAILED[@]} )); then
   echo "failed steps: ${FAILED[*]} (files under $OUT)"

@@ -5,11 +5,12 @@ No server and nothing fetched: thumbnails are inlined as small JPEGs (`data:` UR
 headline (rows, ok / error, attempts, rows/s over the whole run, model, when), its fingerprint folded
 away (`<details>`), counts; its attempts (each call of `vlbatch run`) and the last call's rows/s and
 tokens/s over time (`inspect_run.rates`); token histograms;
-the sampled rows as cards (`#sample .card`, one per sampled row: an image thumbnail or a
-video's frame strip beside the caption or question and answer); the errors grouped by type,
-each with one example message and a few of its media; a clipped run's timelines (`#clips .timeline`, a
-few videos: per clip a frame near its middle, its start-end and caption; `inspect_clips`). A small inline
-script records on `<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
+the sampled media as cards (`#sample .card`, one per media, `inspect_cards`: an image thumbnail or a
+video's frame strip beside its caption, then each prompt and its answer, a parsed value as a small
+table); the errors grouped by type, each with one example message and a few of its media; a clipped run's
+timelines (`#clips .timeline`, a few videos: per clip a frame near its middle, its start-end and caption;
+`inspect_clips`). A small
+inline script records on `<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
 """
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ table.attempts tr.total td{border-top:1px solid #d1d5db;font-weight:600}
 .timeline{display:flex;gap:8px;overflow-x:auto;padding-top:8px}.timeline figure.clip{margin:0;flex:none;width:150px;
 font-size:12px}.timeline img{max-width:150px;border-radius:4px}.timeline .a{font-size:12px}
 #clips .panel{margin-bottom:12px}
+"""
+
+CARD_CSS = """
+.answer{margin-top:6px}.answer .q b.name{color:#1d2330;font-weight:600;margin-right:4px}.answer .tok{font-size:11px}
+table.parsed{border-collapse:collapse;font-size:13px;margin-top:3px}table.parsed th,table.parsed td{padding:1px 8px;
+border:1px solid #e5e7eb;text-align:left;vertical-align:top}table.parsed th{background:#f4f5f7;font-weight:600}
+table.parsed td{word-break:break-word}
 """
 
 SCRIPT = """addEventListener('load',()=>{const im=[...document.querySelectorAll('img.thumb')];
@@ -164,7 +172,7 @@ def render(rep: RunReport, thumbs: dict[str, Thumb], frames: dict | None = None)
     folded = (f'<details class="fp"><summary>fingerprint ({len(fp)} field{"s" if len(fp) != 1 else ""}: what the '
               f'answers were made with)</summary>{"<br>".join(e(x) for x in fp)}</details>')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>vlbatch run {e(run_id)}</title>'
-            f'<style>{CSS}</style><script>{SCRIPT}</script></head><body>'
+            f'<style>{CSS}{CARD_CSS}</style><script>{SCRIPT}</script></head><body>'
             f'<header><h1>vlbatch run {e(run_id)}</h1>{_headline(rep)}<div class="where">{e(rep.ref.uri)} · '
             f'{rep.rows} rows in {rep.parts} Parquet files</div>{folded}</header><main>'
             f'<div class="chips">{chips}</div>'
@@ -223,23 +231,39 @@ def _media(uri: str | None, thumbs: dict[str, Thumb]) -> tuple[str, bool]:
 
 
 def _sample(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
+    """The sampled media, a card each (`inspect_cards`): its thumbnail or strip beside its prompts."""
+    from vlbatch.jobs.inspect_cards import cards
+
     cond = " and ".join(f"{c}={v}" for c, v in rep.where)
-    head = (f'<h2>Sample <span class="muted">{len(rep.sample)} of {rep.matched} rows'
+    sampled = cards(rep.sample)
+    head = (f'<h2>Sample <span class="muted">{len(sampled)} media ({len(rep.sample)} rows) of {rep.matched} rows'
             f'{" where " + e(cond) if cond else ""}, seed {rep.seed}</span></h2>')
-    cards = []
-    for r in rep.sample:
-        media, strip = _media(r.get("media_uri"), thumbs)
-        ok = r["status"] == "ok"
-        body = (f'<div class="a">{e(r.get("answer") or "")}</div>' if ok else
-                f'<div class="err">{e(r.get("error_type") or "")}: {e(r.get("error_message") or "")}</div>')
-        toks = " · ".join(f"{k} {r.get(f'{k}_tokens')}" for k in TOKENS if r.get(f"{k}_tokens") is not None)
-        cards.append(
+    out = []
+    for card in sampled:
+        media, strip = _media(card.media_uri, thumbs)
+        out.append(
             f'<div class="card{" video" if strip else ""}"><div class="media">{media}</div><div class="text">'
-            f'<div class="uri">{e(r.get("media_uri") or "(no media_uri)")}<span class="badge '
-            f'{"ok" if ok else "error"}">{e(r["status"])}</span></div>'
-            f'<div class="q">{e(r.get("prompt") or "")}</div>{body}'
-            f'<div class="meta">{e(r.get("media_type") or "")}{" · " + toks if toks else ""}</div></div></div>')
-    return f'{head}<section id="sample" class="grid">{"".join(cards)}</section>'
+            f'<div class="uri">{e(card.media_uri or "(no media_uri)")}<span class="badge '
+            f'{"ok" if card.ok else "error"}">{e(card.status_text())}</span></div>'
+            f'{"".join(_answer(a) for a in card.answers)}'
+            f'<div class="meta">{e(card.media_type or "")}</div></div></div>')
+    return f'{head}<section id="sample" class="grid">{"".join(out)}</section>'
+
+
+def _answer(a) -> str:
+    """One prompt of a card (`inspect_cards.Answer`): its name and prompt, then its answer, its parsed value as
+    a small table, or its error; every string escaped (answers are untrusted text)."""
+    r = a.row
+    if not a.ok:
+        body = f'<div class="err">{e(r.get("error_type") or "")}: {e(r.get("error_message") or "")}</div>'
+    elif a.items is None:
+        body = f'<div class="a">{e(r.get("answer") or "")}</div>'
+    else:
+        body = ('<table class="parsed">' + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in a.items)
+                + "</table>")
+    toks = " · ".join(f"{k} {r.get(f'{k}_tokens')}" for k in TOKENS if r.get(f"{k}_tokens") is not None)
+    return (f'<div class="answer {"ok" if a.ok else "error"}"><div class="q"><b class="name">{e(a.label)}</b> '
+            f'{e(r.get("prompt") or "")}<span class="tok">{" · " + toks if toks else ""}</span></div>{body}</div>')
 
 
 def _errors(rep: RunReport, thumbs: dict[str, Thumb]) -> str:

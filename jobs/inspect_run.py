@@ -4,10 +4,11 @@ RUN is a run directory (`<output.uri>/<run_id>`, local or s3://; an `output.uri`
 is taken to mean that run) or a job config (its `output.uri` / run id, storage and video
 settings). `read_run` streams the committed part files once (a few columns, one part at a time:
 memory does not grow with the run), counting statuses, error types (one example message each)
-and token histograms, and keeps a seeded random sample of the rows matching `--where` (each row a
-random key; the `n` smallest kept). The run's `_summary.json` gives the throughput timeline
-(`pipeline/telemetry/timeline.py`); the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the
-terminal form (and is the command), `vlbatch.jobs.inspect_html` the page.
+and token histograms, and keeps a seeded random sample of media: every row matching `--where` of the
+`n` media with the smallest random keys (one key per media and seed: `inspect_cards`, which also groups
+them into cards). The run's `_summary.json` gives the throughput timeline (`pipeline/telemetry/timeline.py`);
+the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the terminal form (and is the
+command), `vlbatch.jobs.inspect_html` the page.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from vlbatch.operators.storage.retry import describe, with_retries
 FINGERPRINT_NAME = "_fingerprint.json"  # the run's config fingerprint, beside the part files (when recorded)
 SUMMARY_NAME = "_summary.json"
 WHERE_COLUMNS = ("status", "error_type", "media_type", "finish_reason", "model")
-SCAN_COLUMNS = ["media_uri", "media_type", "status", "error_type", "error_message", "prompt_tokens",
+SCAN_COLUMNS = ["id", "media_uri", "media_type", "status", "error_type", "error_message", "prompt_tokens",
                 "visual_tokens", "generated_tokens", "model", "run_id", "quality_flags"]
 TOKENS = ("prompt", "visual", "generated")
 ERROR_MEDIA = 4  # media kept per error type for the page
@@ -184,8 +185,7 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
     sink = ParquetSink(ref.uri, ref.storage)
     parts = reading(ref.uri, ref.storage, sink.parts)
     rep = RunReport(ref=ref, parts=len(parts), where=tuple(where), seed=seed)
-    rng = np.random.default_rng(seed)
-    kept: list[tuple[float, str, int]] = []  # (key, part, row) of the sample so far
+    kept: dict[str, tuple[float, list]] = {}  # card key -> (its random key, [(part, row)]) of the sample so far
     timelines = Timelines()
     for part in parts:
         t = sink.read_part(part, SCAN_COLUMNS + CLIP_COLUMNS)
@@ -194,17 +194,42 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
         _count_quality(rep, t, part)
         match = np.flatnonzero(_mask(t, rep.where))
         rep.matched += len(match)
-        keys = rng.random(len(match))
-        if len(match) > sample:  # only this part's `sample` smallest keys can enter the sample
-            best = np.argpartition(keys, sample)[:sample] if sample else np.zeros(0, np.int64)
-            keys, match = keys[best], match[best]
-        kept = sorted(kept + [(float(k), part, int(r)) for k, r in zip(keys, match, strict=True)])[:sample]
-    rep.sample = _rows(sink, kept)
+        if sample and len(match):
+            _keep_media(kept, t, match, part, sample, seed)
+    rep.sample = _rows(sink, [(0.0, p, r) for _, at in kept.values() for p, r in at])
     rep.timelines = timelines.finish(sink)
     rep.quality_rows = {f: _rows(sink, [(0.0, p, r) for p, r in at]) for f, at in rep.quality_rows.items()}
     rep.summary = read_json(join(ref.uri, SUMMARY_NAME), ref.storage)
     rep.fingerprint = read_fingerprint(ref)
     return rep
+
+
+def _keep_media(kept: dict, t: pa.Table, match: np.ndarray, part: str, sample: int, seed: int) -> None:
+    """Keep in `kept` the `sample` media with the smallest random keys so far (`inspect_cards.media_key`: one
+    per media and seed), each with all its matching rows. Keys are hashed per distinct media of the part;
+    only rows under the current cut are looked at one by one."""
+    from vlbatch.jobs.inspect_cards import card_key, media_key
+
+    sub = t.select(["id", "media_uri"]).take(pa.array(match))
+    enc = pc.dictionary_encode(sub["media_uri"].combine_chunks())
+    names = enc.dictionary.to_pylist()
+    per_name = np.array([media_key(card_key({"media_uri": u}), seed) for u in names] + [0.0])
+    codes = enc.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
+    keys = per_name[codes]
+    nulls = np.flatnonzero(codes == len(names))
+    if len(nulls):  # a row without a media_uri is a card of its own
+        ids = sub["id"].take(pa.array(nulls)).to_pylist()
+        keys[nulls] = [media_key(card_key({"media_uri": None, "id": i}), seed) for i in ids]
+    cut = sorted(k for k, _ in kept.values())[sample - 1] if len(kept) >= sample else 1.0
+    uniq = np.unique(keys)
+    if len(uniq) >= sample:  # this part's own `sample` media bound the cut too
+        cut = min(cut, float(uniq[sample - 1]))
+    for i in np.flatnonzero(keys <= cut).tolist():
+        uri = names[codes[i]] if codes[i] < len(names) else None
+        ck = card_key({"media_uri": uri, "id": None if uri is not None else sub["id"][i].as_py()})
+        kept.setdefault(ck, (float(keys[i]), []))[1].append((part, int(match[i])))
+    for ck, _ in sorted(kept.items(), key=lambda x: x[1][0])[sample:]:
+        del kept[ck]
 
 
 def _count(rep: RunReport, t: pa.Table) -> None:

@@ -3,10 +3,11 @@
 Sections: the run's identity (its fingerprint, else run id and model), counts by status, error types
 with one example message each, token histograms (power-of-two buckets), throughput over the run
 (each attempt: a call of `vlbatch run`, a resume; then the whole run; sparklines of rows/s and
-tokens/s from the last call's timeline), a clipped run's video timelines (`inspect_clips.print_timelines`: one
-line per clip), then the sampled rows (media URI,
-prompt, answer or error). The data comes from `vlbatch.jobs.inspect_run.read_run`; `--html` adds the
-page (`vlbatch.jobs.inspect_html`).
+tokens/s from the last call's timeline), a clipped run's video timelines
+(`inspect_clips.print_timelines`: one line per clip), then the sampled media, a card each (`inspect_cards`: the
+caption, then each prompt with its answer, parsed value or error). The data comes from
+`vlbatch.jobs.inspect_run.read_run`; `--html` adds the page (`vlbatch.jobs.inspect_html`). Answers are
+untrusted text: control characters (a terminal escape sequence) are shown escaped (`_one_line`).
 """
 from __future__ import annotations
 
@@ -101,8 +102,12 @@ def log_folders(rep: RunReport) -> list[Path]:
     return found
 
 
+# C0 / C1 control characters (ESC starts a terminal escape sequence) shown as \\xNN, never sent to the terminal
+CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
 def _one_line(text: str, limit: int = 160) -> str:
-    text = " ".join((text or "").split())
+    text = " ".join((text or "").split()).translate(CONTROLS)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -148,17 +153,27 @@ def _print_attempts(attempts: list[Attempt], w) -> None:
 
 
 def _print_sample(rep: RunReport, w) -> None:
+    """The sampled media, one card each (`inspect_cards`): the caption, then each prompt with its answer,
+    a structured answer's parsed value as `key: value` lines, or its error."""
+    from vlbatch.jobs.inspect_cards import cards
+
     cond = " and ".join(f"{c}={v}" for c, v in rep.where)
-    w(f"\nsample: {len(rep.sample)} of {rep.matched} rows{' where ' + cond if cond else ''} (seed {rep.seed})\n")
-    for i, r in enumerate(rep.sample, 1):
-        toks = "/".join("-" if r.get(f"{k}_tokens") is None else str(r[f"{k}_tokens"]) for k in TOKENS)
-        w(f"[{i}] {r.get('media_uri') or '(no media_uri)'}  {r.get('media_type')}, {r['status']}, "
-          f"tokens prompt/visual/generated {toks}\n")
-        w(f"    prompt: {_one_line(r.get('prompt') or '')}\n")
-        if r["status"] == "ok":
-            w(f"    answer: {_one_line(r.get('answer') or '', 400)}\n")
-        else:
-            w(f"    error:  {r.get('error_type')}: {_one_line(r.get('error_message') or '', 400)}\n")
+    sampled = cards(rep.sample)
+    w(f"\nsample: {len(sampled)} media ({len(rep.sample)} rows) of {rep.matched} rows"
+      f"{' where ' + cond if cond else ''} (seed {rep.seed})\n")
+    for i, card in enumerate(sampled, 1):
+        w(f"[{i}] {card.media_uri or '(no media_uri)'}  {card.media_type}, {card.status_text()}\n")
+        for a in card.answers:
+            r = a.row
+            toks = "/".join("-" if r.get(f"{k}_tokens") is None else str(r[f"{k}_tokens"]) for k in TOKENS)
+            w(f"    {_one_line(a.label, 80)}: {_one_line(r.get('prompt') or '')}  ({r.get('status')}, "
+              f"tokens prompt/visual/generated {toks})\n")
+            if not a.ok:
+                w(f"      error:  {r.get('error_type')}: {_one_line(r.get('error_message') or '', 400)}\n")
+            elif a.items is None:
+                w(f"      answer: {_one_line(r.get('answer') or '', 400)}\n")
+            else:
+                w("".join(f"      {_one_line(k, 80)}: {_one_line(v, 400)}\n" for k, v in a.items))
 
 
 def run_inspect(target: str, *, sample: int = 8, where: list[str] | None = None, seed: int = 0,

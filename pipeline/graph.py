@@ -149,11 +149,11 @@ def _open_run(cfg: JobConfig, run_uri: str):
         from vlbatch.operators.media.clip_files import clean_debris
 
         clean_debris(join(run_uri, "clips"), cfg.storage.options())
-    index = sink.index()
+    index = sink.index(max_tokens=cfg.sampling.max_tokens)  # TruncatedError rows a larger max_tokens redoes
     if index.files and not cfg.resume.enabled:
         raise ConfigError(f"resume.enabled=false but {run_uri} already holds {len(index.files)} committed files; "
                           "set resume.enabled=true to continue that run or choose a new output.run_id")
-    purged = sink.purge(index.purgeable_ids) if cfg.resume.retry_transient else 0
+    purged = sink.purge(index.purgeable_ids, max_tokens=cfg.sampling.max_tokens) if cfg.resume.retry_transient else 0
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
     return sink, index, purged, done
 

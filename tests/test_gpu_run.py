@@ -2,8 +2,9 @@
 python3 that holds only what the device machine's holds (benchmarks/device_env.py: a venv
 without system site-packages linking torch, transformers, triton, numba, numpy, pillow,
 safetensors, tokenizers, jinja2, pyarrow, fsspec, pyyaml and their dependencies from this
-interpreter; no ray, pydantic, decord, av, s3fs, blake3, nor this project). blake3, av and
-torchcodec are carried as wheels, as on the device (packed from this interpreter's installs). A step importing
+interpreter; no ray, pydantic, decord, av, s3fs, blake3, nor this project). blake3, av,
+torchcodec and xgrammar (with its tvm-ffi and pydantic) are carried as wheels, as on the device
+(packed from this interpreter's installs). A step importing
 anything else, or the tree not importing as `vlbatch.*`, fails the rehearsal. Figures are not
 asserted, only what the steps count and compare."""
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pytest
 from benchmarks import device_env, tree_site
 
 ROOT = Path(__file__).resolve().parent.parent
+# 04_structured's, as gpu_wheels.sh downloads them for the device (xgrammar imports pydantic and tvm_ffi)
+XGRAMMAR = ("xgrammar", "apache-tvm-ffi", "pydantic", "pydantic-core", "annotated-types", "typing-inspection")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def device_python(tmp_path_factory):
     """(python of the device-like venv, folder holding the blake3, av and torchcodec wheels)."""
     tmp = tmp_path_factory.mktemp("device_env")
     python = device_env.build(tmp / "venv")
-    for name in ("av", "torchcodec"):  # 02b_decode's, as gpu_wheels.sh downloads them for the device
+    for name in ("av", "torchcodec", *XGRAMMAR):  # 02b_decode's and 04_structured's
         device_env.wheel_from_installed(name, tmp / "wheels")
     return python, device_env.wheel_from_installed("blake3", tmp / "wheels").parent
 
@@ -56,6 +59,20 @@ def test_check_names_what_is_missing(device_python, tmp_path):
     assert "missing: blake3" in line and "transformers " in line and "vlbatch from the tree: ModuleNotFound" in line
 
 
+def test_structured_step_says_skipped_without_xgrammar(device_python, tmp_path):
+    """The device env holds no xgrammar unless it is carried: 04_structured then says so in one line and
+    exits 0 (its JSON says why), never a traceback that fails the GPU run."""
+    python, _ = device_python
+    tree_site.make_site(tmp_path / "site")
+    out = tmp_path / "s.json"
+    proc = _run(python, "-m", "benchmarks.bench_structured", "--device", "cuda", "--json", str(out),
+                env={"PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("skipped: no xgrammar in the device env (ModuleNotFoundError") and "gpu_wheels.sh" in line
+    assert json.loads(out.read_text())["skipped"] == line.removeprefix("skipped: ")
+
+
 def test_tree_site_mirrors_setup_py(tmp_path):
     assert tree_site.roots() == {"operators": "operators", "pipeline": "pipeline", "jobs": "jobs",
                                  "models": "models", "devtools": "scripts/devtools"}
@@ -82,7 +99,8 @@ def test_rehearsal_runs_every_step_in_the_device_env(device_python, tmp_path):
                           env={**os.environ, **env}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert (out / "summary.txt").read_text().split("\n")[:-1] == [
-        f"{s}: exit 0" for s in ("00_check", "01_parity", "01b_parity_bf16", "02_kernels", "02b_decode", "03_nine_b")]
+        f"{s}: exit 0" for s in ("00_check", "01_parity", "01b_parity_bf16", "02_kernels", "02b_decode", "03_nine_b",
+                                 "04_structured")]
     check = _json(out, "00_check.json")
     assert check["missing"] == [] and check["carried"]["blake3"]
     parity = _json(out, "01_parity.json")
@@ -115,3 +133,10 @@ def test_rehearsal_runs_every_step_in_the_device_env(device_python, tmp_path):
     assert _json(out, "03c_memory.json")["planned_bytes"]["kv_pool"] == 64 << 20
     hf = _json(out, "03d_transformers.json")
     assert set(hf["batches"]) == {"1", "3"} and hf["engine_over_best"] > 0
+    structured = _json(out, "04_structured.json")  # ran (xgrammar carried): a grammar per format, the split
+    assert structured["skipped"] is None and structured["device"] == "cpu"
+    arms = structured["arms"]
+    assert [arms[a]["compilations"] for a in ("free", "json", "choice")] == [0, 1, 1]
+    assert all(arms[a]["tokens"] == 4 * 8 and arms[a]["full_steps"] >= 1 for a in arms)
+    assert arms["json"]["fill_s"] > 0 and arms["free"]["fill_s"] == 0
+    assert {o["verdict"].split(" (")[0] for o in structured["overlap"].values()} == {"not overlapped on the CPU"}

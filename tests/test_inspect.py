@@ -74,9 +74,9 @@ def test_terminal_report_counts_errors_tokens_throughput_and_rows(run):
         assert {k: int(v) for k, v in got.items()} == dict(want), (name, block)
     assert re.search(r"^\s+rows/s [▁▂▃▄▅▆▇█]+  peak 7\.0$", out, re.M), out  # 7 rows in the 6-7 s bucket
     assert "first row after 2.5 s" in out
-    rows = re.findall(r"^\[\d+\] (.+?)  (image|video), (ok|error)", out, re.M)
+    rows = re.findall(r"^\[\d+\] (.+?)  (image|video), (ok|error|1 ok, 1 error)$", out, re.M)
     uris = {u or "(no media_uri)" for u in table["media_uri"].to_pylist()}
-    assert len(rows) == 13 and {u for u, _, _ in rows} == uris
+    assert len(rows) == 12 and {u for u, _, _ in rows} == uris  # a card per media (photo.jpg: its two prompts)
     for r in table.to_pylist():
         assert (r["answer"] or r["error_message"]) in out
 
@@ -86,8 +86,8 @@ def test_sample_where_seed_and_bad_arguments(run):
     first = _cli(str(run_dir), "--where", "status=error", "--sample", "3", "--seed", "1")
     assert first.returncode == 0, first.stderr
     picked = re.findall(r"^\[\d\] .*$", first.stdout, re.M)
-    assert len(picked) == 3 and all(", error, tokens" in p for p in picked), picked
-    assert "sample: 3 of 6 rows where status=error (seed 1)" in first.stdout
+    assert len(picked) == 3 and all(p.endswith(", error") for p in picked), picked
+    assert "sample: 3 media (3 rows) of 6 rows where status=error (seed 1)" in first.stdout
     assert _cli(str(run_dir), "--where", "status=error", "--sample", "3", "--seed", "1").stdout == first.stdout
     others = {tuple(re.findall(r"^\[\d\] .*$", _cli(str(run_dir), "--where", "status=error", "--sample", "3",
                                                    "--seed", str(s)).stdout, re.M)) for s in range(2, 6)}
@@ -132,7 +132,7 @@ def test_html_page_in_headless_chromium(run, tmp_path):
     loaded, total = (int(re.search(rf'{k}="(\d+)"', body).group(1)) for k in ("data-thumbs-loaded", "data-thumbs"))
     assert total >= 8 + 6 + 6 and loaded == total, body  # the browser decoded every inlined thumbnail
     by_uri = {re.search(r'<div class="uri">([^<]*)<', c).group(1): c for c in cards(dom)}
-    assert len(cards(dom)) == 13 and len(by_uri) == 12  # one card per sampled row (photo.jpg: two)
+    assert len(cards(dom)) == 12 and len(by_uri) == 12  # one card per media (photo.jpg: its two prompts on one)
     media = str(run_dir.parent.parent / "media")
     for name in ("red.png", "photo.jpg", "data-000.tar#s000.jpg", "data-000.tar#s001.png", "emb.parquet#2"):
         imgs = re.findall(r'<img class="thumb" src="([^"]+)"', by_uri[f"{media}/{name}"])

@@ -13,10 +13,13 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
   ids again (a retried batch) replaces that commit, never adds a second copy. Returns a name
   for the commit (the same for the same ids), or None for an empty table. Transient storage
   failures are retried; when retries run out `StorageError`, and nothing is committed.
-- `index() -> CommittedIndex`: which ids are committed, and how (`build_index` does the
-  bookkeeping from the (id, status, error_type) columns of each committed unit, and `clip_last`
-  where the unit has it: the ids of video's last clips, read by the rerun check).
-- `purge(ids) -> int`: remove the transient error rows of `ids` (ok and permanent-error rows
+- `index(max_tokens=None) -> CommittedIndex`: which ids are committed, and how (`build_index` does the
+  bookkeeping from the (id, status, error_type) columns of each committed unit, plus `REDO_COLUMNS`
+  when `max_tokens`, the rerun's `sampling.max_tokens`, is given: a `TruncatedError` row cut at fewer
+  tokens is then transient, redone like one: `truncated_below`), and `clip_last` where the unit has it:
+  the ids of a video's last clips, read by the rerun check.
+- `purge(ids, max_tokens=None) -> int`: remove the transient error rows of `ids` (and, given
+  `max_tokens`, the TruncatedError rows `truncated_below` redoes; ok and other permanent-error rows
   stay, whatever their id), so resume can compute those ids again; a crash part-way leaves
   rows that the next `index()` / `purge()` resolve the same way. Returns the rows removed.
 - `stage(table, group) -> str | None`: write the rows durably but invisibly (never in
@@ -57,6 +60,8 @@ from vlbatch.operators.sink.schema import STATUS_OK
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, check_output_uri
 
 INDEX_COLUMNS = ["id", "status", "error_type", "clip_last"]  # a unit without clip_last: none last
+# what decides whether a TruncatedError row is redone (`truncated_below`), read beside INDEX_COLUMNS
+REDO_COLUMNS = ["finish_reason", "generated_tokens"]
 
 
 def is_transient(error_type: str | None) -> bool:
@@ -104,6 +109,25 @@ def retried_mask(status: pa.ChunkedArray | pa.Array, error_type: pa.ChunkedArray
     return mask
 
 
+def truncated_below(t: pa.Table, max_tokens: int | None) -> np.ndarray:
+    """`[N] bool`: the `TruncatedError` rows a rerun with `max_tokens` (`sampling.max_tokens`) computes again:
+    cut by the token limit (`finish_reason` "length") at fewer tokens than `max_tokens`, i.e. written under a
+    smaller `max_tokens` (`generated_tokens` is the limit that cut it). An equal or smaller limit would cut it
+    again: kept (a permanent error row). None, or a table without the `REDO_COLUMNS`: none."""
+    n = t.num_rows
+    if max_tokens is None or not n or not set(REDO_COLUMNS + ["error_type"]) <= set(t.column_names):
+        return np.zeros(n, bool)
+    m = pc.and_(pc.equal(t.column("error_type"), "TruncatedError"), pc.equal(t.column("finish_reason"), "length"))
+    m = pc.and_(m, pc.less(t.column("generated_tokens"), max_tokens))
+    return np.asarray(pc.fill_null(m, False).to_numpy(zero_copy_only=False), bool)
+
+
+def redone_mask(t: pa.Table, max_tokens: int | None = None) -> np.ndarray:
+    """`[N] bool`: the rows resume computes again: transient error rows (`retried_mask`) and, given the rerun's
+    `max_tokens`, the TruncatedError rows it can finish (`truncated_below`)."""
+    return retried_mask(t.column("status"), t.column("error_type")) | truncated_below(t, max_tokens)
+
+
 def _sorted_unique(chunks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, the keys that occur more than once) of the concatenated chunks
     (sorted in place: ~33 B per key at the peak)."""
@@ -116,9 +140,10 @@ def _sorted_unique(chunks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return keys[first], np.unique(repeated)
 
 
-def build_index(units: Iterable[tuple[str, pa.Table]]) -> CommittedIndex:
-    """The index from (commit name, table with INDEX_COLUMNS) per committed unit; vectorised
-    (16 B per committed row kept, about 33 B at the peak while the keys are sorted)."""
+def build_index(units: Iterable[tuple[str, pa.Table]], max_tokens: int | None = None) -> CommittedIndex:
+    """The index from (commit name, table with INDEX_COLUMNS, and REDO_COLUMNS where `max_tokens` is given) per
+    committed unit; vectorised (16 B per committed row kept, about 33 B at the peak while the keys are sorted).
+    `max_tokens`: the rerun's `sampling.max_tokens`; the TruncatedError rows it redoes count as transient."""
     done: list[np.ndarray] = []
     transient: list[np.ndarray] = []
     last: list[np.ndarray] = []
@@ -127,7 +152,7 @@ def build_index(units: Iterable[tuple[str, pa.Table]]) -> CommittedIndex:
     for name, t in units:
         names.append(name)
         keys = id_keys(t.column("id"))
-        mask = retried_mask(t.column("status"), t.column("error_type"))
+        mask = redone_mask(t, max_tokens)
         done.append(keys[~mask])
         transient.append(keys[mask])
         if "clip_last" in t.column_names:
@@ -158,10 +183,10 @@ class Sink(ABC):
     def commit(self, table: pa.Table) -> str | None: ...
 
     @abstractmethod
-    def index(self) -> CommittedIndex: ...
+    def index(self, max_tokens: int | None = None) -> CommittedIndex: ...
 
     @abstractmethod
-    def purge(self, ids: Collection[str]) -> int: ...
+    def purge(self, ids: Collection[str], max_tokens: int | None = None) -> int: ...
 
     @abstractmethod
     def stage(self, table: pa.Table, group: str) -> str | None: ...

@@ -67,7 +67,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vlbatch.operators.sink.base import INDEX_COLUMNS, CommittedIndex, Sink, build_index, retried_mask
+from vlbatch.operators.sink.base import (
+    INDEX_COLUMNS,
+    REDO_COLUMNS,
+    CommittedIndex,
+    Sink,
+    build_index,
+    redone_mask,
+)
 from vlbatch.operators.sink.dedupe import duplicate_rows
 from vlbatch.operators.sink.ids import IdIndex, id_keys
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
@@ -220,24 +227,28 @@ class ParquetSink(Sink):
         """`table` in the sink's schema (its columns selected and cast)."""
         return table if table.schema.equals(self.schema) else table.select(self.schema.names).cast(self.schema)
 
-    def index(self) -> CommittedIndex:
+    def index(self, max_tokens: int | None = None) -> CommittedIndex:
+        columns = INDEX_COLUMNS + (REDO_COLUMNS if max_tokens is not None else [])
+
         def units():  # one part at a time, its memory handed back before the next
             for p in self.parts():
-                yield p, self.read_part(p, INDEX_COLUMNS)
+                yield p, self.read_part(p, columns)
                 release_arrow_memory()
 
-        return build_index(units())
+        return build_index(units(), max_tokens)
 
-    def purge(self, ids: Collection[str] | IdIndex) -> int:
-        """Rewrite each part file holding transient error rows of `ids` without them (the kept
-        rows are committed first, then the old file deleted; both idempotent)."""
+    def purge(self, ids: Collection[str] | IdIndex, max_tokens: int | None = None) -> int:
+        """Rewrite each part file holding transient error rows of `ids` (and the TruncatedError rows
+        `max_tokens` redoes: `base.truncated_below`) without them (the kept rows are committed first, then
+        the old file deleted; both idempotent)."""
         ids = IdIndex.of(ids)
         if not len(ids):
             return 0
         purged = 0
+        columns = INDEX_COLUMNS + (REDO_COLUMNS if max_tokens is not None else [])
         for path in self.parts():
-            cols = self.read_part(path, INDEX_COLUMNS)
-            drop = ids.contains_many(cols.column("id")) & retried_mask(cols.column("status"), cols.column("error_type"))
+            cols = self.read_part(path, columns)
+            drop = ids.contains_many(cols.column("id")) & redone_mask(cols, max_tokens)
             if not drop.any():
                 continue
             kept = self.read_part(path).filter(pa.array(~drop))

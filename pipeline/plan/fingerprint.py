@@ -26,10 +26,11 @@ from or go (input, output, resume) are not in it: resuming with more actors is t
 `run_job` before the sink is touched): a stored fingerprint that differs is a `ConfigError`
 naming each changed field, old -> new, and the two ways on, unless
 `resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
-are kept and the change is recorded. `record_fingerprint(cfg)` writes the file (once per run,
-and again after an accepted change) and, at every start, deletes what a failed one left of writing it
-(`drop_stale_temps`). A run folder from before fingerprints (rows, no file)
-is accepted with a warning and gets the file.
+are kept and the change is recorded; except the TruncatedError rows a larger `sampling.max_tokens`
+can finish (cut at fewer tokens: `sink/base.truncated_below`), which resume computes again.
+`record_fingerprint(cfg)` writes the file (once per run, and again after an accepted change) and, at
+every start, deletes what a failed one left of writing it (`drop_stale_temps`). A run folder from
+before fingerprints (rows, no file) is accepted with a warning and gets the file.
 """
 from __future__ import annotations
 
@@ -175,7 +176,16 @@ def refusal(run_id: str, changes: dict) -> str:
     return (f"output.run_id {run_id!r} already holds answers made with another config ({what}). "
             "Use a new output.run_id (or leave it unset: it is then derived from the config) to compute every "
             "answer again, or pass --allow-config-change (resume.allow_config_change=true) to keep the old rows "
-            "of the ids already done and compute only the rest with the new config")
+            "of the ids already done and compute only the rest with the new config" + _grown(changes))
+
+
+def _grown(changes: dict) -> str:
+    """What --allow-config-change redoes when `sampling.max_tokens` grew (`sink/base.truncated_below`)."""
+    old, new = changes.get("sampling.max_tokens", (None, None))
+    if not (isinstance(old, int) and isinstance(new, int) and new > old):
+        return ""
+    return (" (the TruncatedError rows, structured answers cut at fewer tokens than the new sampling.max_tokens, "
+            "are then computed again)")
 
 
 def check_fingerprint(cfg: JobConfig) -> dict:

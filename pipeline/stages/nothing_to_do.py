@@ -2,10 +2,10 @@
 
 `nothing_to_do(plan) -> NothingToDo | None`, called by `vlbatch run` (`jobs/local.py`) after the preflight:
 a `NothingToDo` when every request id of the input is committed as ok or permanent error (a transient error
-row is redone on resume: work), the sink holds no id twice and no transient row to purge (a run would tidy
-those); then the run prints `line()` and exits with `exit_code` (the committed error rows against
-`max_error_fraction` and `min_error_rows`, the summary's rule and words) without starting Ray;
-`_summary.json` stays as it is.
+row is redone on resume: work; so is a TruncatedError row cut at fewer tokens than this run's max_tokens),
+the sink holds no id twice and no transient row to purge (a run would tidy those); then the run prints
+`line()` and exits with `exit_code` (the committed error rows against `max_error_fraction` and
+`min_error_rows`, the summary's rule and words) without starting Ray; `_summary.json` stays as it is.
 None: the run goes on as before (Ray starts, `pipeline/graph.run_job` resumes). The check only reads (the
 committed index, the input); on nothing to do it writes `_fingerprint.json` where a run would (a config change
 accepted by `resume.allow_config_change`, a folder from before fingerprints), nothing else.
@@ -165,7 +165,9 @@ def _decide(plan: RunPlan) -> NothingToDo | None:
         return None
     run_uri = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())
     sink = open_sink(cfg, run_uri)
-    index = sink.index()  # read only: a run with work prepares its sink in `run_job`, as before
+    # read only: a run with work prepares its sink in `run_job`, as before; TruncatedError rows cut at fewer
+    # tokens than this run's max_tokens count as transient (redone: work), as `run_job` counts them
+    index = sink.index(max_tokens=cfg.sampling.max_tokens)
     if not len(index.done_ids) or index.duplicate_ids or (cfg.resume.retry_transient and len(index.purgeable_ids)):
         return None  # a fresh run; or a run to tidy: ids committed twice, transient rows to purge and redo
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
