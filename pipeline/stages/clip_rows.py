@@ -1,13 +1,17 @@
 """`video.clips` in the CPU stage: one video row -> one `Decoded` row per clip, streamed.
 
-A video is decoded once (`operators/media/clip_decode.decode_clips`: fixed windows or scene cuts,
-each clip sampled as the reference samples a video of its length) and each clip becomes its own
+A video is decoded once, in the actor's killable decoder child (`stage.worker.decode_clips`:
+`operators/media/clip_decode`'s fixed windows or scene cuts, each clip sampled as the reference
+samples a video of its length, streamed clip by clip through the frame ring) and each clip becomes its own
 media row: its requests' ids are `requests.clip_request_id(video request id, clip index)`, its
 `clip_*` fields say where it is in the source (seconds) and how it was cut (scenes | fixed). A clip
 whose ids are all committed (`done`: resume) is dropped here, before any preprocess or model work,
 so an interrupted video resumes at its first clip not committed. A failure of the whole file
-(not a video, a timeout) is one error row under the video's own ids; a clip's own failure (too many
-bytes to sample) is that clip's error row.
+(not a video) is one error row under the video's own ids; so is the rest of a video whose decode
+hangs (`video.decode_timeout_s` between two clips: the child is killed, MediaTimeoutError) or
+crashes (MediaError) after some clips: those clips' rows stand, the error row stands for the clips
+not sent (resume retries it and drops the committed clips). A clip's own failure (too many bytes
+to sample) is that clip's error row.
 
 The stages hand rows on in blocks of `CLIP_BLOCK` clips (`clip_batches`, a generator Ray Data
 streams), so a long video never holds more than that many clips' frames in the actor.
@@ -38,13 +42,11 @@ def resolve_done(done):
 def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> Iterator[Decoded]:
     """The `Decoded` rows of one video row's clips not committed (`stage`: the `DecodeStage`, its
     rule, sampling and `done`; `data_of(row)`: the video's bytes)."""
-    from vlbatch.operators.media.clip_decode import decode_clips
-
     base = {k: getattr(row, k)
             for k in ("media_uri", "media_type", "request_indices", "prompts", "keep", "prompt_names")}
     t0 = time.perf_counter()
     try:
-        clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s)
+        clips = stage.worker.decode_clips(data_of(row), stage.clips, stage.sampling)  # in the killable child
         for clip, result in clips:
             task = MediaTask(ids=tuple(clip_request_id(rid, clip.index) for rid in row.ids), **base,
                              clip_index=clip.index, clip_start_s=clip.start_s, clip_end_s=clip.end_s,
