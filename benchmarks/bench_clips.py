@@ -7,15 +7,19 @@ Videos (generated once into the cache dir, H.264 ultrafast, a hard cut every 7 s
 `--long-hours` 854x480 video at `--long-fps` of solid scenes (low rate and plain, to keep it small on
 disk) and a `--minutes` 1280x720 video at `--fps` of panning random textures (real work for the codec).
 
-rss: the long video through the CPU stage's clip work in 10 s windows (`decode_clips`, fixed windows,
-    every clip preprocessed by our `Processor` of the bundled shapes-tiny checkpoint), in a child
-    process; its peak RSS printed (target < 1.5 GiB).
+rss: the long video through the CPU stage's clip work in 10 s windows (`DecodeWorker.decode_clips`, fixed
+    windows, decoded in the killable decoder child as the CPU stage does, every clip preprocessed by our
+    `Processor` of the bundled shapes-tiny checkpoint), in a child process; the peak RSS of its process
+    tree printed (target < 1.5 GiB): the process's peak + the decoder child's peak (an upper bound of the
+    tree's peak; each one's VmHWM).
 compare: the 720p video in 10 s windows, each path in its own child process (CPU s = user + system of
     that process, wall s):
-    - vlbatch: one decode (`decode_clips`, fixed), each clip sampled at 2 fps and preprocessed;
+    - vlbatch: one decode (`DecodeWorker.decode_clips`, fixed: in the decoder child, as the CPU stage
+      does), each clip sampled at 2 fps and preprocessed; CPU s include the decoder child's;
     - scenes:  the same with `mode: scenes` (the content detector on every frame); detection's share
       of its CPU stage (the CPU in scaling pictures for the detector and in its score, timed around
-      `clip_decode._State._detect`, over the child's CPU) printed (target <= 15 %);
+      `clip_decode._State._detect` in the decoder child, over the CPU of both processes) printed
+      (target <= 15 %);
     - cut-then-caption: what users do today: cut the file into 10 s clip files with PyAV (decode and
       re-encode, libx264 veryfast), then each clip file as a whole-video media (`clips.mode: none`:
       `decode_video_inprocess` at 2 fps + the same preprocess).
@@ -99,11 +103,42 @@ def _processor():
 
 
 def run_vlbatch(path: str, mode: str) -> dict:
-    """One decode: every clip of the video, sampled and preprocessed (child process)."""
-    from vlbatch.operators.media import clip_decode
-    from vlbatch.operators.media.clip_decode import decode_clips
+    """One decode: every clip of the video, decoded in the killable decoder child (its `child_argv`: this
+    module's `--decode-child`, the real child timing its detector), sampled and preprocessed."""
+    import tempfile
+
     from vlbatch.operators.media.clips import ClipRule
     from vlbatch.operators.media.video import FrameSampling
+    from vlbatch.operators.media.worker import DecodeWorker
+
+    proc = _processor()
+    data = Path(path).read_bytes()
+    base = _rss_gib()  # imports, the processor and the video's bytes, before any frame
+    clips = tokens = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "detect.json"
+        argv = [sys.executable, "-m", "benchmarks.bench_clips", "--decode-child", str(report)]
+        with DecodeWorker(timeout_s=600, child_argv=argv) as worker:
+            for _clip, vc in worker.decode_clips(data, ClipRule(mode=mode, window_s=WINDOW_S), FrameSampling(fps=2.0)):
+                media = proc.encode_media(videos=[vc], frames=True)
+                tokens += int(media.arrays["video_grid_thw"][0].prod())
+                clips += 1
+            child_rss = _hwm_gib(worker.pid)  # the decoder child's own peak, before it exits
+        detect_s = json.loads(report.read_text())["detect_s"]  # the child wrote it as it exited (closed)
+    return {"clips": clips, "patches": tokens, "detect_s": detect_s, "base_rss_gib": base, "child_rss_gib": child_rss}
+
+
+def _hwm_gib(pid: int | str = "self") -> float:
+    """A process's peak RSS (VmHWM: of its own image; `ru_maxrss` of an exec'd child starts from its
+    parent's, since the kernel keeps the pre-exec high-water mark)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 2**20
+
+
+def decode_child(report: str, fds: list[str]) -> None:
+    """The decoder child (`child.main`) with its detector timed; writes the detector's CPU s to `report` at exit."""
+    from vlbatch.operators.media import clip_decode
+    from vlbatch.operators.media.child import main
 
     detect_s = [0.0]
     inner = clip_decode._State._detect
@@ -116,15 +151,8 @@ def run_vlbatch(path: str, mode: str) -> dict:
             detect_s[0] += time.process_time() - c0
 
     clip_decode._State._detect = timed
-    proc = _processor()
-    data = Path(path).read_bytes()
-    base = _rss_gib()  # imports, the processor and the video's bytes, before any frame
-    clips = tokens = 0
-    for _clip, vc in decode_clips(data, ClipRule(mode=mode, window_s=WINDOW_S), FrameSampling(fps=2.0)):
-        media = proc.encode_media(videos=[vc], frames=True)
-        tokens += int(media.arrays["video_grid_thw"][0].prod())
-        clips += 1
-    return {"clips": clips, "patches": tokens, "detect_s": detect_s[0], "base_rss_gib": base}
+    main(["child", *fds])
+    Path(report).write_text(json.dumps({"detect_s": detect_s[0]}))
 
 
 def _rss_gib() -> float:
@@ -174,10 +202,15 @@ def run_cut_then_caption(path: str) -> dict:
 
 
 def child(method: str, path: str) -> None:
+    """One path, measured: CPU s of this process and its reaped children (the decoder child); peak RSS of
+    this process plus the decoder child's."""
     t0, c0 = time.perf_counter(), time.process_time()
     out = run_cut_then_caption(path) if method == "cut" else run_vlbatch(path, method)
-    out.update(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
-               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me, child_rss = _hwm_gib(), out.get("child_rss_gib", 0.0)
+    out.update(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0 + kids.ru_utime + kids.ru_stime,
+               child_cpu_s=kids.ru_utime + kids.ru_stime, self_rss_gib=me, child_rss_gib=child_rss,
+               peak_rss_gib=me + child_rss)
     print(json.dumps(out))
 
 
@@ -198,9 +231,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parts", default="rss,compare")
     ap.add_argument("--methods", default="fixed,scenes,cut", help="compare's paths (the ratio needs fixed and cut)")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--decode-child", nargs=4, metavar=("REPORT", "REQ", "RES", "RING"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         return child(*a.child)
+    if a.decode_child:
+        return decode_child(a.decode_child[0], a.decode_child[1:])
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     parts = a.parts.split(",")
@@ -209,8 +245,10 @@ def main(argv: list[str] | None = None) -> None:
                           a.long_fps, 854, 480, plain=True)
         r = measure("fixed", long)
         print(f"rss: {a.long_hours:g} h 854x480 at {a.long_fps:g} fps, {r['clips']} clips of {WINDOW_S:g} s: "
-              f"peak RSS {r['peak_rss_gib']:.2f} GiB (target < 1.5; {r['base_rss_gib']:.2f} GiB before the first "
-              f"frame: imports, processor, the file's bytes), {r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} s")
+              f"peak RSS of the process tree {r['peak_rss_gib']:.2f} GiB (target < 1.5; CPU-stage process "
+              f"{r['self_rss_gib']:.2f} + decoder child {r['child_rss_gib']:.2f}; {r['base_rss_gib']:.2f} GiB before "
+              f"the first frame: imports, processor, the file's bytes), {r['cpu_s']:.1f} CPU s "
+              f"({r['child_cpu_s']:.1f} in the decoder child), {r['wall_s']:.1f} s")
     if "compare" in parts:
         src = make_video(cache / f"cmp_{a.minutes:g}min_720p_{a.fps:g}fps.mp4", a.minutes * 60, a.fps, 1280, 720)
         res = {m: measure(m, src) for m in a.methods.split(",")}
