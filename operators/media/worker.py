@@ -19,9 +19,9 @@ the child is SIGKILLed and the call raises `MediaTimeoutError`.
 Clips (`video.clips`): `decode_clips` has the child cut the video (`clip_decode.stream_clips`) and
 stream each clip's header and frames through the same ring, clip by clip (the ring sized to one
 clip's frames, reused); its deadline runs from the last clip received, so the limit bounds the time
-between two clips, and a hang or crash ends that video after the clips already yielded. A child that dies (native crash)
-or breaks the protocol gives `MediaError`; frames already returned are the parent's own and stay
-valid. The next call starts a fresh child (also when the child died between calls). Start-up
+between two clips, and a hang or crash ends that video after the clips already yielded.
+A child that dies (native crash) or breaks the protocol gives `MediaError`; frames already
+returned are the parent's own and stay valid. The next call starts a fresh child (also when the child died between calls). Start-up
 (imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately and never counts
 against a video's limit. A child is reused across calls and recycled after `max_calls` to cap slow
 native leaks.
