@@ -21,8 +21,8 @@ stream each clip's header and frames through the same ring, clip by clip (the ri
 clip's frames, reused); its deadline runs from the last clip received, so the limit bounds the time
 between two clips, and a hang or crash ends that video after the clips already yielded.
 A child that dies (native crash) or breaks the protocol gives `MediaError`; frames already
-returned are the parent's own and stay valid. The next call starts a fresh child (also when the child died between calls). Start-up
-(imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately and never counts
+returned are the parent's own and stay valid. The next call starts a fresh child (also when the
+child died between calls). Start-up (imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately and never counts
 against a video's limit. A child is reused across calls and recycled after `max_calls` to cap slow
 native leaks.
 
