@@ -20,11 +20,11 @@ Clips (`video.clips`): `decode_clips` has the child cut the video (`clip_decode.
 stream each clip's header and frames through the same ring, clip by clip (the ring sized to one
 clip's frames, reused); its deadline runs from the last clip received, so the limit bounds the time
 between two clips, and a hang or crash ends that video after the clips already yielded.
-A child that dies (native crash) or breaks the protocol gives `MediaError`; frames already
-returned are the parent's own and stay valid. The next call starts a fresh child (also when the
-child died between calls). Start-up (imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately and never counts
-against a video's limit. A child is reused across calls and recycled after `max_calls` to cap slow
-native leaks.
+A child that dies (native crash) or breaks the protocol gives `MediaError`; frames already returned
+are the parent's own and stay valid. The next call starts a fresh child (also when the child died
+between calls). Start-up (imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately
+and never counts against a video's limit. A child is reused across calls and recycled after
+`max_calls` to cap slow native leaks.
 
 Threads: the child decodes with `threads` decoder threads (PyAV `thread_count`, TorchCodec
 `num_ffmpeg_threads`, decord `num_threads`), as `decode_video_inprocess(threads=...)` would; it
