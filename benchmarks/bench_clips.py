@@ -1,27 +1,28 @@
 """Video clips benchmark (issue 51): bounded memory of a long video, and one decode vs cut-then-caption.
 
     python -m benchmarks.bench_clips [--cache DIR] [--long-hours 2 --long-fps 2] [--minutes 10 --fps 30]
-        [--parts rss,compare] [--clip-files]
+        [--parts rss,compare]
 
 Videos (generated once into the cache dir, H.264 ultrafast, a hard cut every 7 s, a moving square): a
 `--long-hours` 854x480 video at `--long-fps` of solid scenes (low rate and plain, to keep it small on
 disk) and a `--minutes` 1280x720 video at `--fps` of panning random textures (real work for the codec).
 
-rss: the long video through the CPU stage's clip work in 10 s windows (`decode_clips`, fixed windows,
-    every clip preprocessed by our `Processor` of the bundled shapes-tiny checkpoint), in a child
-    process; its peak RSS printed (target < 1.5 GiB).
+rss: the long video through the CPU stage's clip work in 10 s windows (`DecodeWorker.decode_clips`, fixed
+    windows, decoded in the killable decoder child as the CPU stage does, every clip preprocessed by our
+    `Processor` of the bundled shapes-tiny checkpoint), in a child process; the peak RSS of its process
+    tree printed (target < 1.5 GiB): the process's peak + the decoder child's peak (an upper bound of the
+    tree's peak; each one's VmHWM).
 compare: the 720p video in 10 s windows, each path in its own child process (CPU s = user + system of
     that process, wall s):
-    - vlbatch: one decode (`decode_clips`, fixed), each clip sampled at 2 fps and preprocessed;
+    - vlbatch: one decode (`DecodeWorker.decode_clips`, fixed: in the decoder child, as the CPU stage
+      does), each clip sampled at 2 fps and preprocessed; CPU s include the decoder child's;
     - scenes:  the same with `mode: scenes` (the content detector on every frame); detection's share
       of its CPU stage (the CPU in scaling pictures for the detector and in its score, timed around
-      `clip_decode._State._detect`, over the child's CPU) printed (target <= 15 %);
+      `clip_decode._State._detect` in the decoder child, over the CPU of both processes) printed
+      (target <= 15 %);
     - cut-then-caption: what users do today: cut the file into 10 s clip files with PyAV (decode and
       re-encode, libx264 veryfast), then each clip file as a whole-video media (`clips.mode: none`:
       `decode_video_inprocess` at 2 fps + the same preprocess).
-    - with `--clip-files`: vlbatch one decode again, also writing every clip as a file (`output.clip_files`
-      defaults: mp4, libx264 crf 23 veryfast, `operators/media/clip_files.py`, to a temp folder); the extra
-      CPU seconds over the plain one-decode run printed, and the CPU inside the writer's hook.
     The model is left out of both (same clips, same frames, same tokens to it in either path): this
     compares the CPU-stage work, where the two paths differ. Ratio: cut-then-caption CPU / vlbatch CPU
     (target >= 2x).
@@ -101,30 +102,43 @@ def _processor():
     return Processor.from_pretrained(str(SHAPES_TINY))
 
 
-def _clip_file_hook(folder: str, spent: list[float]):
-    """`decode_clips`' hook writing each clip file under `folder` (its CPU added to `spent[0]`)."""
-    from vlbatch.operators.media.clip_files import ClipFileSettings, ClipTarget, write_clip
-    from vlbatch.operators.storage import StorageOptions
-
-    target = ClipTarget(folder=folder, settings=ClipFileSettings(), storage=StorageOptions())
-
-    def hook(clip, frames, stream, rotation: int = 0) -> None:
-        c0 = time.process_time()
-        write_clip(target, f"clip-{clip.index:05d}", frames, stream, rotation)
-        spent[0] += time.process_time() - c0
-
-    return hook
-
-
 def run_vlbatch(path: str, mode: str) -> dict:
-    """One decode: every clip of the video, sampled and preprocessed (child process); mode `files`:
-    fixed windows, each clip also written as a clip file."""
+    """One decode: every clip of the video, decoded in the killable decoder child (its `child_argv`: this
+    module's `--decode-child`, the real child timing its detector), sampled and preprocessed."""
     import tempfile
 
-    from vlbatch.operators.media import clip_decode
-    from vlbatch.operators.media.clip_decode import decode_clips
     from vlbatch.operators.media.clips import ClipRule
     from vlbatch.operators.media.video import FrameSampling
+    from vlbatch.operators.media.worker import DecodeWorker
+
+    proc = _processor()
+    data = Path(path).read_bytes()
+    base = _rss_gib()  # imports, the processor and the video's bytes, before any frame
+    clips = tokens = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "detect.json"
+        argv = [sys.executable, "-m", "benchmarks.bench_clips", "--decode-child", str(report)]
+        with DecodeWorker(timeout_s=600, child_argv=argv) as worker:
+            for _clip, vc in worker.decode_clips(data, ClipRule(mode=mode, window_s=WINDOW_S), FrameSampling(fps=2.0)):
+                media = proc.encode_media(videos=[vc], frames=True)
+                tokens += int(media.arrays["video_grid_thw"][0].prod())
+                clips += 1
+            child_rss = _hwm_gib(worker.pid)  # the decoder child's own peak, before it exits
+        detect_s = json.loads(report.read_text())["detect_s"]  # the child wrote it as it exited (closed)
+    return {"clips": clips, "patches": tokens, "detect_s": detect_s, "base_rss_gib": base, "child_rss_gib": child_rss}
+
+
+def _hwm_gib(pid: int | str = "self") -> float:
+    """A process's peak RSS (VmHWM: of its own image; `ru_maxrss` of an exec'd child starts from its
+    parent's, since the kernel keeps the pre-exec high-water mark)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 2**20
+
+
+def decode_child(report: str, fds: list[str]) -> None:
+    """The decoder child (`child.main`) with its detector timed; writes the detector's CPU s to `report` at exit."""
+    from vlbatch.operators.media import clip_decode
+    from vlbatch.operators.media.child import main
 
     detect_s = [0.0]
     inner = clip_decode._State._detect
@@ -137,21 +151,8 @@ def run_vlbatch(path: str, mode: str) -> dict:
             detect_s[0] += time.process_time() - c0
 
     clip_decode._State._detect = timed
-    proc = _processor()
-    data = Path(path).read_bytes()
-    base = _rss_gib()  # imports, the processor and the video's bytes, before any frame
-    clips = tokens = 0
-    write_s = [0.0]
-    with tempfile.TemporaryDirectory() as folder:
-        hook = _clip_file_hook(folder, write_s) if mode == "files" else None
-        rule = ClipRule(mode="fixed" if mode == "files" else mode, window_s=WINDOW_S)
-        for _clip, vc in decode_clips(data, rule, FrameSampling(fps=2.0), on_clip=hook):
-            media = proc.encode_media(videos=[vc], frames=True)
-            tokens += int(media.arrays["video_grid_thw"][0].prod())
-            clips += 1
-        file_mb = sum(f.stat().st_size for f in Path(folder).iterdir()) / 2**20
-    return {"clips": clips, "patches": tokens, "detect_s": detect_s[0], "base_rss_gib": base,
-            "write_s": write_s[0], "file_mb": file_mb}
+    main(["child", *fds])
+    Path(report).write_text(json.dumps({"detect_s": detect_s[0]}))
 
 
 def _rss_gib() -> float:
@@ -201,10 +202,15 @@ def run_cut_then_caption(path: str) -> dict:
 
 
 def child(method: str, path: str) -> None:
+    """One path, measured: CPU s of this process and its reaped children (the decoder child); peak RSS of
+    this process plus the decoder child's."""
     t0, c0 = time.perf_counter(), time.process_time()
     out = run_cut_then_caption(path) if method == "cut" else run_vlbatch(path, method)
-    out.update(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
-               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me, child_rss = _hwm_gib(), out.get("child_rss_gib", 0.0)
+    out.update(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0 + kids.ru_utime + kids.ru_stime,
+               child_cpu_s=kids.ru_utime + kids.ru_stime, self_rss_gib=me, child_rss_gib=child_rss,
+               peak_rss_gib=me + child_rss)
     print(json.dumps(out))
 
 
@@ -224,13 +230,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--parts", default="rss,compare")
     ap.add_argument("--methods", default="fixed,scenes,cut", help="compare's paths (the ratio needs fixed and cut)")
-    ap.add_argument("--clip-files", action="store_true",
-                    help="compare: also the one-decode path writing clip files (output.clip_files); prints the "
-                         "extra CPU seconds")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--decode-child", nargs=4, metavar=("REPORT", "REQ", "RES", "RING"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         return child(*a.child)
+    if a.decode_child:
+        return decode_child(a.decode_child[0], a.decode_child[1:])
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     parts = a.parts.split(",")
@@ -239,16 +245,14 @@ def main(argv: list[str] | None = None) -> None:
                           a.long_fps, 854, 480, plain=True)
         r = measure("fixed", long)
         print(f"rss: {a.long_hours:g} h 854x480 at {a.long_fps:g} fps, {r['clips']} clips of {WINDOW_S:g} s: "
-              f"peak RSS {r['peak_rss_gib']:.2f} GiB (target < 1.5; {r['base_rss_gib']:.2f} GiB before the first "
-              f"frame: imports, processor, the file's bytes), {r['cpu_s']:.1f} CPU s, {r['wall_s']:.1f} s")
+              f"peak RSS of the process tree {r['peak_rss_gib']:.2f} GiB (target < 1.5; CPU-stage process "
+              f"{r['self_rss_gib']:.2f} + decoder child {r['child_rss_gib']:.2f}; {r['base_rss_gib']:.2f} GiB before "
+              f"the first frame: imports, processor, the file's bytes), {r['cpu_s']:.1f} CPU s "
+              f"({r['child_cpu_s']:.1f} in the decoder child), {r['wall_s']:.1f} s")
     if "compare" in parts:
         src = make_video(cache / f"cmp_{a.minutes:g}min_720p_{a.fps:g}fps.mp4", a.minutes * 60, a.fps, 1280, 720)
-        methods = a.methods.split(",") + (["files"] if a.clip_files else [])
-        if a.clip_files and "fixed" not in methods:
-            methods.insert(0, "fixed")  # the extra CPU is measured against it
-        res = {m: measure(m, src) for m in methods}
-        for m, name in (("fixed", "vlbatch one decode"), ("scenes", "vlbatch scenes"), ("cut", "cut-then-caption"),
-                        ("files", "vlbatch + clip files")):
+        res = {m: measure(m, src) for m in a.methods.split(",")}
+        for m, name in (("fixed", "vlbatch one decode"), ("scenes", "vlbatch scenes"), ("cut", "cut-then-caption")):
             if m not in res:
                 continue
             r = res[m]
@@ -258,12 +262,6 @@ def main(argv: list[str] | None = None) -> None:
         if "cut" in res and "fixed" in res:
             print(f"{what} cut-then-caption / vlbatch CPU {res['cut']['cpu_s'] / res['fixed']['cpu_s']:.2f}x "
                   f"(target >= 2), wall {res['cut']['wall_s'] / res['fixed']['wall_s']:.2f}x")
-        if "files" in res:
-            f = res["files"]
-            print(f"{what} clip files (mp4, libx264 crf 23 veryfast, {f['file_mb']:.1f} MiB): "
-                  f"+{f['cpu_s'] - res['fixed']['cpu_s']:.1f} CPU s over the one decode "
-                  f"({f['cpu_s'] / res['fixed']['cpu_s']:.2f}x), {f['write_s']:.1f} CPU s inside the writer, "
-                  f"wall +{f['wall_s'] - res['fixed']['wall_s']:.1f} s")
         if "scenes" in res:
             print(f"{what} detection's share of the scenes CPU stage "
                   f"{res['scenes']['detect_s'] / res['scenes']['cpu_s']:.1%} (target <= 15 %)")

@@ -47,6 +47,8 @@ def reply(mode: str, marker: str) -> bytes:
         "ok": plan([1, 2, 2, 3], [0]) + frame + wire.encode({"kind": "done"}),
         "error-InputError": wire.encode({"kind": "error", "type": "InputError", "message": "sampled too much"}),
         "error-EngineError": wire.encode({"kind": "error", "type": "EngineError", "message": "not mine"}),
+        "clip-repeat": 2 * wire.encode({"kind": "clip", "index": 0, "start": 0, "end": 10, "fps": 10.0,
+                                        "source": "fixed", "error": {"type": "InputError", "message": "too big"}}),
         "error-dunder": wire.encode({"kind": "error", "type": "__class__", "message": "not a class"}),
     }[mode]
 

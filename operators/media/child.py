@@ -1,7 +1,8 @@
 """The decoder child's side of the protocol (`vlbatch.operators.media.worker` starts it).
 
 Owns the child's loop: read a request (`wire.decode_request`) and the video bytes from the request
-pipe, run `decode_stream`, and answer on the reply pipe with JSON headers while the frames go into
+pipe, run `decode_stream` (a clips request: `clip_decode.stream_clips`, clip by clip), and answer
+on the reply pipe with JSON headers while the frames go into
 the parent's shared-memory ring (`vlbatch.operators.media.ring`: a slot is written only with a
 credit in hand, and every credit owed is taken before the next plan, "done" or "error"). It exits
 when the parent closes the request pipe (or dies). Started as
@@ -17,7 +18,7 @@ import os
 import numpy as np
 
 from vlbatch.operators import errors
-from vlbatch.operators.errors import MediaError
+from vlbatch.operators.errors import ConfigError, MediaError
 from vlbatch.operators.media import ring, wire
 from vlbatch.operators.media.video import Plan, decode_stream
 
@@ -54,11 +55,15 @@ class _Sender:
         self.view: np.ndarray | None = None  # [slots, H, W, 3] over the ring, mapped after the first credit
 
     def plan(self, plan: Plan, plan_only: bool) -> None:
-        self.drain()  # a second plan (the recount): every frame of the first one is copied out
-        _write_all(self.res, wire.encode(wire.plan_header(plan)))
-        if not plan_only:
-            self.shape = plan.shape[1:]
-            self.slots = ring.ring_slots(math.prod(self.shape), plan.shape[0])
+        self.open(wire.plan_header(plan), None if plan_only else plan.shape)
+
+    def open(self, header: dict, shape: tuple[int, ...] | None) -> None:
+        """Send a plan's (or a clip's) header; `shape` `(F, H, W, 3)`: its frames follow (None: none)."""
+        self.drain()  # a second plan (the recount), the next clip: every frame before is copied out
+        _write_all(self.res, wire.encode(header))
+        if shape is not None:
+            self.shape = tuple(shape[1:])
+            self.slots = ring.ring_slots(math.prod(self.shape), shape[0])
 
     def frame(self, slot: int, frame: np.ndarray) -> None:
         if frame.shape != self.shape or frame.dtype != np.uint8:
@@ -99,21 +104,48 @@ def _serve(req: int, res: int, ring_fd: int) -> None:
         data = _read_message(req) if raw is not None else None
         if data is None:
             return
-        backend, threads, sampling, plan_only = wire.decode_request(raw)
+        request = wire.decode_request(raw)
         sender = _Sender(req, res, frame_ring)
         try:
-            for item in decode_stream(data, sampling, backend, threads):
-                if isinstance(item, Plan):
-                    sender.plan(item, plan_only)
-                    if plan_only:  # the first plan: the probe's (no frame decoded)
-                        break
-                else:
-                    sender.frame(*item)
+            if request.clips is not None:
+                _send_clips(sender, data, request)
+            else:
+                _send_video(sender, data, request)
             sender.finish({"kind": "done"})
         except errors.VlbatchError as e:
             sender.finish(wire.error_header(e))
         except Exception as e:  # a backend bug or native error text: still a typed, per-file error
             sender.finish(wire.error_header(MediaError(f"decoder failed: {type(e).__name__}: {str(e)[:300]}")))
+
+
+def _send_video(sender: _Sender, data: bytes, request: wire.Request) -> None:
+    for item in decode_stream(data, request.sampling, request.backend, request.threads):
+        if isinstance(item, Plan):
+            sender.plan(item, request.plan_only)
+            if request.plan_only:  # the first plan: the probe's (no frame decoded)
+                break
+        else:
+            sender.frame(*item)
+
+
+def _send_clips(sender: _Sender, data: bytes, request: wire.Request) -> None:
+    """Each clip as it finishes: its header, then its sampled frames straight from the converter into the ring."""
+    from vlbatch.operators.media.clip_decode import stream_clips
+    from vlbatch.operators.media.decoders import DECODERS, get_decoder
+
+    decoder = None  # clips decode with PyAV; a "module:Class" decoder only in tests (one that hangs or crashes)
+    if request.backend != "pyav":
+        if request.backend in DECODERS.entries_by_name() or ":" not in request.backend:
+            raise ConfigError(f"video clips decode with PyAV, not {request.backend!r}")
+        decoder = get_decoder(request.backend, request.threads)
+    for clip, sampled in stream_clips(data, request.clips, request.sampling, threads=request.threads,
+                                      decoder=decoder):
+        if isinstance(sampled, errors.VlbatchError):
+            sender.open(wire.clip_header(clip, sampled), None)
+            continue
+        sender.open(wire.clip_header(clip, sampled), sampled.shape)
+        for slot, frame in enumerate(sampled.frames()):
+            sender.frame(slot, frame)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

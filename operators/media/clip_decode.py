@@ -17,20 +17,24 @@ planner's `keep_from` on, so a few windows (scenes: the open shot <= window_s pl
 <= 2 window_s; fixed: one window plus the overlap), plus one clip's sampled RGB frames; never the
 whole video. Only sampled frames are converted to RGB.
 
+Where it runs: in the killable decoder child (`worker.DecodeWorker.decode_clips`: the child serves
+`stream_clips`, each clip's header and sampled frames go through the parent's frame ring as they are
+converted, so the child never holds a clip's RGB frames as a whole; its time limit bounds the time
+between two clips, and a hang or crash ends that video's clips there). In-process (tests, benchmarks)
+`timeout_s` bounds the time between two clips too, checked between pictures (cooperative only).
+
 Clip files (`output.clip_files`): `on_clip(clip, frames, stream)`, when given, is called once per clip just
 before it is yielded, with an iterator over the held pictures of frames [start, end) (PyAV frames of
 the input `stream`, in order) and the video's display rotation as `rotation=`: the caller's
 `clip_files.write_clip` encodes them one by one (no second decode, no copy of the clip).
-
-Time limit: `timeout_s` bounds the time between two clips (a long video is many clips); checked
-between pictures. Unlike whole-video decodes this runs in the caller's process (a native hang in
-FFmpeg is not interruptible here; `worker.DecodeWorker` is the killable path for whole videos).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -99,6 +103,35 @@ class _Held:
         return self.frames[i - first][1]
 
 
+@dataclass(frozen=True)
+class SampledClip:
+    """One clip's sampling, before its frames: `indices` `[F]` relative to the clip, frames `shape`
+    `(F, H, W, 3)`; `frames()` yields its RGB frames `[H, W, 3]` uint8 one by one, valid only until
+    the next clip is asked for (the decode drops the pictures behind it)."""
+
+    indices: tuple[int, ...]
+    shape: tuple[int, int, int, int]
+    source_fps: float
+    total_frames: int
+    frames: Callable[[], Iterator[np.ndarray]]
+
+
+def stream_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
+                 detector: Callable[[ClipRule, float], CutDetector] = CutDetector, threads: int = 1,
+                 decoder=None, on_clip: Callable | None = None) -> Iterator[tuple[Clip, SampledClip | VlbatchError]]:
+    """`decode_clips` without assembling the frames (the decoder child streams them into its ring).
+    decoder: the `VideoDecoder` to open `data` with (default PyAV keeping every picture; tests pass a
+    PyAV that hangs or crashes)."""
+    if decoder is None:
+        from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
+
+        decoder = PyAVDecoder(threads, skip_nonref=False)
+    with decoder.open(data) as video:
+        state = _State(video, rule, sampling, detector, timeout_s)
+        state.on_clip = on_clip
+        yield from state.run()
+
+
 def decode_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
                  detector: Callable[[ClipRule, float], CutDetector] = CutDetector,
                  threads: int = 1, on_clip: Callable | None = None) -> Iterator[tuple[Clip, VideoClip | VlbatchError]]:
@@ -106,12 +139,16 @@ def decode_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeou
     bytes to sample). `MediaError` for bytes that are not a video; `MediaTimeoutError` past
     `timeout_s` between two clips. `detector(rule, fps)`: the cut detector (a test passes one that fails);
     `on_clip`: the clip files' hook (module docstring)."""
-    from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
-
-    with PyAVDecoder(threads, skip_nonref=False).open(data) as video:
-        state = _State(video, rule, sampling, detector, timeout_s)
-        state.on_clip = on_clip
-        yield from state.run()
+    for clip, sampled in stream_clips(data, rule, sampling, timeout_s=timeout_s, detector=detector, threads=threads,
+                                      on_clip=on_clip):
+        if isinstance(sampled, VlbatchError):
+            yield clip, sampled
+            continue
+        frames = np.empty(sampled.shape, np.uint8)
+        for slot, frame in enumerate(sampled.frames()):
+            frames[slot] = frame
+        yield clip, VideoClip(frames=frames, source_fps=sampled.source_fps, total_frames=sampled.total_frames,
+                              indices=sampled.indices)
 
 
 class _State:
@@ -186,7 +223,7 @@ class _State:
     def _deadline(self) -> float | None:
         return None if self.timeout_s is None else time.monotonic() + self.timeout_s
 
-    def _sample(self, clip: Clip) -> VideoClip | VlbatchError:
+    def _sample(self, clip: Clip) -> SampledClip | VlbatchError:
         try:
             rel = clip_indices(clip, self.sampling)
             h, w = self.video.info.height, self.video.info.width
@@ -197,8 +234,10 @@ class _State:
                                  "GiB limit; sample fewer frames")
         except VlbatchError as e:
             return e
-        frames = np.empty((len(rel), h, w, 3), np.uint8)
-        for slot, r in enumerate(rel):
-            frames[slot] = self.video.to_rgb(self.held.get(clip.start + int(r)))
-        return VideoClip(frames=frames, source_fps=self.fps, total_frames=clip.frames,
-                         indices=tuple(int(r) for r in rel))
+        indices = tuple(int(r) for r in rel)
+        return SampledClip(indices=indices, shape=(len(indices), h, w, 3), source_fps=self.fps,
+                           total_frames=clip.frames, frames=partial(self._frames, clip.start, indices))
+
+    def _frames(self, start: int, indices: tuple[int, ...]) -> Iterator[np.ndarray]:
+        for r in indices:
+            yield self.video.to_rgb(self.held.get(start + r))

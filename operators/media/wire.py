@@ -7,19 +7,25 @@ allocates anything, and anything unexpected is a `MediaError`.
 
 Both pipes carry messages: an 8-byte big-endian length, then that many bytes.
 
-    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}, "plan_only"} (JSON), then the
-      video bytes; during a decode, one credit byte per free ring slot (`vlbatch.operators.media.ring`)
+    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}, "plan_only", "clips": {ClipRule
+      fields} | null} (JSON), then the video bytes; during a decode, one credit byte per free ring slot
+      (`vlbatch.operators.media.ring`)
     child -> parent, one JSON object per message (at most MAX_HEADER_BYTES):
       {"kind": "ready"}
       {"kind": "plan", "dtype": "uint8", "shape": [F, H, W, 3], "source_fps", "total_frames", "indices": [F]}
       {"kind": "frame", "slot": i, "dtype": "uint8", "shape": [H, W, 3]}  its H * W * 3 bytes are in ring slot
         n % slots (n: the frames of this plan before it; the parent's own count), never on the pipe
+      {"kind": "clip", "index", "start", "end", "fps", "source"} (a `clips.Clip`) + the "plan" fields: one clip of
+        a "clips" request, its F frames follow as for a plan; or + "error": {"type", "message"} (that clip's
+        own error), no frames
       {"kind": "done"}
       {"kind": "error", "type": one of CHILD_ERRORS' names, "message": str}
 
 Frames of one plan arrive in slot order 0..F-1; a second plan restarts them (the
 PyAV recount); "done" is accepted only after all F frames. `plan_only` requests (the deferred
-decode's `DecodeWorker.plan`) get a plan and "done", no frames and no credits.
+decode's `DecodeWorker.plan`) get a plan and "done", no frames and no credits. "clips" requests
+(`DecodeWorker.decode_clips`) get clips in index order 0, 1, ... (each restarts the slots, as a second
+plan does), then "done", or an "error" for the rest of the video.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlbatch.operators.errors import ConfigError, InputError, MediaError, VlbatchError
+from vlbatch.operators.media.clips import Clip, ClipRule
 from vlbatch.operators.media.video import FrameSampling, Plan
 
 LENGTH = struct.Struct("!Q")  # the length prefix of every message
@@ -134,17 +141,65 @@ def error_header(error: VlbatchError) -> dict:
     return {"kind": "error", "type": error.error_type, "message": str(error)}
 
 
-def encode_request(backend: str, threads: int, sampling: FrameSampling, plan_only: bool = False) -> bytes:
+def clip_header(clip: Clip, sampled) -> dict:
+    """Child side: the "clip" header of a clip and its `clip_decode.SampledClip` (or its own `VlbatchError`)."""
+    header = {"kind": "clip", "index": clip.index, "start": clip.start, "end": clip.end, "fps": clip.fps,
+              "source": clip.source}
+    if isinstance(sampled, VlbatchError):
+        return {**header, "error": error_header(sampled)}
+    return {**header, "dtype": "uint8", "shape": list(sampled.shape), "source_fps": sampled.source_fps,
+            "total_frames": sampled.total_frames, "indices": list(sampled.indices)}
+
+
+def parse_clip(header: dict, index: int, max_bytes: int) -> tuple[Clip, ClipHeader | VlbatchError]:
+    """Check a "clip" header: the `index`-th clip (ids are built from it: never a repeat or a gap), frames
+    [start, end) at a positive finite fps, cut as scenes | fixed, and its plan (`parse_plan`: frames
+    within `max_bytes`, `total_frames == end - start`, indices within it) or its own error."""
+    start, end, fps, source = (header.get(k) for k in ("start", "end", "fps", "source"))
+    if header.get("index") != index or type(header.get("index")) is not int:
+        raise MediaError(f"the decoder sent clip {str(header.get('index'))[:50]}, expected clip {index}")
+    if type(start) is not int or type(end) is not int or not 0 <= start < end or type(fps) not in (int, float) \
+            or not 0 < fps < math.inf or source not in ("scenes", "fixed"):
+        shown = {k: header.get(k) for k in ("index", "start", "end", "fps", "source")}
+        raise MediaError(f"the decoder sent a bad clip: {str(shown)[:300]}")
+    clip = Clip(index=index, start=start, end=end, fps=float(fps), source=source)
+    if "error" in header:
+        if not isinstance(header["error"], dict):
+            raise MediaError("the decoder sent a clip error that is not an object")
+        return clip, child_error(header["error"])
+    plan = parse_plan(header, max_bytes)
+    if plan.total_frames != end - start or any(i >= plan.total_frames for i in plan.indices):
+        raise MediaError(f"the decoder sent clip {index} of {end - start} frames with {plan.total_frames} "
+                         f"frames and indices up to {max(plan.indices, default=0)}")
+    return clip, plan
+
+
+def encode_request(backend: str, threads: int, sampling: FrameSampling, plan_only: bool = False,
+                   clips: ClipRule | None = None) -> bytes:
     """Parent side: the request header as one message; `InputError` for a sampling JSON cannot carry.
-    plan_only: the child sends the plan and "done", no frames (`DecodeWorker.plan`)."""
+    plan_only: the child sends the plan and "done", no frames (`DecodeWorker.plan`); clips: the child
+    cuts the video into clips by this rule and sends each ("clip" headers, `DecodeWorker.decode_clips`)."""
     try:
         return encode({"backend": backend, "threads": threads, "sampling": dataclasses.asdict(sampling),
-                       "plan_only": plan_only})
+                       "plan_only": plan_only, "clips": None if clips is None else dataclasses.asdict(clips)})
     except (TypeError, ValueError) as e:
         raise InputError(f"the frame sampling cannot be sent to the decoder: {e}") from None
 
 
-def decode_request(raw: bytes) -> tuple[str, int, FrameSampling, bool]:
-    """Child side: (backend, threads, sampling, plan_only) from the request header (from the trusted parent)."""
+@dataclass(frozen=True)
+class Request:
+    """A request as the child reads it (from the trusted parent)."""
+
+    backend: str
+    threads: int
+    sampling: FrameSampling
+    plan_only: bool
+    clips: ClipRule | None
+
+
+def decode_request(raw: bytes) -> Request:
+    """Child side: the request header as a `Request`."""
     request = json.loads(raw)
-    return request["backend"], request["threads"], FrameSampling(**request["sampling"]), bool(request["plan_only"])
+    clips = request.get("clips")
+    return Request(request["backend"], request["threads"], FrameSampling(**request["sampling"]),
+                   bool(request["plan_only"]), None if clips is None else ClipRule(**clips))

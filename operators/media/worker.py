@@ -15,12 +15,16 @@ shared-memory ring (`vlbatch.operators.media.ring`: a sealed memfd the parent cr
 `close`), sends its header, and the parent copies the slot into its preallocated output (one copy,
 no syscall per 64 KB) and credits the slot back. So the child never holds more than its backend's
 working set plus the ring. Every read and write waits at most until the call's deadline; past it
-the child is SIGKILLed and the call raises `MediaTimeoutError`. A child that dies (native crash)
-or breaks the protocol gives `MediaError`; frames already returned are the parent's own and stay
-valid. The next call starts a fresh child (also when the child died between calls). Start-up
-(imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately and never counts
-against a video's limit. A child is reused across calls and recycled after `max_calls` to cap slow
-native leaks.
+the child is SIGKILLed and the call raises `MediaTimeoutError`.
+Clips (`video.clips`): `decode_clips` has the child cut the video (`clip_decode.stream_clips`) and
+stream each clip's header and frames through the same ring, clip by clip (the ring sized to one
+clip's frames, reused); its deadline runs from the last clip received, so the limit bounds the time
+between two clips, and a hang or crash ends that video after the clips already yielded.
+A child that dies (native crash) or breaks the protocol gives `MediaError`; frames already returned
+are the parent's own and stay valid. The next call starts a fresh child (also when the child died
+between calls). Start-up (imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately
+and never counts against a video's limit. A child is reused across calls and recycled after
+`max_calls` to cap slow native leaks.
 
 Threads: the child decodes with `threads` decoder threads (PyAV `thread_count`, TorchCodec
 `num_ffmpeg_threads`, decord `num_threads`), as `decode_video_inprocess(threads=...)` would; it
@@ -38,7 +42,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -46,6 +50,7 @@ from vlbatch.operators import errors
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
 from vlbatch.operators.media import ring, wire
 from vlbatch.operators.media.child import PRELOAD_ENV
+from vlbatch.operators.media.clips import Clip, ClipRule
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.types import VideoClip
 
@@ -177,22 +182,94 @@ class DecodeWorker:
         `timeout_s`; raises as `decode` does. The deferred decode (`video.decode_device`) ships it."""
         return self._call(data, sampling, "pyav", plan_only=True)
 
-    def _call(self, data: bytes, sampling: FrameSampling, backend: str, plan_only: bool):
-        request = wire.encode_request(backend, self.threads, sampling, plan_only)
+    def decode_clips(self, data: bytes, rule: ClipRule, sampling: FrameSampling = DEFAULT_SAMPLING,
+                     backend: str = "pyav") -> Iterator[tuple[Clip, VideoClip | errors.VlbatchError]]:
+        """`clip_decode.decode_clips` in the child: each clip of `data` with its sampled frames (or its own
+        typed error) as soon as the child has sent it; `timeout_s` bounds the time this generator waits for
+        the next clip (not the caller's time between clips). Clips yielded stay the caller's; then raises as
+        `decode` does for the rest of the video (a hang, a crash, not a video). A generator closed early kills
+        the child (its pipe is out of step). backend: PyAV ("module:Class" of a PyAV subclass: tests)."""
+        request = wire.encode_request(backend, self.threads, sampling, clips=rule)
+        for retry in (False, True):
+            reused = self._begin()
+            try:
+                deadline = self._send(request, data)
+                yield from self._receive_clips(sampling, deadline)
+                return
+            except (EOFError, OSError) as e:
+                code = self._proc.poll() if self._proc is not None else None
+                self._kill()
+                if reused and not self._heard and not retry:
+                    continue  # a reused child gone before a byte of its answer: once more afresh
+                raise MediaError(f"the decoder process died (exit code {code}) on this file") from e
+            except _ChildError as e:
+                raise e.error from None  # the child reported it and waits for the next request: keep it
+            except BaseException:  # timeout, interrupt, bad message, closed early: out of step, start afresh
+                self._kill()
+                raise
+            finally:
+                if self._ring is not None:
+                    self._ring.trim()
+
+    def _receive_clips(self, sampling: FrameSampling, deadline: float):
+        """Yield (Clip, VideoClip | its own error) per "clip" until "done"; `_ChildError` for an "error"."""
+        index = 0
+        while True:
+            header = self._read_header(deadline)
+            kind = header["kind"]
+            if kind == "done":
+                return
+            if kind == "error":
+                raise _ChildError(wire.child_error(header))
+            if kind != "clip":
+                raise MediaError(f"the decoder sent {kind[:50]!r} out of order ({index} clips in)")
+            clip, plan = wire.parse_clip(header, index, sampling.max_output_bytes)
+            index += 1
+            if not isinstance(plan, errors.VlbatchError):
+                plan = self._clip_frames(plan, deadline)
+            yield clip, plan
+            deadline = time.monotonic() + self.timeout_s  # the limit runs from here, not from the caller's work
+
+    def _clip_frames(self, plan: wire.ClipHeader, deadline: float) -> VideoClip:
+        """One clip's `plan.shape[0]` frames from the ring into the parent's own array."""
+        frames = np.empty(plan.shape, np.uint8)
+        slots = self._offer_ring(plan.shape, deadline)
+        for n in range(plan.shape[0]):
+            header = self._read_header(deadline)
+            if header["kind"] != "frame":
+                raise MediaError(f"the decoder sent {header['kind'][:50]!r} out of order ({n} frames in)")
+            wire.check_frame(header, n, plan.shape[1:])
+            self._ring.copy_out(n % slots, frames[n])
+            self._write(memoryview(ring.CREDIT), deadline)
+        return VideoClip(frames=frames, source_fps=plan.source_fps, total_frames=plan.total_frames,
+                         indices=plan.indices)
+
+    def _begin(self) -> bool:
+        """Ready a child for a call (recycled after `max_calls`); whether it is one reused from an earlier call.
+        A child that died between calls is replaced by `start`, but a multi-threaded child killed a moment
+        ago may not be reapable yet (its leader is a zombie until every thread has exited): a reused child
+        that ends before a byte of its answer is no fault of this file, and the call runs once more afresh."""
         if self._proc is not None and self._calls >= self.max_calls:
             self._stop()
-        # A child that died between calls is replaced by `start`, but a multi-threaded child killed a moment
-        # ago may not be reapable yet (its leader is a zombie until every thread has exited): a reused child
-        # that ends before a byte of its answer is no fault of this file, and the call runs once more afresh.
         reused = self._proc is not None and self._proc.poll() is None
         self.start()
         self._calls += 1
         self._heard = False
+        return reused
+
+    def _send(self, request: bytes, data: bytes) -> float:
+        """Send a request and its video bytes; the call's deadline (from now)."""
         deadline = time.monotonic() + self.timeout_s
+        self._write(memoryview(request), deadline)
+        self._write(memoryview(wire.LENGTH.pack(len(data))), deadline)
+        self._write(memoryview(data).cast("B"), deadline)
+        return deadline
+
+    def _call(self, data: bytes, sampling: FrameSampling, backend: str, plan_only: bool):
+        request = wire.encode_request(backend, self.threads, sampling, plan_only)
+        reused = self._begin()
         try:
-            self._write(memoryview(request), deadline)
-            self._write(memoryview(wire.LENGTH.pack(len(data))), deadline)
-            self._write(memoryview(data).cast("B"), deadline)
+            deadline = self._send(request, data)
             try:
                 clip, error = self._receive(sampling, deadline, plan_only)
             finally:
@@ -279,6 +356,14 @@ class DecodeWorker:
                 return None, wire.child_error(header)
             else:
                 raise MediaError(f"the decoder sent {kind[:50]!r} out of order ({filled} frames in)")
+
+
+class _ChildError(Exception):
+    """A whole-video error the child reported (it waits for the next request: kept)."""
+
+    def __init__(self, error: errors.VlbatchError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",

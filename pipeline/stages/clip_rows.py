@@ -1,13 +1,17 @@
 """`video.clips` in the CPU stage: one video row -> one `Decoded` row per clip, streamed.
 
-A video is decoded once (`operators/media/clip_decode.decode_clips`: fixed windows or scene cuts,
-each clip sampled as the reference samples a video of its length) and each clip becomes its own
+A video is decoded once, in the actor's killable decoder child (`stage.worker.decode_clips`:
+`operators/media/clip_decode`'s fixed windows or scene cuts, each clip sampled as the reference
+samples a video of its length, streamed clip by clip through the frame ring) and each clip becomes its own
 media row: its requests' ids are `requests.clip_request_id(video request id, clip index)`, its
 `clip_*` fields say where it is in the source (seconds) and how it was cut (scenes | fixed). A clip
 whose ids are all committed (`done`: resume) is dropped here, before any preprocess or model work,
 so an interrupted video resumes at its first clip not committed. A failure of the whole file
-(not a video, a timeout) is one error row under the video's own ids; a clip's own failure (too many
-bytes to sample) is that clip's error row.
+(not a video) is one error row under the video's own ids; so is the rest of a video whose decode
+hangs (`video.decode_timeout_s` between two clips: the child is killed, MediaTimeoutError) or
+crashes (MediaError) after some clips: those clips' rows stand, the error row stands for the clips
+not sent (resume retries it and drops the committed clips). A clip's own failure (too many bytes
+to sample) is that clip's error row.
 
 `clip_last` is true on the rows of a video's last clip (`with_last`: each clip is handed on once the
 next one has decoded, or the decode ended), so the committed rows say when a video's clip set is
@@ -60,7 +64,9 @@ def resolve_done(done):
 
 def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> Iterator[Decoded]:
     """The `Decoded` rows of one video row's clips not committed (`stage`: the `DecodeStage`, its
-    rule, sampling, `done` and `clip_target` (None: no clip files); `data_of(row)`: the video's bytes)."""
+    rule, sampling, `done` and `clip_target` (None: no clip files); `data_of(row)`: the video's bytes). The
+    decode runs in the actor's killable decoder child, except with clip files (their encoder needs the decoded
+    pictures: in this process for now)."""
     from vlbatch.operators.media.clip_decode import decode_clips
 
     base = {k: getattr(row, k)
@@ -68,8 +74,11 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
     files = _ClipFiles(stage.clip_target, row, stage.done)
     t0 = time.perf_counter()
     try:
-        clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s,
-                             on_clip=files.write if stage.clip_target is not None else None)
+        if stage.clip_target is None:
+            clips = stage.worker.decode_clips(data_of(row), stage.clips, stage.sampling)  # in the killable child
+        else:
+            clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s,
+                                 on_clip=files.write)
         for (clip, result), last in with_last(clips):
             task = _clip_task(row, base, clip, last, stage.done)
             if task is None:  # every request of this clip is committed

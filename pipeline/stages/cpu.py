@@ -60,7 +60,8 @@ class DecodeStage:
     this actor), decode the image or sampled video frames.
 
     Videos decode in a long-lived killable subprocess per actor (`DecodeWorker`), killed
-    and restarted when a file exceeds `video.decode_timeout_s` (-> MediaTimeoutError).
+    and restarted when a file exceeds `video.decode_timeout_s` (-> MediaTimeoutError); with
+    `video.clips` the same child cuts and streams the clips (the limit runs between two clips).
     With `video.decode_device` cuda / model-cpu a video is only planned there (`DecodeWorker.plan`:
     metadata and sampled indices, no frame decoded) and its bytes ride on (`Decoded.deferred`).
     """
