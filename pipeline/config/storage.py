@@ -2,9 +2,12 @@
 persistent filesystems) and `storage` (object storage and http(s) options, their limits)."""
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, field_validator
 
 from vlbatch.operators import sink as sink_pkg
+from vlbatch.operators.storage.options import persistent_output_uri
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 
@@ -12,9 +15,11 @@ SinkChoice = registry_choice(sink_pkg, "SINKS")
 
 
 class OutputSection(_Section):
-    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, file:// "
-                                                    "or s3://; nothing else: memory:// and http(s):// are "
-                                                    "refused); files go to <uri>/<run_id>/")
+    # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
+    uri: Annotated[str, AfterValidator(persistent_output_uri)] = Field(
+        ..., min_length=1, description="folder (local, relative to the config file's folder, file:// or s3://; "
+                                       "nothing else: memory:// and http(s):// are refused); files go to "
+                                       "<uri>/<run_id>/")
     run_id: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
@@ -24,17 +29,6 @@ class OutputSection(_Section):
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
-
-    @field_validator("uri")
-    @classmethod
-    def _persistent(cls, v: str) -> str:
-        # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
-        from vlbatch.operators.storage.options import output_uri_problem
-
-        why = output_uri_problem(v)
-        if why is not None:
-            raise ValueError(why.removeprefix("output.uri: "))
-        return v
 
     @field_validator("run_id")
     @classmethod
@@ -86,6 +80,4 @@ class StorageSection(_Section):
         """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
         from vlbatch.operators.storage import StorageOptions
 
-        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region, anonymous=self.anonymous,
-                              max_attempts=self.retries + 1, http_total_timeout_s=self.http_total_timeout_s,
-                              http_min_bytes_per_s=self.http_min_bytes_per_s)
+        return StorageOptions.of(self)
