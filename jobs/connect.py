@@ -212,6 +212,9 @@ class _Diverted:
     def __init__(self, stream, log):
         self._stream, self._log = stream, log
         self._newline_owed = False  # print() writes its "\n" apart: it follows a diverted line
+        for name in ("isatty", "fileno"):  # the real stream's, bound once (asked by every progress line)
+            if hasattr(stream, name):
+                setattr(self, name, getattr(stream, name))
 
     def write(self, text: str) -> int:
         plain = self._ANSI.sub("", text)

@@ -184,8 +184,8 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     new_local = ours and target.address is None
     plan = run_plan(config, new_local=new_local)
     config, run_id = plan.cfg, plan.run.run_id
-    logs = run_log_dir(run_id)  # this run's own log folder (jobs/run_logs.py)
     print(plan.line(), flush=True)
+    logs = run_log_dir(run_id)  # this run's own log folder (jobs/run_logs.py)
     opened = open_run(plan)  # the sink and its committed index, read once (handed to run_job)
     if (idle := opened.idle) is not None:  # every request committed: no Ray started
         print(idle.line(), flush=True)

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, field_validator
 
 from vlbatch.operators import sink as sink_pkg
+from vlbatch.operators.storage.names import run_folder_name
 from vlbatch.operators.storage.options import persistent_output_uri
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
@@ -20,7 +21,7 @@ class OutputSection(_Section):
         ..., min_length=1, description="folder (local, relative to the config file's folder, file:// or s3://; "
                                        "nothing else: memory:// and http(s):// are refused); files go to "
                                        "<uri>/<run_id>/")
-    run_id: str | None = Field(
+    run_id: Annotated[str | None, AfterValidator(run_folder_name)] = Field(  # '.' / '..' refused
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
     part_mb: float | None = Field(32.0, gt=0.0, description="a writer publishes a part file once it holds this many "
@@ -29,16 +30,6 @@ class OutputSection(_Section):
     commit_interval_s: float = Field(
         120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
-
-    @field_validator("run_id")
-    @classmethod
-    def _run_id_inside(cls, v: str | None) -> str | None:
-        # '.' / '..' pass the pattern but name output.uri itself or its parent: the run's files would mix
-        # with other runs', or land (and be cleaned up) beside the output folder
-        if v in (".", ".."):
-            raise ValueError(f"{v!r} is not a folder inside output.uri (it names output.uri itself or the "
-                             "folder above it); use a name such as 'run-1'")
-        return v
 
     def roll_policy(self):
         """The writers' `RollPolicy` (vlbatch.operators.sink.rolling)."""

@@ -104,13 +104,15 @@ def _flat(section: str, values: dict, skip: set[str] = frozenset()) -> dict:
     return out
 
 
-def fingerprint(cfg: JobConfig) -> dict:
-    """{dotted field: JSON value} of everything that changes answers (module docstring)."""
+def fingerprint(cfg: JobConfig, sections: dict | None = None) -> dict:
+    """{dotted field: JSON value} of everything that changes answers (module docstring); `sections`: the
+    config's `answer_sections()` dumped already (the preflight's; None: dumped here)."""
     m = cfg.model
+    sections = cfg.answer_sections() if sections is None else sections
     out = {"model.path": m.path, "model.checkpoint": checkpoint_identity(m.path), "model.dtype": m.dtype,
            "model.backend": m.backend}
     for section in ("sampling", "task", "image", "video"):
-        keep = getattr(cfg, section).model_dump(mode="json")
+        keep = sections[section]
         if section == "image":
             keep = {k: v for k, v in keep.items() if k in ("min_pixels", "max_pixels")}
         out.update(_flat(section, keep, NOT_ANSWERS.get(section, set())))
@@ -198,14 +200,15 @@ def check_output(cfg: JobConfig, storage=None) -> None:
                           "credentials cannot see it); buckets are never created: create it, or fix output.uri")
 
 
-def check_fingerprint(cfg: JobConfig, run_id: str | None = None, storage=None) -> FingerprintNote:
-    """Before any work: the `FingerprintNote` of the run folder (`run_id`, `storage`: the preflight's, None:
+def check_fingerprint(cfg: JobConfig, run_id: str | None = None, storage=None,
+                      sections: dict | None = None) -> FingerprintNote:
+    """Before any work: the `FingerprintNote` of the run folder (`run_id`, `storage`, `sections`: the preflight's, None:
     from `cfg`); `ConfigError` naming every changed field when the stored fingerprint differs and
     `resume.allow_config_change` is off. Read and hashed once per start: the note carries what to write."""
     run_id = cfg.resolved_run_id() if run_id is None else run_id
     storage = cfg.storage.options() if storage is None else storage
     uri = join(cfg.output.uri.rstrip("/"), run_id, FINGERPRINT_NAME)
-    old, new = stored(uri, storage), fingerprint(cfg)
+    old, new = stored(uri, storage), fingerprint(cfg, sections)
     if old is not None and old["fingerprint"] == new:
         return FingerprintNote(uri, None, {}, False)
     changes = {} if old is None else changed_fields(old["fingerprint"], new)

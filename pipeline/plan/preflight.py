@@ -40,16 +40,17 @@ def preflight(cfg: JobConfig, cluster: Cluster | None) -> RunPlan:
     """`STEPS` in order (`fit` only when `cluster` is known: else `fit_plan` later) -> the checked plan.
     The run id and the storage options are made once here and handed to each step and the plan (`RunPlace`);
     each step is called from here (no callbacks, no context managers), so the walk enters this module once."""
-    run_id, storage = cfg.resolved_run_id(), StorageOptions.of(cfg.storage)
+    sections = cfg.answer_sections()  # the run id's and the fingerprint's basis, dumped once
+    run_id, storage = cfg.resolved_run_id(sections), StorageOptions.of(cfg.storage)
     check_paths(cfg, run_id)  # paths
     source, media = check_input(cfg, storage)  # input
     _guarded("model.path", check_model, cfg, storage)  # checkpoint
     _guarded("output.uri", check_output, cfg, storage)  # output: a missing bucket is a ConfigError now ...
-    note = _guarded("output.uri", check_fingerprint, cfg, run_id, storage)  # ... and another config's answers
+    note = _guarded("output.uri", check_fingerprint, cfg, run_id, storage, sections)  # ... another config's answers
+    sized = None
+    if cluster is not None:  # else a joined Ray, not connected yet: the GPUs as configured
+        cfg, sized = check_plan(cfg, cluster)  # fit
     run = RunPlace(run_id, join(cfg.output.uri.rstrip("/"), run_id), storage, note)
-    if cluster is None:  # a joined Ray, not connected yet: the GPUs as configured
-        return plan(cfg, None, source=source, media=media, run=run)
-    cfg, sized = check_plan(cfg, cluster)  # fit
     return plan(cfg, cluster, source=source, media=media, sized=sized, run=run)
 
 
@@ -61,8 +62,9 @@ def check_input(cfg: JobConfig, storage=None):
 
 def _opened(cfg: JobConfig, storage):
     source = open_source(cfg, storage)
+    media = source.count()  # read-only, both: counted, then its columns checked (one visit to the source)
     source.check()
-    return source, source.count()
+    return source, media
 
 
 def _guarded(field: str, step, *args):

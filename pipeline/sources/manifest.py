@@ -29,7 +29,7 @@ from vlbatch.operators.storage.http import is_http, read_http
 from vlbatch.operators.storage.http_stream import open_http
 from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.sources.base import Source, limit, task_pool
+from vlbatch.pipeline.sources.base import Source
 from vlbatch.pipeline.sources.cells import _holds_uris, normalise
 from vlbatch.pipeline.sources.text import is_text_file, read_text_files, sample_schema
 
@@ -83,10 +83,11 @@ class ManifestSource(Source):
         files = self._parquet_files if inp.format == "parquet" else self._text_files
         fn = _read_parquet_files if inp.format == "parquet" else read_text_files
         items = [{"path": f} for f in files]  # one block per file: one read task each, at most `concurrency` at once
-        kwargs = {"cfg": cfg, "base_uri": self._base, "keep": keep}  # this source's values first, then base's helpers
-        return limit(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus, compute=task_pool(concurrency),
-            fn_kwargs=kwargs), inp.limit)
+        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus,
+            compute=ray.data.TaskPoolStrategy(size=concurrency),  # at most `concurrency` tasks (None: Ray's choice)
+            fn_kwargs={"cfg": cfg, "base_uri": self._base, "keep": keep})
+        return ds if inp.limit is None else ds.limit(inp.limit)
 
     def driver_blocks(self) -> Iterator[pa.Table] | None:
         """A local manifest of URIs: the blocks `read`'s tasks make, read here by the same functions; a remote
