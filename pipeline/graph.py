@@ -21,7 +21,8 @@ the expansion tasks' counts from a `Tally` actor (`expansion.py`), never a secon
 Resume memory: the committed ids are one `IdIndex` (16 B per id, sorted numpy), `ray.put`
 once and mapped zero-copy by each expansion task (no per-task copy of a Python set).
 
-Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Parquet: rolling
+Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`, opened with its index read by
+`stages/nothing_to_do.open_run` before Ray starts and handed in; Parquet: rolling
 part files and `_summary.json` beside them; `sink.seal()` after the graph publishes what the
 writers still held). Only the sink contract is used here
 (`vlbatch.operators.sink.base`): before the graph starts its committed index is read:

@@ -23,13 +23,14 @@ are stale answers. So the run folder holds `_fingerprint.json` (`FINGERPRINT_NAM
 How the model runs (engine budgets, tensor parallelism, device, resources) and where rows come
 from or go (input, output, resume) are not in it: resuming with more actors is the same run.
 
-`check_fingerprint(cfg)` runs before any work (`vlbatch run` / `validate` before Ray starts,
-`run_job` before the sink is touched): a stored fingerprint that differs is a `ConfigError`
+`check_fingerprint(cfg)` runs before any work (the preflight of `vlbatch run` / `validate`, before
+Ray starts; the stored file read and the checkpoint hashed once per start): a stored fingerprint that differs is a `ConfigError`
 naming each changed field, old -> new, and the two ways on, unless
 `resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
-are kept and the change is recorded. It returns a `FingerprintNote`, carried by the plan: the start
-writes the file from it (once per run, and again after an accepted change) and, at every start, deletes
-what a failed one left of writing it. A run folder from before fingerprints (rows, no file)
+are kept and the change is recorded. It returns a `FingerprintNote`, carried by the plan
+(`RunPlan.run.fingerprint`): `pipeline/graph.run_job` (or a rerun with nothing to do) writes the file from it
+(once per run, and again after an accepted change) and, at every start, deletes what a failed one left of
+writing it (`operators/storage/io.replace_file`). A run folder from before fingerprints (rows, no file)
 is accepted with a warning and gets the file.
 """
 from __future__ import annotations

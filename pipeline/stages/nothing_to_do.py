@@ -1,6 +1,8 @@
 """Nothing to do: a rerun whose input is all committed, found in the driver before Ray starts (issue 50).
 
-`nothing_to_do(plan) -> NothingToDo | None`, called by `vlbatch run` (`jobs/local.py`) after the preflight:
+`open_run(plan) -> OpenedRun`, called by `vlbatch run` (`jobs/local.py`) after the preflight, opens the run's
+sink and reads its committed index once (handed to `pipeline/graph.run_job`, which reads neither again), then
+`nothing_to_do(plan, sink, index) -> NothingToDo | None` decides:
 a `NothingToDo` when every request id of the input is committed as ok or permanent error (a transient error
 row is redone on resume: work), the sink holds no id twice and no transient row to purge (a run would tidy
 those); then the run prints `line()` and exits with `exit_code` (the committed error rows against
@@ -8,7 +10,8 @@ those); then the run prints `line()` and exits with `exit_code` (the committed e
 `_summary.json` stays as it is.
 None: the run goes on as before (Ray starts, `pipeline/graph.run_job` resumes). The check only reads (the
 committed index, the input); on nothing to do it writes `_fingerprint.json` where a run would (a config change
-accepted by `resume.allow_config_change`, a folder from before fingerprints), nothing else.
+accepted by `resume.allow_config_change`, a folder from before fingerprints: the plan's fingerprint note), nothing
+else. The input is read (`driver_blocks`) only when the index holds committed rows: a fresh run reads nothing here.
 
 The ids are computed as the expansion stage computes them (`requests.expand_rows` per manifest row) from
 the rows the source can give in the driver (`Source.driver_blocks`: a local manifest of URIs, a glob's
