@@ -36,7 +36,7 @@ from typing import Any
 
 from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
-from vlbatch.jobs.run_logs import error_log_path, run_log_dir
+from vlbatch.jobs.run_logs import driver_stderr_path, error_log_path, made, run_log_dir
 from vlbatch.jobs.scheduling import run_lock, submission_id
 from vlbatch.operators.errors import ActorStartError, VlbatchError
 
@@ -185,14 +185,15 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     plan = run_plan(config, new_local=new_local)
     config, run_id = plan.cfg, plan.run.run_id
     print(plan.line(), flush=True)
-    logs = run_log_dir(run_id)  # this run's own log folder (jobs/run_logs.py)
     opened = open_run(plan)  # the sink and its committed index, read once (handed to run_job)
     if (idle := opened.idle) is not None:  # every request committed: no Ray started
         print(idle.line(), flush=True)
         return idle.exit_code
+    logs = run_log_dir(run_id)  # this run's own log folder (jobs/run_logs.py), made for `quiet_ray` to fill
+    noise = driver_stderr_path(logs if verbose else made(logs))
     noted: list[int] = []  # signals that came during Ray's shutdown (signals_deferred)
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
-        with quiet_ray(logs, verbose), reaped_ray() if new_local else nullcontext():
+        with quiet_ray(noise, verbose), reaped_ray() if new_local else nullcontext():
             try:
                 if ours:
                     print("[vlbatch] starting Ray", flush=True)

@@ -62,9 +62,8 @@ def check_input(cfg: JobConfig, storage=None):
 
 def _opened(cfg: JobConfig, storage):
     source = open_source(cfg, storage)
-    media = source.count()  # read-only, both: counted, then its columns checked (one visit to the source)
     source.check()
-    return source, media
+    return source, source.count()
 
 
 def _guarded(field: str, step, *args):
