@@ -24,8 +24,8 @@ How the model runs (engine budgets, tensor parallelism, device, resources) and w
 from or go (input, output, resume) are not in it: resuming with more actors is the same run.
 
 `check_fingerprint(cfg)` runs before any work (the preflight of `vlbatch run` / `validate`, before
-Ray starts; the stored file read and the checkpoint hashed once per start): a stored fingerprint that differs is a `ConfigError`
-naming each changed field, old -> new, and the two ways on, unless
+Ray starts; the stored file read and the checkpoint hashed once per start): a stored fingerprint that
+differs is a `ConfigError` naming each changed field, old -> new, and the two ways on, unless
 `resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
 are kept and the change is recorded. It returns a `FingerprintNote`, carried by the plan
 (`RunPlan.run.fingerprint`): `pipeline/graph.run_job` (or a rerun with nothing to do) writes the file from it
