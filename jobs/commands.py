@@ -148,10 +148,10 @@ def _joined_cluster(target):
     import ray
 
     from vlbatch.jobs.connect import connect, quiet_ray
-    from vlbatch.jobs.run_logs import state_dir
+    from vlbatch.jobs.run_logs import driver_stderr_path, made, state_dir
     from vlbatch.pipeline.plan.cluster import joined_cluster
 
-    with quiet_ray(state_dir() / "validate", False):
+    with quiet_ray(driver_stderr_path(made(state_dir() / "validate")), False):
         try:
             return joined_cluster(connect(target))
         finally:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlbatch.jobs.errors import ClusterUnreachableError
-from vlbatch.jobs.run_logs import driver_stderr_path, made
 
 PROBE_TIMEOUT_S = 5.0
 JOIN_CONNECT_TRIES = 10  # Ray's connect attempts (about 1 s each) once the probe has passed
@@ -163,13 +162,12 @@ def _quiet_ray_data() -> None:
 
 
 @contextlib.contextmanager
-def quiet_ray(log_dir: Path, verbose: bool) -> Iterator[None]:
-    """Keep Ray's console noise off the terminal for the block (see the module docstring): into
-    `log_dir`'s driver-stderr.log (jobs/run_logs.py)."""
+def quiet_ray(path: Path, verbose: bool) -> Iterator[None]:
+    """Keep Ray's console noise off the terminal for the block (see the module docstring): into the file
+    `path`, a run's driver-stderr.log (`jobs/run_logs.driver_stderr_path`, in a folder the caller made)."""
     if verbose:
         yield
         return
-    path = driver_stderr_path(made(log_dir))
     sys.stderr.flush()
     saved_fd = os.dup(2)
     saved_stderr = sys.stderr
@@ -212,6 +210,9 @@ class _Diverted:
     def __init__(self, stream, log):
         self._stream, self._log = stream, log
         self._newline_owed = False  # print() writes its "\n" apart: it follows a diverted line
+        for name in ("isatty", "fileno"):  # the real stream's, bound once (asked by every progress line)
+            if hasattr(stream, name):
+                setattr(self, name, getattr(stream, name))
 
     def write(self, text: str) -> int:
         plain = self._ANSI.sub("", text)

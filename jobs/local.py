@@ -36,7 +36,7 @@ from typing import Any
 
 from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
-from vlbatch.jobs.run_logs import error_log_path, run_log_dir
+from vlbatch.jobs.run_logs import driver_stderr_path, error_log_path, made, run_log_dir
 from vlbatch.jobs.scheduling import run_lock, submission_id
 from vlbatch.operators.errors import ActorStartError, VlbatchError
 
@@ -177,21 +177,23 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted
     from vlbatch.pipeline.graph import run_job
-    from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
+    from vlbatch.pipeline.stages.nothing_to_do import open_run
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is
     new_local = ours and target.address is None
     plan = run_plan(config, new_local=new_local)
-    config = plan.cfg
-    logs = run_log_dir(config.resolved_run_id())  # this run's own log folder (jobs/run_logs.py)
+    config, run_id = plan.cfg, plan.run.run_id
     print(plan.line(), flush=True)
-    if (idle := nothing_to_do(plan)) is not None:  # every request committed: no Ray started
+    opened = open_run(plan)  # the sink and its committed index, read once (handed to run_job)
+    if (idle := opened.idle) is not None:  # every request committed: no Ray started
         print(idle.line(), flush=True)
         return idle.exit_code
+    logs = run_log_dir(run_id)  # this run's own log folder (jobs/run_logs.py), made for `quiet_ray` to fill
+    noise = driver_stderr_path(logs if verbose else made(logs))
     noted: list[int] = []  # signals that came during Ray's shutdown (signals_deferred)
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
-        with quiet_ray(logs, verbose), reaped_ray() if new_local else nullcontext():
+        with quiet_ray(noise, verbose), reaped_ray() if new_local else nullcontext():
             try:
                 if ours:
                     print("[vlbatch] starting Ray", flush=True)
@@ -202,9 +204,8 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
                 else:
                     plan = joined_plan(plan, "the running Ray")
                 config = plan.cfg
-                print(f"[vlbatch] job {job_name!r} run_id={config.resolved_run_id()} output={config.output.uri}",
-                      flush=True)
-                summary = run_job(plan, name=job_name)
+                print(f"[vlbatch] job {job_name!r} run_id={run_id} output={config.output.uri}", flush=True)
+                summary = run_job(plan, name=job_name, opened=opened)
             finally:
                 if ours:
                     noted = _shutdown_ray()

@@ -72,6 +72,12 @@ class Entry:
         return f" (plugin {self.plugin})" if self.plugin else ""
 
 
+def check_named(module: Any, attr: str, name: str) -> str:
+    """`getattr(module, attr).named(name)`: the registry read at each call, so an entry registered (or a table
+    replaced) after the config type was made is seen (`pipeline/config/choices.registry_choice`)."""
+    return getattr(module, attr).named(name)
+
+
 @dataclass(frozen=True)
 class Registry:
     """The implementations of one extension point. `kind` names it in messages ("attention
@@ -129,6 +135,12 @@ class Registry:
     def unknown(self, name: object) -> str:
         """The message for a name not in the table (without the field: pydantic adds it)."""
         return f"unknown {self.kind} {name!r}; allowed: {', '.join(self.choices())}"
+
+    def named(self, name: str) -> str:
+        """`name` when it is an entry's (a config field's validator), else `ValueError(unknown(name))`."""
+        if name not in self.choices():
+            raise ValueError(self.unknown(name))
+        return name
 
     def entry(self, name: str) -> Entry:
         """The entry called `name`; `ConfigError` naming the field and listing the choices otherwise."""

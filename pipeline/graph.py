@@ -21,7 +21,8 @@ the expansion tasks' counts from a `Tally` actor (`expansion.py`), never a secon
 Resume memory: the committed ids are one `IdIndex` (16 B per id, sorted numpy), `ray.put`
 once and mapped zero-copy by each expansion task (no per-task copy of a Python set).
 
-Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`; Parquet: rolling
+Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`, opened with its index read by
+`stages/nothing_to_do.open_run` before Ray starts and handed in; Parquet: rolling
 part files and `_summary.json` beside them; `sink.seal()` after the graph publishes what the
 writers still held). Only the sink contract is used here
 (`vlbatch.operators.sink.base`): before the graph starts its committed index is read:
@@ -44,10 +45,10 @@ import sys
 import time
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.storage import join
+from vlbatch.operators.storage import replace_file
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.plan.fingerprint import record_fingerprint
-from vlbatch.pipeline.plan.spec import RunPlan, StageSpec, block_bytes
+from vlbatch.pipeline.plan.fingerprint import FINGERPRINT_NAME, check_fingerprint
+from vlbatch.pipeline.plan.spec import RunPlan, StageSpec
 from vlbatch.pipeline.stages.engine_rate import scan_busy
 from vlbatch.pipeline.stages.expansion import Tally, count_pending, expanded
 from vlbatch.pipeline.stages.placement import INIT_DEATHS
@@ -62,7 +63,7 @@ from vlbatch.pipeline.telemetry.timeline import Timeline
 log = logging.getLogger("vlbatch.pipeline")
 
 
-def _init_ray(cfg: JobConfig) -> None:
+def _init_ray(cfg: JobConfig, block_size: int) -> None:
     import ray
 
     if not ray.is_initialized():
@@ -78,7 +79,7 @@ def _init_ray(cfg: JobConfig) -> None:
     # model task takes whole blocks: with Ray Data's default (128 MiB, ~100 media of a few
     # hundred visual tokens) the model stage took ~100 media per task and committed them only
     # at its end (first commit after minutes). 16 MiB: a few media per block.
-    ctx.target_max_block_size = block_bytes(cfg)
+    ctx.target_max_block_size = block_size  # the plan's (`plan/spec.block_bytes`)
 
 
 def _load(target: str) -> type:
@@ -141,20 +142,32 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
     return failed_lines(placement.failures)
 
 
-def _open_run(cfg: JobConfig, run_uri: str):
-    """(sink, index before the run, transient rows purged, committed ids to skip)."""
-    sink = open_sink(cfg, run_uri)
-    sink.prepare()
+def _open_run(plan: RunPlan, opened=None):
+    """(sink, index before the run, transient rows purged, committed ids to skip); `opened`: the sink and
+    index `stages/nothing_to_do.open_run` read before Ray started (None: opened here). The plan's fingerprint
+    note is written once the sink's folder is prepared."""
+    cfg, run = plan.cfg, plan.run
     if cfg.output.clip_files is not None:  # a killed clip writer's temp files (no worker writes yet)
         from vlbatch.operators.media.clip_files import clean_debris
 
-        clean_debris(join(run_uri, "clips"), cfg.storage.options())
-    index = sink.index(max_tokens=cfg.sampling.max_tokens)  # TruncatedError rows a larger max_tokens redoes
+        clean_debris(f"{run.run_uri.rstrip('/')}/clips", run.storage)
+    if opened is not None and opened.sink is not None:
+        sink, index = opened.sink, opened.index
+        sink.prepare()
+    else:
+        sink = open_sink(cfg, run.run_uri, run.storage, plan.source)
+        sink.prepare()
+        index = sink.index(max_tokens=cfg.sampling.max_tokens)  # TruncatedError rows a larger max_tokens redoes
     if index.files and not cfg.resume.enabled:
-        raise ConfigError(f"resume.enabled=false but {run_uri} already holds {len(index.files)} committed files; "
+        raise ConfigError(f"resume.enabled=false but {run.run_uri} already holds {len(index.files)} committed files; "
                           "set resume.enabled=true to continue that run or choose a new output.run_id")
     purged = sink.purge(index.purgeable_ids, max_tokens=cfg.sampling.max_tokens) if cfg.resume.retry_transient else 0
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
+    note = run.fingerprint if run.fingerprint is not None else check_fingerprint(cfg, run.run_id, run.storage)
+    if (opened is None or opened.sink is None) and note.missing and index.files:  # else `open_run` said so
+        log.warning("run %s holds rows but no %s (made before fingerprints): its config is taken as this one",
+                    run.run_id, FINGERPRINT_NAME)
+    replace_file(note.uri, note.data, run.storage)
     return sink, index, purged, done
 
 
@@ -174,25 +187,23 @@ def _checked(job: RunPlan | JobConfig, stream) -> RunPlan:
     return plan
 
 
-def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None) -> RunSummary:
+def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None, opened=None) -> RunSummary:
     """Run (or resume) a job to completion; returns its summary, also written as `_summary.json`.
     `job`: the run's checked `RunPlan` (`plan/preflight.py`), run as it is: nothing is checked again;
     a `JobConfig`: checked here first by the same preflight (`_checked`). `name`: the job's name, the
-    `job` tag of its Ray metrics (default: the run id)."""
+    `job` tag of its Ray metrics (default: the run id). `opened`: the sink and committed index read before Ray
+    started (`stages/nothing_to_do.open_run`; None: read here)."""
     import ray
 
     stream = stream or sys.stderr
     t0 = time.monotonic()
     plan = _checked(job, stream)
-    cfg = plan.cfg
-    run_id = cfg.resolved_run_id()
-    run_uri = join(cfg.output.uri.rstrip("/"), run_id)
-    sink, index, purged, done = _open_run(cfg, run_uri)
-    record_fingerprint(cfg, had_rows=bool(index.files))
+    cfg, run_id = plan.cfg, plan.run.run_id
+    sink, index, purged, done = _open_run(plan, opened)
 
     if not ray.is_initialized():
         _say(stream, "[vlbatch] starting Ray")
-    _init_ray(cfg)
+    _init_ray(cfg, plan.block_bytes)
     t_expand = time.monotonic()
     tasks_ds, pending_n, dropped, tally, known = _expansion(plan, done, stream)
     # video.clips: a clip's ids are made when the CPU stage cuts the video, so it drops committed clips there
@@ -234,8 +245,7 @@ def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, time
         pending_n = progress.total = progress.done
     progress.tick(final=True)
     after = sink.index()
-    run_id = cfg.resolved_run_id()
-    summary = summarize(cfg, run_id, join(cfg.output.uri.rstrip("/"), run_id), progress, index, after, purged,
+    summary = summarize(cfg, plan.run.run_id, plan.run.run_uri, progress, index, after, purged,
                         dropped, pending_n, elapsed=time.monotonic() - t0, expand_s=expand_s, graph_at=graph_at,
                         timeline=timeline, failed_starts=failed)
     log.debug("sealed %d parts at the end", len(sealed))

@@ -13,7 +13,12 @@ A room is a module of `vlbatch.jobs` or `vlbatch.pipeline` (the flow; the operat
 leaves, not rooms); the walk is the sequence of rooms entered: a move is a call (a profile `call` event)
 into a room from code of another module, other than the room the walk is in (a call within one module,
 or from a library back into the room the walk is in, is no move; module bodies run by an
-import are not counted, since what is imported already depends on the process). Printed per path: rooms
+import, and every call made while an import runs (a dataclass's generated `__init__`, pydantic building a
+schema, a registry read at class definition), are not counted, since what is imported already depends on
+the process; nor is a generator's resumption (the profile reports each `next()` of a generator, and the
+exit of a `with` block of a `contextlib.contextmanager`, as a call into the generator's module: a reader
+follows the first entry, not each resume). `--count-imports` / `--count-resumes`: counted as the first
+version of this script did (both: its figures). Printed per path: rooms
 (distinct modules entered), moves, returns (moves into a room entered before, i.e. already left once) and how many times
 `write_stage`, `fingerprint` and `preflight` are entered (moves into a module whose last dotted part
 is that name). The demo config's media are written first when missing
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dis
 import importlib
+import inspect
 import io
 import os
 import sys
@@ -42,11 +49,18 @@ class _Stop(BaseException):
 class Walk:
     """The modules entered by calls while active: `rooms`, `moves`, `returns`, `entered`."""
 
-    def __init__(self) -> None:
+    def __init__(self, count_imports: bool = False, count_resumes: bool = False) -> None:
         self.seq: list[str] = []
+        self.count_imports, self.count_resumes = count_imports, count_resumes
+        self.importing = 0  # module bodies running now (nested imports)
 
     def profile(self, frame, event, arg) -> None:
-        if event != "call" or frame.f_code.co_name == "<module>":
+        if frame.f_code.co_name == "<module>":  # an import's module body starts or ends
+            self.importing += {"call": 1, "return": -1}.get(event, 0)
+            return
+        if event != "call" or (self.importing and not self.count_imports):
+            return
+        if not self.count_resumes and _resumed(frame):
             return
         mod = frame.f_globals.get("__name__", "")
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back is not None else ""
@@ -62,6 +76,19 @@ class Walk:
         entered = Counter(m.rsplit(".", 1)[-1] for m in self.seq)
         return {"rooms": len(seen), "moves": len(self.seq), "returns": returns,
                 **{f"{w} entered": entered.get(w, 0) for w in WATCHED}}
+
+
+_RESUME = dis.opmap.get("RESUME")  # Python >= 3.11: a frame's first entry stops at `RESUME 0`; a resume after a
+# yield / await at `RESUME n>0`, and one by `throw()` (a `with` block left by an exception) at the yield itself
+
+
+def _resumed(frame) -> bool:
+    """A generator (or coroutine) frame resumed after a yield, not entered for the first time."""
+    if _RESUME is None or not frame.f_code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                                                       | inspect.CO_ASYNC_GENERATOR):
+        return False
+    code, at = frame.f_code.co_code, frame.f_lasti
+    return 0 <= at < len(code) - 1 and not (code[at] == _RESUME and code[at + 1] == 0)
 
 
 @contextlib.contextmanager
@@ -84,18 +111,18 @@ def _graph_module():
     raise SystemExit("no module with _stream_graph (pipeline/graph.py or pipeline/runner.py)")
 
 
-def validate_walk(config: str, overrides: list[str], out_uri: str) -> Walk:
+def validate_walk(config: str, overrides: list[str], out_uri: str, **counting: bool) -> Walk:
     from vlbatch.jobs.commands import cmd_validate
 
     args = argparse.Namespace(config=config, overrides=[*overrides, f"output.uri={out_uri}"], address=None,
                               json=False, allow_config_change=False)
-    walk = Walk()
+    walk = Walk(**counting)
     with walking(walk), contextlib.redirect_stdout(io.StringIO()):
         cmd_validate(args)
     return walk
 
 
-def run_walk(config: str, overrides: list[str], out_uri: str) -> Walk:
+def run_walk(config: str, overrides: list[str], out_uri: str, **counting: bool) -> Walk:
     from vlbatch.jobs.local import run_local
 
     graph = _graph_module()
@@ -104,7 +131,7 @@ def run_walk(config: str, overrides: list[str], out_uri: str) -> Walk:
         raise _Stop
 
     real, graph._stream_graph = graph._stream_graph, stop
-    walk = Walk()
+    walk = Walk(**counting)
     try:
         with walking(walk), contextlib.redirect_stdout(io.StringIO()):
             run_local(config, [*overrides, f"output.uri={out_uri}"], use_lock=False)
@@ -124,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--sequence", action="store_true", help="print each path's sequence of modules too")
+    p.add_argument("--count-imports", action="store_true", help="count the calls made while an import runs too "
+                                                                 "(the script's first definition)")
+    p.add_argument("--count-resumes", action="store_true", help="count each resume of a generator as a call too "
+                                                                 "(the script's first definition)")
     args = p.parse_args(argv)
     if Path(args.config).name == "demo.yaml":
         from vlbatch.pipeline.demo import prepare_demo
@@ -131,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         prepare_demo(Path(args.config).resolve().parents[1] / "out" / "demo")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     with tempfile.TemporaryDirectory(prefix="walk-calls-") as out:
-        walks = {"validate": validate_walk(args.config, args.overrides, out),
-                 "run (up to the graph)": run_walk(args.config, args.overrides, out)}
+        counting = {"count_imports": args.count_imports, "count_resumes": args.count_resumes}
+        walks = {"validate": validate_walk(args.config, args.overrides, out, **counting),
+                 "run (up to the graph)": run_walk(args.config, args.overrides, out, **counting)}
     for name, walk in walks.items():
         figures = ", ".join(f"{k} {v}" for k, v in walk.figures().items())
         print(f"{name}: {figures}")

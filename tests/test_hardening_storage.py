@@ -216,7 +216,7 @@ def test_missing_output_bucket_is_a_config_error_and_never_created(s3, tmp_path,
 
 
 def test_existing_bucket_passes_the_check(s3, tmp_path):
-    from vlbatch.pipeline.plan.checks import check_output
+    from vlbatch.pipeline.plan.fingerprint import check_output
 
     check_output(validate_config(job(tmp_path, "s3://hardening-out/new/prefix", s3.endpoint_url)))
 

@@ -26,7 +26,7 @@ def test_raylet_lines_after_an_actor_kill_stay_off_stdout(capfd, tmp_path):
 
     log = driver_stderr_path(tmp_path)
     ray.shutdown()
-    with quiet_ray(tmp_path, verbose=False):
+    with quiet_ray(driver_stderr_path(tmp_path), verbose=False):
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         try:
             a = Victim.remote()
@@ -54,7 +54,7 @@ def test_worker_log_lines_flushed_at_shutdown_stay_off_the_terminal(capfd, tmp_p
             "\x1b[32m[repeated 15x across cluster]\x1b[0m",
             "\x1b[33m(MapWorker(MapBatches(ModelStage)) pid=4242, ip=10.0.0.7)\x1b[0m Traceback (most recent call last):",
             "\x1b[36m(autoscaler +3s)\x1b[0m Adding 1 node(s) of type gpu-workers."]
-    with quiet_ray(tmp_path, verbose=False):
+    with quiet_ray(driver_stderr_path(tmp_path), verbose=False):
         print(held[0])
         print(held[1], file=sys.stderr)
         print(held[2])

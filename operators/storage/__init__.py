@@ -16,12 +16,14 @@ from vlbatch.operators.storage.io import (
                                          open_input,
                                          put_atomic,
                                          read_bytes,
+    replace_file,
 )
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, with_retries
 
 __all__ = ["DEFAULT_STORAGE", "StorageOptions", "arrow_filesystem", "bucket_exists", "classify", "filesystem",
-           "is_object_store", "join", "open_input", "put_atomic", "read_bytes", "with_retries"]
+           "is_object_store", "join", "open_input", "put_atomic", "read_bytes", "replace_file",
+           "with_retries"]
 
 
 def arrow_filesystem(fs, storage: StorageOptions = DEFAULT_STORAGE):

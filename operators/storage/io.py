@@ -22,13 +22,15 @@
   a sink knows its own debris), then `os.replace` onto `path` (atomic within one filesystem). Other
   fsspec protocols: temp name + `mv`, atomic only where the store's rename is. Each attempt of the
   retry loop writes a fresh temp name, and deletes it when it fails; a full disk or quota (ENOSPC /
-  EDQUOT) is `StorageError: no space left on <folder>` (not retried).
+  EDQUOT) is `StorageError: no space left on <folder>` (not retried). `replace_file(uri, data, storage)`: a run
+  file (`_fingerprint.json`) written so, the temp names a killed earlier write left of it deleted first.
 """
 from __future__ import annotations
 
 import errno
 import io
 import os
+import re
 import stat
 import uuid
 
@@ -222,3 +224,26 @@ def put_atomic(fs, path: str, data: bytes, storage: StorageOptions = DEFAULT_STO
                tmp_dir: str | None = None) -> None:
     """Write `data` to `path` so that no partial file is ever visible there (module docstring)."""
     with_retries(lambda: _put_once(fs, path, data, tmp_dir), what=f"writing {path}", storage=storage)
+
+
+def replace_file(uri: str, data: bytes | None, storage: StorageOptions = DEFAULT_STORAGE) -> None:
+    """A small run file (`_fingerprint.json`) at `uri`: first delete what an earlier writer killed mid-write
+    left of it (`put_atomic`'s temp names `<name>.<32 hex>.vlbatch-tmp` beside it; only those names: one
+    writer per run folder, so none is live); then, unless `data` is None, write it (`put_atomic`; a local
+    parent folder is made first, never a bucket)."""
+    fs, path = filesystem(uri, storage)
+    folder, name = path.rsplit("/", 1)
+    local = not is_object_store(fs)  # one PUT there, no temp names, no folders
+    if local and fs.isdir(folder):
+        mark = re.compile(re.escape(name) + r"\.[0-9a-f]{32}" + re.escape(TMP_MARK))
+        for found in fs.ls(folder, detail=False):
+            if mark.fullmatch(found.rsplit("/", 1)[-1]):
+                try:
+                    fs.rm_file(found)
+                except FileNotFoundError:
+                    pass
+    if data is None:
+        return
+    if local:
+        fs.makedirs(folder, exist_ok=True)
+    put_atomic(fs, path, data, storage)

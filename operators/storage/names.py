@@ -42,3 +42,13 @@ def relative_name_problem(name: object) -> str | None:
     if any(part in ("", ".", "..") for part in _PARTS.split(name)):
         return "has an empty, '.' or '..' part (it could be outside the folder)"
     return None
+
+
+def run_folder_name(run_id: str | None) -> str | None:
+    """The job config's `output.run_id` validator: '.' / '..' pass its pattern but name output.uri itself or its
+    parent (the run's files would mix with other runs', or land, and be cleaned up, beside the output folder):
+    `ValueError` (pydantic names the field)."""
+    if run_id in (".", ".."):
+        raise ValueError(f"{run_id!r} is not a folder inside output.uri (it names output.uri itself or the "
+                         "folder above it); use a name such as 'run-1'")
+    return run_id

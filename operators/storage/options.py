@@ -51,6 +51,14 @@ class StorageOptions:
     http_min_bytes_per_s: float = 65536.0
     http_rate_window_s: float = 30.0
 
+    @classmethod
+    def of(cls, section) -> StorageOptions:
+        """From the job config's `storage` section (`pipeline/config/storage.StorageSection`): `retries` + 1
+        attempts in all. Made once per start by the preflight (`RunPlan.run.storage`)."""
+        return cls(endpoint_url=section.endpoint_url, region=section.region, anonymous=section.anonymous,
+                   max_attempts=section.retries + 1, http_total_timeout_s=section.http_total_timeout_s,
+                   http_min_bytes_per_s=section.http_min_bytes_per_s)
+
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError(f"storage max_attempts must be at least 1, got {self.max_attempts}")
@@ -85,6 +93,11 @@ class StorageOptions:
 DEFAULT_STORAGE = StorageOptions()  # AWS defaults, credentials from the environment
 
 
+def is_local(uri: str) -> bool:
+    """A path on this machine: no scheme, or file://."""
+    return "://" not in uri or uri.startswith("file://")
+
+
 def protocol_of(uri: str) -> str:
     """'s3://b/k' -> 's3'; '/a/b' and 'a/b' -> 'file'."""
     from fsspec.core import split_protocol
@@ -99,6 +112,14 @@ def output_uri_problem(uri: str) -> str | None:
         return None
     return (f"output.uri: {protocol}:// ({uri[:200]!r}) is not a persistent filesystem vlbatch writes; use a local "
             "folder, file:// or s3://")
+
+
+def persistent_output_uri(uri: str) -> str:
+    """The job config's `output.uri` validator: `uri`, else `ValueError` (pydantic names the field)."""
+    why = output_uri_problem(uri)
+    if why is not None:
+        raise ValueError(why.removeprefix("output.uri: "))
+    return uri
 
 
 def check_output_uri(uri: str) -> None:

@@ -22,7 +22,6 @@ from vlbatch.pipeline.config.load import (
     FILE_RELATIVE_PATHS,
     apply_override,
     export_schema,
-    is_local,
     job_schema,
     load_config,
     validate_config,
@@ -51,5 +50,5 @@ __all__ = [
     "FILE_RELATIVE_PATHS", "SCHEMA_PATH", "EngineBudgets", "ImageSection", "InputColumns", "InputSection",
     "JobConfig", "ModelSection", "ModelResources", "OutputSection", "RaySection", "ResourcesSection",
     "ResumeSection", "SamplingSection", "StageResources", "StorageSection", "TaskSection", "VideoSection",
-    "apply_override", "export_schema", "is_local", "job_schema", "load_config", "validate_config",
+    "apply_override", "export_schema", "job_schema", "load_config", "validate_config",
 ]

@@ -9,6 +9,7 @@ config chooses at every extension point, and whether each can run here (`vlbatch
 """
 from __future__ import annotations
 
+from functools import partial
 from types import ModuleType
 from typing import Annotated, Any
 
@@ -16,7 +17,7 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic_core import core_schema
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.registry import Entry, Here, Registry
+from vlbatch.operators.registry import Entry, Here, Registry, check_named
 
 
 class _FromRegistry:
@@ -28,14 +29,10 @@ class _FromRegistry:
     def registry(self) -> Registry:
         return getattr(self.module, self.attr)
 
-    def check(self, value: str) -> str:
-        reg = self.registry()
-        if value not in reg.choices():
-            raise ValueError(reg.unknown(value))
-        return value
-
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self.check, handler(source))
+        # the check is the registry's own (`Registry.named`), the table read at each validation
+        return core_schema.no_info_after_validator_function(partial(check_named, self.module, self.attr),
+                                                            handler(source))
 
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
         out = handler(schema)

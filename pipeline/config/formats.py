@@ -1,7 +1,7 @@
 """The input formats (`input.format`): `SOURCES`, one `Entry` per `Source` class (`pipeline/sources/`).
 
 The job config and its schema take their choices from it; `pipeline/sources.open_source` builds the
-chosen one as `target(cfg)`. Here, under the config, so the config never imports the sources (which
+chosen one as `target(cfg, storage)`. Here, under the config, so the config never imports the sources (which
 import the config): each entry names its class as "module:attr", imported only when chosen. A new
 input format: its module (a `Source` subclass in `pipeline/sources/`) and one `Entry` below.
 """

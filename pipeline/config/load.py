@@ -131,10 +131,6 @@ def validate_config(data: dict, overrides: tuple[str, ...] = ()) -> JobConfig:
 FILE_RELATIVE_PATHS = (("model", "path"), ("input", "uri"), ("output", "uri"))
 
 
-def is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
-
-
 BUNDLED = "bundled:"  # model.path: bundled:<name> is a checkpoint shipped in vlbatch.models
 
 

@@ -394,15 +394,22 @@ class JobConfig(_Section):
                              "set video.clips.mode (fixed | scenes) or remove output.clip_files")
         return self
 
-    def resolved_run_id(self) -> str:
-        """The run id: `output.run_id`, else a hash of what determines the answers.
+    def answer_sections(self) -> dict:
+        """{section: its JSON values} of the sections that determine the answers: the run id's and the
+        fingerprint's basis (`plan/fingerprint.py`), dumped once per start by the preflight."""
+        return self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
+
+    def resolved_run_id(self, sections: dict | None = None) -> str:
+        """The run id: `output.run_id`, else a hash of what determines the answers (`sections`:
+        `answer_sections()` made already; None: made here).
 
         Resources, output and resume settings (and how the model is split over ranks)
         are excluded so the same job rerun with more actors still resumes the same run.
         """
         if self.output.run_id:
             return self.output.run_id
-        basis = self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
+        sections = self.answer_sections() if sections is None else sections
+        basis = {name: dict(values) for name, values in sections.items()}  # popped below: a copy
         for how in ("engine", "tensor_parallel_size", "expert_parallel"):  # how the model runs, not what it answers
             basis["model"].pop(how, None)
         if self.task.response_format is None:  # the default: run ids made before the field existed stay

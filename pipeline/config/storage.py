@@ -2,11 +2,13 @@
 persistent filesystems) and `storage` (object storage and http(s) options, their limits)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from vlbatch.operators import sink as sink_pkg
+from vlbatch.operators.storage.names import run_folder_name
+from vlbatch.operators.storage.options import persistent_output_uri
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 
@@ -43,10 +45,12 @@ class ClipFilesSection(_Section):
 
 
 class OutputSection(_Section):
-    uri: str = Field(..., min_length=1, description="folder (local, relative to the config file's folder, file:// "
-                                                    "or s3://; nothing else: memory:// and http(s):// are "
-                                                    "refused); files go to <uri>/<run_id>/")
-    run_id: str | None = Field(
+    # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
+    uri: Annotated[str, AfterValidator(persistent_output_uri)] = Field(
+        ..., min_length=1, description="folder (local, relative to the config file's folder, file:// or s3://; "
+                                       "nothing else: memory:// and http(s):// are refused); files go to "
+                                       "<uri>/<run_id>/")
+    run_id: Annotated[str | None, AfterValidator(run_folder_name)] = Field(  # '.' / '..' refused
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
     part_mb: float | None = Field(32.0, gt=0.0, description="a writer publishes a part file once it holds this many "
@@ -57,27 +61,6 @@ class OutputSection(_Section):
     format: SinkChoice = sink_pkg.SINKS.default
     clip_files: ClipFilesSection | None = Field(None, description="write each clip (video.clips) as a file under "
                                                                    "<run>/clips/ and its URI in clip_uri; null: off")
-
-    @field_validator("uri")
-    @classmethod
-    def _persistent(cls, v: str) -> str:
-        # an allow-list (storage/options.OUTPUT_PROTOCOLS): memory:// would keep nothing, http(s) is read-only
-        from vlbatch.operators.storage.options import output_uri_problem
-
-        why = output_uri_problem(v)
-        if why is not None:
-            raise ValueError(why.removeprefix("output.uri: "))
-        return v
-
-    @field_validator("run_id")
-    @classmethod
-    def _run_id_inside(cls, v: str | None) -> str | None:
-        # '.' / '..' pass the pattern but name output.uri itself or its parent: the run's files would mix
-        # with other runs', or land (and be cleaned up) beside the output folder
-        if v in (".", ".."):
-            raise ValueError(f"{v!r} is not a folder inside output.uri (it names output.uri itself or the "
-                             "folder above it); use a name such as 'run-1'")
-        return v
 
     def roll_policy(self):
         """The writers' `RollPolicy` (vlbatch.operators.sink.rolling)."""
@@ -119,6 +102,4 @@ class StorageSection(_Section):
         """The `StorageOptions` of manifests, media and the output sink: `retries` + 1 attempts in all."""
         from vlbatch.operators.storage import StorageOptions
 
-        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region, anonymous=self.anonymous,
-                              max_attempts=self.retries + 1, http_total_timeout_s=self.http_total_timeout_s,
-                              http_min_bytes_per_s=self.http_min_bytes_per_s)
+        return StorageOptions.of(self)

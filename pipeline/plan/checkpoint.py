@@ -30,7 +30,8 @@ from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, VlbatchError
 from vlbatch.operators.storage.names import printable, relative_name_problem
-from vlbatch.pipeline.config import JobConfig, is_local
+from vlbatch.operators.storage.options import is_local
+from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.plan.fit import problems_error
 
 PROCESSOR_FILES = ("tokenizer.json", "preprocessor_config.json")
@@ -125,13 +126,13 @@ def _local_problems(config: JobConfig) -> list[str]:
     return problems
 
 
-def _remote_problems(config: JobConfig) -> list[str]:
+def _remote_problems(config: JobConfig, storage) -> list[str]:
     """A remote checkpoint: its config.json alone (architecture, tensor-parallel split)."""
     from vlbatch.operators.storage import join, read_bytes
 
     uri = join(config.model.path.rstrip("/"), "config.json")
     try:
-        raw = json.loads(read_bytes(uri, config.storage.options(), max_bytes=16 << 20))
+        raw = json.loads(read_bytes(uri, storage, max_bytes=16 << 20))
     except VlbatchError as e:
         return [f"model.path: cannot read {uri}: {e}"]
     except ValueError as e:
@@ -141,17 +142,21 @@ def _remote_problems(config: JobConfig) -> list[str]:
     from vlbatch.operators.storage.checkpoint_cache import check_names
 
     try:  # keys and shard names that would leave the download folder
-        check_names(config.model.path, config.storage.options())
+        check_names(config.model.path, storage)
     except VlbatchError as e:
         return [str(e) if str(e).startswith("model.path") else f"model.path: {e}"]
     return _architecture(raw, uri, config)
 
 
-def check_model(config: JobConfig) -> None:
+def check_model(config: JobConfig, storage=None) -> None:
     """ConfigError naming every problem of `model.path` a model or CPU actor would die on (see the
-    module docstring); returns quietly when the checkpoint would load."""
+    module docstring); returns quietly when the checkpoint would load. `storage`: the preflight's
+    `StorageOptions` (None: the config's)."""
     local = is_local(config.model.path)
-    problems = _local_problems(config) if local else _remote_problems(config)
+    if local:
+        problems = _local_problems(config)
+    else:
+        problems = _remote_problems(config, config.storage.options() if storage is None else storage)
     if not problems and local:  # names and shapes: safetensors headers only
         from vlbatch.operators.model.loader import check_checkpoint as check_tensors
 

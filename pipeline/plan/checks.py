@@ -1,5 +1,5 @@
-"""Start-up checks of a validated job config against the disk and the output: `check_paths(config)`,
-`check_output(config)` (steps of `plan/preflight.py`).
+"""Start-up checks of a validated job config against the disk: `check_paths(config)` (the first step of
+`plan/preflight.py`; the output's, `check_output`, is `plan/fingerprint.py`'s).
 
 Also that the chosen implementations (`video.decoder`, `model.backend`, ...: each registry entry's
 check, e.g. TorchCodec needs FFmpeg's shared libraries; a plugin must import) and `video.decode_device`
@@ -11,7 +11,7 @@ tokenizer.json (the whole checkpoint: `pipeline/plan/checkpoint.py`), the input 
 file, and a local output.uri is (or can become) a folder. s3:// and other remote URIs are left
 to run time (checking them needs the storage settings and the network; a remote `model.path`
 is downloaded by each node: `operators/storage/checkpoint_cache.py`). The output bucket is
-checked by `check_output` (needs the storage settings: s3:// only).
+checked by `plan/fingerprint.check_output` (needs the storage settings: s3:// only).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store
-from vlbatch.pipeline.config import JobConfig, is_local
+from vlbatch.operators.storage.options import is_local
+from vlbatch.pipeline.config import JobConfig
 
 MODEL_FILES = ("config.json", "*.safetensors", "tokenizer.json")
 
@@ -91,30 +91,18 @@ def _output_problem(uri: str, run_id: str) -> str | None:
     return None
 
 
-def check_paths(config: JobConfig) -> None:
+def check_paths(config: JobConfig, run_id: str | None = None) -> None:
     """Local `model.path` and `input.uri` exist and hold what the run reads, else one
-    ConfigError naming each bad field; remote URIs (s3://...) are left to run time."""
+    ConfigError naming each bad field; remote URIs (s3://...) are left to run time. `run_id`: the
+    preflight's (None: the config's)."""
     problems = []
     if is_local(config.model.path) and (why := _model_problem(config.model.path)):
         problems.append(f"model.path: {why}")
     if is_local(config.input.uri) and (why := _input_problem(config.input.uri, config.input.format)):
         problems.append(f"input.uri: {why}")
     problems += _choice_problems(config)
-    if is_local(config.output.uri) and (why := _output_problem(config.output.uri, config.resolved_run_id())):
+    run_id = config.resolved_run_id() if run_id is None else run_id
+    if is_local(config.output.uri) and (why := _output_problem(config.output.uri, run_id)):
         problems.append(f"output.uri: {why}")
     if problems:
         raise ConfigError("invalid job config:\n  " + "\n  ".join(problems))
-
-
-def check_output(cfg: JobConfig) -> None:
-    """Before any work: the bucket of an object-store `output.uri` must exist (`ConfigError`
-    naming output.uri otherwise). Nothing ever creates a bucket: a typo in output.uri must not
-    make a new one. An unreachable endpoint is `StorageError` after the retries."""
-    storage = cfg.storage.options()
-    fs, path = filesystem(cfg.output.uri, storage)
-    if not is_object_store(fs):
-        return
-    bucket = path.split("/", 1)[0]
-    if not bucket_exists(fs, bucket, storage):
-        raise ConfigError(f"output.uri: the bucket {bucket!r} of {cfg.output.uri!r} does not exist (or these "
-                          "credentials cannot see it); buckets are never created: create it, or fix output.uri")

@@ -1,4 +1,5 @@
-"""The run's answer fingerprint: what a run's answers were made with, kept beside its rows.
+"""The run's answer fingerprint: what a run's answers were made with, kept beside its rows; and the
+preflight's whole `output` step (`check_output`: the output bucket exists; then `check_fingerprint`).
 
 A pinned `output.run_id` (or a scheduled slot's) names one output folder; resume skips the
 ids already committed there. If the rerun's config would answer differently (another
@@ -22,15 +23,16 @@ are stale answers. So the run folder holds `_fingerprint.json` (`FINGERPRINT_NAM
 How the model runs (engine budgets, tensor parallelism, device, resources) and where rows come
 from or go (input, output, resume) are not in it: resuming with more actors is the same run.
 
-`check_fingerprint(cfg)` runs before any work (`vlbatch run` / `validate` before Ray starts,
-`run_job` before the sink is touched): a stored fingerprint that differs is a `ConfigError`
-naming each changed field, old -> new, and the two ways on, unless
-`resume.allow_config_change` (`--allow-config-change`): then the old rows of ids already done
-are kept and the change is recorded; except the TruncatedError rows a larger `sampling.max_tokens`
-can finish (cut at fewer tokens: `sink/base.truncated_below`), which resume computes again.
-`record_fingerprint(cfg)` writes the file (once per run, and again after an accepted change) and, at
-every start, deletes what a failed one left of writing it (`drop_stale_temps`). A run folder from
-before fingerprints (rows, no file) is accepted with a warning and gets the file.
+`check_fingerprint(cfg)` runs before any work (the preflight of `vlbatch run` / `validate`, before Ray starts; the
+stored file read and the checkpoint hashed once per start): a stored fingerprint that differs is a `ConfigError`
+naming each changed field, old -> new, and the two ways on, unless `resume.allow_config_change`
+(`--allow-config-change`): then the old rows of ids already done are kept and the change is recorded; except the
+TruncatedError rows a larger `sampling.max_tokens` can finish (cut at fewer tokens: `sink/base.truncated_below`),
+which resume computes again. It returns a `FingerprintNote`, carried by the plan (`RunPlan.run.fingerprint`):
+`pipeline/graph.run_job` (or a rerun with nothing to do) writes the file from it (once per run, and again after an
+accepted change) and, at every start, deletes what a failed one left of writing it
+(`operators/storage/io.replace_file`). A run folder from before fingerprints (rows, no file) is accepted with a
+warning and gets the file.
 """
 from __future__ import annotations
 
@@ -38,14 +40,14 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, MediaError
-from vlbatch.operators.storage import filesystem, is_object_store, join, put_atomic, read_bytes
-from vlbatch.operators.storage.io import TMP_MARK
-from vlbatch.pipeline.config import JobConfig, is_local
+from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store, join, read_bytes, replace_file
+from vlbatch.operators.storage.options import is_local
+from vlbatch.pipeline.config import JobConfig
 
 log = logging.getLogger("vlbatch.pipeline")
 
@@ -56,7 +58,6 @@ SAMPLE_BYTES = 1 << 16  # of each safetensors file's data: its first and last 64
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
                     "video_preprocessor_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
-_OWN_TMP = re.compile(r"^" + re.escape(FINGERPRINT_NAME) + r"\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
 NOT_ANSWERS = {"sampling": {"max_prompt_tokens"}, "image": {"max_bytes"},
                "video": {"decode_timeout_s", "max_bytes", "decoder", "decode_device"}}
 
@@ -105,13 +106,15 @@ def _flat(section: str, values: dict, skip: set[str] = frozenset()) -> dict:
     return out
 
 
-def fingerprint(cfg: JobConfig) -> dict:
-    """{dotted field: JSON value} of everything that changes answers (module docstring)."""
+def fingerprint(cfg: JobConfig, sections: dict | None = None) -> dict:
+    """{dotted field: JSON value} of everything that changes answers (module docstring); `sections`: the
+    config's `answer_sections()` dumped already (the preflight's; None: dumped here)."""
     m = cfg.model
+    sections = cfg.answer_sections() if sections is None else sections
     out = {"model.path": m.path, "model.checkpoint": checkpoint_identity(m.path), "model.dtype": m.dtype,
            "model.backend": m.backend}
     for section in ("sampling", "task", "image", "video"):
-        keep = getattr(cfg, section).model_dump(mode="json")
+        keep = sections[section]
         if section == "image":
             keep = {k: v for k, v in keep.items() if k in ("min_pixels", "max_pixels")}
         out.update(_flat(section, keep, NOT_ANSWERS.get(section, set())))
@@ -145,18 +148,23 @@ def changed_fields(old: dict, new: dict) -> dict:
     return out
 
 
-def _location(cfg: JobConfig) -> tuple[object, str, str]:
-    """(fsspec filesystem, path of `_fingerprint.json`, its URI) of the run."""
-    run_uri = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())
-    fs, path = filesystem(join(run_uri, FINGERPRINT_NAME), cfg.storage.options())
-    return fs, path, join(run_uri, FINGERPRINT_NAME)
+@dataclass(frozen=True)
+class FingerprintNote:
+    """What `check_fingerprint` found, carried by the plan (`RunPlan.fingerprint`): `uri` of the run's
+    `_fingerprint.json`; `data` the file the start writes (None: the stored one is this config's), through
+    `operators/storage/io.replace_file` (which first deletes what a killed earlier write left, at every
+    start); `changes` accepted ({field: [old, new]}); `missing`: the folder had no file."""
+
+    uri: str
+    data: bytes | None
+    changes: dict
+    missing: bool
 
 
-def stored(cfg: JobConfig) -> dict | None:
-    """The run folder's `_fingerprint.json` (None: there is none)."""
-    _, _, uri = _location(cfg)
+def stored(uri: str, storage) -> dict | None:
+    """The run folder's `_fingerprint.json` at `uri` (None: there is none)."""
     try:
-        raw = read_bytes(uri, cfg.storage.options())
+        raw = read_bytes(uri, storage)
     except MediaError:  # not there: a new run (or one from before fingerprints)
         return None
     try:
@@ -188,57 +196,43 @@ def _grown(changes: dict) -> str:
             "are then computed again)")
 
 
-def check_fingerprint(cfg: JobConfig) -> dict:
-    """Before any work: {field: [old, new]} of the accepted changes ({} when none); `ConfigError`
-    naming every changed field when the run folder's fingerprint differs and
-    `resume.allow_config_change` is off."""
-    old = stored(cfg)
-    if old is None:
-        return {}
-    changes = changed_fields(old["fingerprint"], fingerprint(cfg))
-    if changes and not cfg.resume.allow_config_change:
-        raise ConfigError(refusal(cfg.resolved_run_id(), changes))
-    return changes
-
-
-def drop_stale_temps(cfg: JobConfig) -> None:
-    """Delete what an earlier start left of writing `_fingerprint.json` (`put_atomic`'s temp names
-    `_fingerprint.json.<32 hex>.vlbatch-tmp` beside it: a process killed, or a disk full, mid-write).
-    Only those names: anything else in the run folder stays. Runs of one run id never overlap (the
-    job's lock, the cluster's overlap guard), so no other writer's temp file is live here."""
-    fs, path, _ = _location(cfg)
-    if is_object_store(fs):  # one PUT there, no temp names
+def check_output(cfg: JobConfig, storage=None) -> None:
+    """Before any work: the bucket of an object-store `output.uri` must exist (`ConfigError`
+    naming output.uri otherwise). Nothing ever creates a bucket: a typo in output.uri must not
+    make a new one. An unreachable endpoint is `StorageError` after the retries. `storage`: the
+    preflight's `StorageOptions` (None: the config's)."""
+    storage = cfg.storage.options() if storage is None else storage
+    fs, path = filesystem(cfg.output.uri, storage)
+    if not is_object_store(fs):
         return
-    folder = path.rsplit("/", 1)[0]
-    if not fs.isdir(folder):
-        return
-    for name in fs.ls(folder, detail=False):
-        if _OWN_TMP.match(name.rsplit("/", 1)[-1]):
-            try:
-                fs.rm_file(name)
-            except FileNotFoundError:
-                pass
-    log.debug("checked %s for stale temp files", folder)
+    bucket = path.split("/", 1)[0]
+    if not bucket_exists(fs, bucket, storage):
+        raise ConfigError(f"output.uri: the bucket {bucket!r} of {cfg.output.uri!r} does not exist (or these "
+                          "credentials cannot see it); buckets are never created: create it, or fix output.uri")
 
 
-def record_fingerprint(cfg: JobConfig, had_rows: bool = False) -> None:
-    """Write the run's `_fingerprint.json` when it is missing or the config changed (accepted by
-    `check_fingerprint`); `had_rows`: the run folder already held rows (warn when it had no file)."""
-    drop_stale_temps(cfg)
-    old = stored(cfg)
-    new = fingerprint(cfg)
+def check_fingerprint(cfg: JobConfig, run_id: str | None = None, storage=None,
+                      sections: dict | None = None) -> FingerprintNote:
+    """Before any work: the `FingerprintNote` of the run folder (`run_id`, `storage`, `sections`: the preflight's, None:
+    from `cfg`); `ConfigError` naming every changed field when the stored fingerprint differs and
+    `resume.allow_config_change` is off. Read and hashed once per start: the note carries what to write."""
+    run_id = cfg.resolved_run_id() if run_id is None else run_id
+    storage = cfg.storage.options() if storage is None else storage
+    uri = join(cfg.output.uri.rstrip("/"), run_id, FINGERPRINT_NAME)
+    old, new = stored(uri, storage), fingerprint(cfg, sections)
     if old is not None and old["fingerprint"] == new:
-        return
+        return FingerprintNote(uri, None, {}, False)
+    changes = {} if old is None else changed_fields(old["fingerprint"], new)
+    if changes and not cfg.resume.allow_config_change:
+        raise ConfigError(refusal(run_id, changes))
     history = list(old.get("accepted_changes", [])) if old is not None else []
     if old is not None:
-        history.append({"at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                        "changed": changed_fields(old["fingerprint"], new)})
-    elif had_rows:
-        log.warning("run %s holds rows but no %s (made before fingerprints): its config is taken as this one",
-                    cfg.resolved_run_id(), FINGERPRINT_NAME)
-    fs, path, uri = _location(cfg)
+        history.append({"at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "changed": changes})
     text = json.dumps({"version": VERSION, "fingerprint": new, "accepted_changes": history}, indent=2, sort_keys=True)
-    if not is_object_store(fs):  # the sink's prepare() made it for a run; s3fs would make a missing bucket
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    put_atomic(fs, path, text.encode(), cfg.storage.options())
-    log.debug("wrote %s", uri)
+    return FingerprintNote(uri, text.encode(), changes, old is None)
+
+
+def record_fingerprint(cfg: JobConfig) -> None:
+    """Check and write in one go (tests, benchmarks: a run folder's file as a run leaves it)."""
+    note = check_fingerprint(cfg)
+    replace_file(note.uri, note.data, cfg.storage.options())

@@ -6,7 +6,7 @@
 2. `input`: the run's `Source` opened, its configured columns checked against the input's schema
    (`Source.check`: bounded reads) and counted (a manifest listed in the driver, no Ray): `check_input`;
 3. `checkpoint`: what a model or CPU actor would die on (`plan/checkpoint.check_model`);
-4. `output`: the output bucket exists (`plan/checks.check_output`) and the run folder's answers were
+4. `output`: the output bucket exists (`plan/fingerprint.check_output`) and the run folder's answers were
    made with this config (`plan/fingerprint.check_fingerprint`);
 5. `fit`: the engine against the device the model gets, the pools against the cluster's CPUs, GPUs
    and memory, default CPU shares sized down to fit (`plan/fit.py`): needs the `Cluster`.
@@ -22,16 +22,15 @@ Storage that a step cannot reach (no credentials, an endpoint that does not answ
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from vlbatch.operators.errors import StorageCheckError, StorageError
+from vlbatch.operators.storage import StorageOptions, join
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.plan.checkpoint import check_model
-from vlbatch.pipeline.plan.checks import check_output, check_paths
+from vlbatch.pipeline.plan.checks import check_paths
 from vlbatch.pipeline.plan.cluster import Cluster
-from vlbatch.pipeline.plan.fingerprint import check_fingerprint
+from vlbatch.pipeline.plan.fingerprint import check_fingerprint, check_output
 from vlbatch.pipeline.plan.fit import check_plan
-from vlbatch.pipeline.plan.spec import RunPlan, plan
+from vlbatch.pipeline.plan.spec import RunPlace, RunPlan, plan
 from vlbatch.pipeline.sources import open_source
 
 STEPS = ("paths", "input", "checkpoint", "output", "fit")  # the order `preflight` runs them in
@@ -39,36 +38,40 @@ STEPS = ("paths", "input", "checkpoint", "output", "fit")  # the order `prefligh
 
 def preflight(cfg: JobConfig, cluster: Cluster | None) -> RunPlan:
     """`STEPS` in order (`fit` only when `cluster` is known: else `fit_plan` later) -> the checked plan.
-    Each step calls its module directly, so the walk (scripts/walk_calls.py) enters this module once."""
-    check_paths(cfg)  # paths
-    source, media = check_input(cfg)  # input
-    with _storage("model.path"):
-        check_model(cfg)  # checkpoint
-    with _storage("output.uri"):
-        check_output(cfg)  # output: a missing bucket is a ConfigError now, never a new bucket ...
-        check_fingerprint(cfg)  # ... and answers made with another config under this run id too
-    if cluster is None:  # a joined Ray, not connected yet: the GPUs as configured
-        return plan(cfg, None, source=source, media=media)
-    cfg, sized = check_plan(cfg, cluster)  # fit
-    return plan(cfg, cluster, source=source, media=media, sized=sized)
+    The run id and the storage options are made once here and handed to each step and the plan (`RunPlace`);
+    each step is called from here (no callbacks, no context managers), so the walk enters this module once."""
+    sections = cfg.answer_sections()  # the run id's and the fingerprint's basis, dumped once
+    run_id, storage = cfg.resolved_run_id(sections), StorageOptions.of(cfg.storage)
+    check_paths(cfg, run_id)  # paths
+    source, media = check_input(cfg, storage)  # input
+    _guarded("model.path", check_model, cfg, storage)  # checkpoint
+    _guarded("output.uri", check_output, cfg, storage)  # output: a missing bucket is a ConfigError now ...
+    note = _guarded("output.uri", check_fingerprint, cfg, run_id, storage, sections)  # ... another config's answers
+    sized = None
+    if cluster is not None:  # else a joined Ray, not connected yet: the GPUs as configured
+        cfg, sized = check_plan(cfg, cluster)  # fit
+    run = RunPlace(run_id, join(cfg.output.uri.rstrip("/"), run_id), storage, note)
+    return plan(cfg, cluster, source=source, media=media, sized=sized, run=run)
 
 
-def check_input(cfg: JobConfig):
+def check_input(cfg: JobConfig, storage=None):
     """The `input` step: (the run's `Source`, its media count or None: unknown until read). One source per
     run: its listing and first schema read once; its configured columns checked (`Source.check`)."""
-    with _storage("input.uri"):
-        source = open_source(cfg)
-        source.check()
-        return source, source.count()
+    return _guarded("input.uri", _opened, cfg, storage)
 
 
-@contextmanager
-def _storage(field: str):
-    """A storage failure of the step checking `field` -> one `StorageCheckError` line naming it (exit 2):
+def _opened(cfg: JobConfig, storage):
+    source = open_source(cfg, storage)
+    source.check()
+    return source, source.count()
+
+
+def _guarded(field: str, step, *args):
+    """`step(*args)`; a storage failure on the way -> one `StorageCheckError` line naming `field` (exit 2):
     `StorageError` (transient ones after the retries) and what the retries re-raise as it is (no
     credentials: botocore's `NoCredentialsError`; denied, not found: `OSError`s)."""
     try:
-        yield
+        return step(*args)
     except _storage_errors() as e:
         raise StorageCheckError(f"{field}: the storage check failed: {type(e).__name__}: {e} (check the URI, "
                                 "the credentials and the storage section)") from None
@@ -85,4 +88,4 @@ def _storage_errors() -> tuple[type[BaseException], ...]:
 def fit_plan(p: RunPlan, cluster: Cluster) -> RunPlan:
     """The step a `preflight(cfg, None)` left (`fit`), on `cluster` now known (connected)."""
     cfg, sized = check_plan(p.cfg, cluster)
-    return plan(cfg, cluster, source=p.source, media=p.media, sized=sized)
+    return plan(cfg, cluster, source=p.source, media=p.media, sized=sized, run=p.run)

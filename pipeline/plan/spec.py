@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlbatch.operators.storage import StorageOptions, join
 from vlbatch.pipeline.config import JobConfig, StageResources
 from vlbatch.pipeline.plan.cluster import GIB, Cluster
 
@@ -164,6 +165,28 @@ def requests_per_media(cfg: JobConfig) -> int | None:
 
 
 @dataclass(frozen=True)
+class RunPlace:
+    """Where the run's files go, made once per start (`plan/preflight.py`) and read by every step after it:
+    `run_id` (`JobConfig.resolved_run_id`), `run_uri` (`<output.uri>/<run_id>`), `storage` (the
+    `StorageOptions` of the input, the checkpoint and the output), `fingerprint` (`plan/fingerprint.py`'s
+    `FingerprintNote`: what the start writes; None: not checked, `plan` called without the preflight)."""
+
+    run_id: str
+    run_uri: str
+    storage: StorageOptions
+    fingerprint: object = None
+
+    @classmethod
+    def of(cls, cfg: JobConfig) -> RunPlace:
+        return cls(cfg.resolved_run_id(), run_uri(cfg.output.uri, cfg.resolved_run_id()), cfg.storage.options())
+
+
+def run_uri(output_uri: str, run_id: str) -> str:
+    """`<output.uri>/<run_id>`: the run's folder."""
+    return join(output_uri.rstrip("/"), run_id)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run will do, checked (`plan/preflight.py`): its config (default pools sized to the cluster),
     source, counts, the cluster (None: not known yet, GPUs as configured) and its stages."""
@@ -175,6 +198,8 @@ class RunPlan:
     cluster: Cluster | None
     stages: list[StageSpec]  # the actor stages, graph order
     read: StageSpec  # the manifest read (tasks)
+    run: RunPlace  # the run id, its folder and the storage options, made once
+    block_bytes: int  # Ray Data's target block size (`block_bytes`)
     sized: dict = field(default_factory=dict)  # {stage: num_cpus} the preflight sized down to fit
 
     def pools(self) -> list[Pool]:
@@ -229,17 +254,18 @@ class RunPlan:
 
 
 def plan(cfg: JobConfig, cluster: Cluster | None, *, source=None, media: int | None = None,
-         sized: dict | None = None) -> RunPlan:
+         sized: dict | None = None, run: RunPlace | None = None) -> RunPlan:
     """The run's plan on `cluster`. `source` (and its `media` count): the run's `Source` when the
-    preflight opened it already; None: opened and counted here."""
+    preflight opened it already; None: opened and counted here. `run`: the preflight's (None: made here)."""
+    run = RunPlace.of(cfg) if run is None else run
     if source is None:
         from vlbatch.pipeline.sources import open_source
 
-        source = open_source(cfg)
+        source = open_source(cfg, run.storage)
         media = source.count()
     k = requests_per_media(cfg)
     return RunPlan(cfg, source, media, None if media is None or k is None else media * k, cluster,
-                   stage_specs(cfg, cluster, source), read_spec(), dict(sized or {}))
+                   stage_specs(cfg, cluster, source), read_spec(), run, block_bytes(cfg), dict(sized or {}))
 
 
 def block_bytes(cfg: JobConfig) -> int:

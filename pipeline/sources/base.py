@@ -40,7 +40,7 @@ Rules every source keeps:
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
   rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).
 
-A new input format is one new module here with a `Source` subclass (built as `cls(cfg)`), and
+A new input format is one new module here with a `Source` subclass (built as `cls(cfg, storage)`), and
 one `Entry` in `SOURCES` (`pipeline/config/formats.py`): `input.format` then accepts its name.
 """
 from __future__ import annotations
@@ -50,6 +50,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import ray
 
+from vlbatch.operators.storage import StorageOptions
 from vlbatch.pipeline.config import JobConfig
 
 MANIFEST_SCHEMA = pa.schema([("media_uri", pa.string()), ("media_type", pa.string()),
@@ -61,8 +62,10 @@ COLUMNS = tuple(MANIFEST_SCHEMA.names)
 class Source:
     """One input format; see the module docstring for the contract."""
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, storage: StorageOptions | None = None):
         self.cfg = cfg
+        # the run's `StorageOptions`, made once by the preflight (`RunPlan.storage`); None: made here
+        self.storage = cfg.storage.options() if storage is None else storage
 
     def read(self, *, num_cpus: float | None = None, concurrency: int | None = None) -> ray.data.Dataset:
         """The manifest rows as a lazy Ray dataset (columns `COLUMNS`)."""

@@ -39,7 +39,7 @@ class GlobSource(Source):
     @cached_property
     def _rows(self) -> list[tuple[str, str | None]]:
         """(URI, error or None) per match, sorted."""
-        inp, storage = self.cfg.input, self.cfg.storage.options()
+        inp, storage = self.cfg.input, self.storage
         fs, path = filesystem(inp.uri, storage)
         if not globlib.has_magic(path) and with_retries(lambda: fs.isdir(path), what=f"listing {inp.uri}",
                                                         storage=storage):

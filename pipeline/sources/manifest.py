@@ -29,7 +29,7 @@ from vlbatch.operators.storage.http import is_http, read_http
 from vlbatch.operators.storage.http_stream import open_http
 from vlbatch.operators.storage.options import protocol_of, with_protocol
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.sources.base import Source, limit, task_pool
+from vlbatch.pipeline.sources.base import Source
 from vlbatch.pipeline.sources.cells import _holds_uris, normalise
 from vlbatch.pipeline.sources.text import is_text_file, read_text_files, sample_schema
 
@@ -40,7 +40,7 @@ class ManifestSource(Source):
     """Parquet, JSONL and CSV manifests (module docstring), normalised to the manifest columns."""
 
     def _retried(self, fn, what: str):
-        return with_retries(fn, what=f"{what} {self.cfg.input.uri}", storage=self.cfg.storage.options())
+        return with_retries(fn, what=f"{what} {self.cfg.input.uri}", storage=self.storage)
 
     @cached_property
     def _parquet_files(self) -> list[str]:
@@ -48,13 +48,13 @@ class ManifestSource(Source):
         inp = self.cfg.input
         if is_http(inp.uri):
             return [inp.uri]
-        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        fs, path = filesystem(inp.uri, self.storage)
         return parquet_files(fs, path, inp.uri, self._retried)
 
     def _check_exists(self) -> None:
         """`ConfigError` naming input.uri when nothing is there (http(s): one GET opened and closed,
         so a refused redirect says so, not "does not exist")."""
-        inp, storage = self.cfg.input, self.cfg.storage.options()
+        inp, storage = self.cfg.input, self.storage
         if is_http(inp.uri):
             try:
                 open_http(inp.uri, storage).close()
@@ -71,7 +71,7 @@ class ManifestSource(Source):
         inp = self.cfg.input
         if is_http(inp.uri):
             return inp.uri.split("?", 1)[0].split("#", 1)[0].rsplit("/", 1)[0]
-        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        fs, path = filesystem(inp.uri, self.storage)
         base = path if self._retried(lambda: fs.isdir(path), "listing") else posixpath.dirname(path)
         return with_protocol(inp.uri, base)
 
@@ -83,9 +83,11 @@ class ManifestSource(Source):
         files = self._parquet_files if inp.format == "parquet" else self._text_files
         fn = _read_parquet_files if inp.format == "parquet" else read_text_files
         items = [{"path": f} for f in files]  # one block per file: one read task each, at most `concurrency` at once
-        return limit(ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus, compute=task_pool(concurrency),
-            fn_kwargs={"cfg": cfg, "base_uri": self._base, "keep": keep}), inp.limit)
+        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            fn, batch_format="pyarrow", batch_size=1, num_cpus=num_cpus,
+            compute=ray.data.TaskPoolStrategy(size=concurrency),  # at most `concurrency` tasks (None: Ray's choice)
+            fn_kwargs={"cfg": cfg, "base_uri": self._base, "keep": keep})
+        return ds if inp.limit is None else ds.limit(inp.limit)
 
     def driver_blocks(self) -> Iterator[pa.Table] | None:
         """A local manifest of URIs: the blocks `read`'s tasks make, read here by the same functions; a remote
@@ -105,7 +107,7 @@ class ManifestSource(Source):
         inp = self.cfg.input
         if is_http(inp.uri):
             return [inp.uri]
-        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        fs, path = filesystem(inp.uri, self.storage)
         if self._retried(lambda: fs.isdir(path), "listing"):
             found = [f for f in self._retried(lambda: fs.find(path), "listing") if is_text_file(f, inp.format)]
         elif any(c in path for c in "*?["):
@@ -134,7 +136,7 @@ class ManifestSource(Source):
     @cached_property
     def _first_schema(self) -> pa.Schema:
         """The first file's schema, read once per source (`keep_schema`, `embeds_media`)."""
-        return _first_schema(self._first_file, self.cfg.input.format, self.cfg.storage.options())
+        return _first_schema(self._first_file, self.cfg.input.format, self.storage)
 
     def keep_schema(self) -> pa.Schema | None:
         """The kept columns' types from the first manifest file: the Parquet schema, or the types
@@ -182,7 +184,7 @@ class ManifestSource(Source):
             return None
         import pyarrow.parquet as pq
 
-        storage = self.cfg.storage.options()
+        storage = self.storage
         total = 0
         for uri in self._parquet_files:
             with _open_file(uri, storage) as f:
@@ -197,7 +199,7 @@ class ManifestSource(Source):
         inp = self.cfg.input
         if protocol_of(inp.uri) != "file":
             return None
-        fs, path = filesystem(inp.uri, self.cfg.storage.options())
+        fs, path = filesystem(inp.uri, self.storage)
         if not fs.isfile(path) or fs.size(path) > JSONL_COUNT_BYTES:
             return None
         with fs.open(path, "rb") as f:

@@ -86,7 +86,7 @@ class WebDatasetSource(Source):
         return True
 
     def shards(self) -> list[str]:
-        inp, storage = self.cfg.input, self.cfg.storage.options()
+        inp, storage = self.cfg.input, self.storage
         out: list[str] = []
         for uri in expand_braces(inp.uri):
             if is_http(uri) or not any(c in uri for c in "*?["):
@@ -106,7 +106,7 @@ class WebDatasetSource(Source):
         if not keep:
             return
         shard = self.shards()[0]
-        key, exts = first_sample(shard, self.cfg.storage.options())
+        key, exts = first_sample(shard, self.storage)
         missing = [k for k in keep if k not in exts]
         if key is not None and missing:
             raise ConfigError(f"input.columns.keep: the first sample {key!r} of {shard} has no member "

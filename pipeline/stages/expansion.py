@@ -44,10 +44,11 @@ def expand_batch(batch: pa.Table, *, cfg: JobConfig, done, tally=None) -> pa.Tab
 def expanded(source, done, num_cpus: float | None = None, concurrency: int | None = None, tally=None):
     """The lazy dataset of pending MediaTask rows of `source` (the run's `Source`: its manifest read
     + expansion, committed ids dropped; `done`: an `IdIndex` or its ObjectRef, see `expand_batch`)."""
-    from vlbatch.pipeline.sources.base import task_pool
+    import ray
 
     return source.read(num_cpus=num_cpus, concurrency=concurrency).map_batches(
-        expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus, compute=task_pool(concurrency),
+        expand_batch, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus,
+        compute=ray.data.TaskPoolStrategy(size=concurrency),  # at most `concurrency` tasks (None: Ray's choice)
         fn_kwargs={"cfg": source.cfg, "done": done, "tally": tally})
 
 

@@ -1,6 +1,8 @@
 """Nothing to do: a rerun whose input is all committed, found in the driver before Ray starts (issue 50).
 
-`nothing_to_do(plan) -> NothingToDo | None`, called by `vlbatch run` (`jobs/local.py`) after the preflight:
+`open_run(plan) -> OpenedRun`, called by `vlbatch run` (`jobs/local.py`) after the preflight, opens the run's
+sink and reads its committed index once (handed to `pipeline/graph.run_job`, which reads neither again), then
+`nothing_to_do(plan, sink, index) -> NothingToDo | None` decides:
 a `NothingToDo` when every request id of the input is committed as ok or permanent error (a transient error
 row is redone on resume: work; so is a TruncatedError row cut at fewer tokens than this run's max_tokens),
 the sink holds no id twice and no transient row to purge (a run would tidy those); then the run prints
@@ -8,7 +10,8 @@ the sink holds no id twice and no transient row to purge (a run would tidy those
 `min_error_rows`, the summary's rule and words) without starting Ray; `_summary.json` stays as it is.
 None: the run goes on as before (Ray starts, `pipeline/graph.run_job` resumes). The check only reads (the
 committed index, the input); on nothing to do it writes `_fingerprint.json` where a run would (a config change
-accepted by `resume.allow_config_change`, a folder from before fingerprints), nothing else.
+accepted by `resume.allow_config_change`, a folder from before fingerprints: the plan's fingerprint note), nothing
+else. The input is read (`driver_blocks`) only when the index holds committed rows: a fresh run reads nothing here.
 
 The ids are computed as the expansion stage computes them (`requests.expand_rows` per manifest row) from
 the rows the source can give in the driver (`Source.driver_blocks`: a local manifest of URIs, a glob's
@@ -33,12 +36,14 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import VlbatchError
 from vlbatch.operators.sink.ids import KEY, IdIndex, id_keys
+from vlbatch.operators.storage import replace_file
 from vlbatch.pipeline.config import TaskSection
-from vlbatch.pipeline.plan.fingerprint import record_fingerprint
+from vlbatch.pipeline.plan.fingerprint import FINGERPRINT_NAME, check_fingerprint
 from vlbatch.pipeline.plan.spec import RunPlan
 from vlbatch.pipeline.sources.base import COLUMNS
 from vlbatch.pipeline.stages.requests import clip_request_id, expand_rows
 from vlbatch.pipeline.stages.rows import MediaTask
+from vlbatch.pipeline.stages.write_stage import open_sink
 from vlbatch.pipeline.telemetry.summary import error_limits_text, past_error_limits
 
 log = logging.getLogger("vlbatch.pipeline")
@@ -143,39 +148,67 @@ def covered(blocks: Iterable[pa.Table], task: TaskSection, done: IdIndex, *, lim
     return None if keep and distinct != len(every) else distinct
 
 
-def nothing_to_do(plan: RunPlan) -> NothingToDo | None:
-    """The module docstring's decision, for the checked `plan` (`plan/preflight.py`), in the driver. A storage
-    or input failure on the way is None: the run then meets it where it always did (one line, `jobs/failures.py`)."""
+@dataclass(frozen=True)
+class OpenedRun:
+    """The run's sink and its committed index, read once before Ray starts (`open_run`) and handed to
+    `pipeline/graph.run_job`; `idle`: the nothing-to-do verdict (None: work). `sink` None: it could not be
+    opened or read here (a storage failure): the run meets that where it always did."""
+
+    sink: object
+    index: object
+    idle: NothingToDo | None
+
+
+def open_run(plan: RunPlan) -> OpenedRun:
+    """The run's sink opened and its committed index read, once (`jobs/local.py`, before Ray starts), then the
+    module docstring's decision on them. Read only: a run with work prepares its sink in `run_job`."""
     try:
-        return _decide(plan)
+        sink = open_sink(plan.cfg, plan.run.run_uri, plan.run.storage, plan.source)
+        index = sink.index(max_tokens=plan.cfg.sampling.max_tokens)  # TruncatedError rows it would redo: work
+    except VlbatchError as e:  # StorageError after its retries: `run_job` opens the sink and meets it there
+        log.debug("rerun check skipped: %s", e)
+        return OpenedRun(None, None, None)
+    note = plan.run.fingerprint
+    if note is not None and note.missing and index.files:
+        log.warning("run %s holds rows but no %s (made before fingerprints): its config is taken as this one",
+                    plan.run.run_id, FINGERPRINT_NAME)
+    return OpenedRun(sink, index, nothing_to_do(plan, sink, index))
+
+
+def nothing_to_do(plan: RunPlan, sink=None, index=None) -> NothingToDo | None:
+    """The module docstring's decision, for the checked `plan` (`plan/preflight.py`), in the driver (`sink` and
+    its `index`: `open_run`'s; None: read here). A storage or input failure on the way is None: the run then
+    meets it where it always did (one line, `jobs/failures.py`)."""
+    try:
+        return _decide(plan, sink, index)
     except VlbatchError as e:  # StorageError after its retries, a manifest the tasks would fail on
         log.debug("rerun check skipped: %s", e)
         return None
 
 
-def _decide(plan: RunPlan) -> NothingToDo | None:
-    from vlbatch.operators.storage import join
-    from vlbatch.pipeline.stages.write_stage import open_sink
-
+def _decide(plan: RunPlan, sink, index) -> NothingToDo | None:
     cfg = plan.cfg
     if not cfg.resume.enabled:  # committed files then are refused by `run_job`, as before
         return None
-    blocks = plan.source.driver_blocks()
-    if blocks is None:
-        return None
-    run_uri = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())
-    sink = open_sink(cfg, run_uri)
-    # read only: a run with work prepares its sink in `run_job`, as before; TruncatedError rows cut at fewer
-    # tokens than this run's max_tokens count as transient (redone: work), as `run_job` counts them
-    index = sink.index(max_tokens=cfg.sampling.max_tokens)
+    if sink is None:
+        sink = open_sink(cfg, plan.run.run_uri, plan.run.storage, plan.source)
+        # read only: a run with work prepares its sink in `run_job`, as before; TruncatedError rows cut at fewer
+        # tokens than this run's max_tokens count as transient (redone: work), as `run_job` counts them
+        index = sink.index(max_tokens=cfg.sampling.max_tokens)
     if not len(index.done_ids) or index.duplicate_ids or (cfg.resume.retry_transient and len(index.purgeable_ids)):
         return None  # a fresh run; or a run to tidy: ids committed twice, transient rows to purge and redo
+    blocks = plan.source.driver_blocks()  # the input read in the driver only when rows are committed
+    if blocks is None:
+        return None
     done = index.done_ids if cfg.resume.retry_transient else index.done_ids | index.transient_ids
     last = index.last_clip_ids if cfg.video.clips.mode != "none" else None
     n = covered(blocks, cfg.task, done, limit=cfg.input.limit, keep=bool(cfg.input.columns.keep), last=last)
     if n is None:
         return None
-    record_fingerprint(cfg, had_rows=True)  # an accepted config change is recorded, as a run records it
+    note = plan.run.fingerprint  # an accepted config change is recorded, as a run records it
+    if note is None:
+        note = check_fingerprint(cfg, plan.run.run_id, plan.run.storage)
+    replace_file(note.uri, note.data, plan.run.storage)
     counts = index.status_counts
     return NothingToDo(sink.uri, n, counts.get("error", 0), sum(counts.values()), cfg.max_error_fraction,
                        cfg.min_error_rows)

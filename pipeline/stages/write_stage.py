@@ -65,10 +65,13 @@ def keep_schema(cfg: JobConfig) -> pa.Schema | None:
     return open_source(cfg).keep_schema()
 
 
-def open_sink(cfg: JobConfig, run_uri: str) -> Sink:
+def open_sink(cfg: JobConfig, run_uri: str, storage=None, source=None) -> Sink:
     """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the `output.format` entry of
-    `operators/sink.SINKS`. Its schema: `OUTPUT_SCHEMA` plus the kept input columns."""
-    return new_sink(cfg.output.format, run_uri, cfg.storage.options(), output_schema(keep_schema(cfg)))
+    `operators/sink.SINKS`. Its schema: `OUTPUT_SCHEMA` plus the kept input columns (of `source`, the run's
+    `Source`: its schema read once; None: the input opened again). `storage`: the run's (None: the config's)."""
+    storage = cfg.storage.options() if storage is None else storage
+    keep = keep_schema(cfg) if source is None else (source.keep_schema() if cfg.input.columns.keep else None)
+    return new_sink(cfg.output.format, run_uri, storage, output_schema(keep))
 
 
 def keep_schema_of(sink: Sink) -> pa.Schema | None:
