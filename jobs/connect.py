@@ -111,6 +111,14 @@ def _reason(exc: BaseException) -> str:
     return lines[-1] if "Traceback (most recent call last)" in inner else lines[0]  # the inner error's line
 
 
+def connect_said(target: RayTarget, *, verbose: bool = False) -> str:
+    """`connect`, between the run's two lines about it (`[vlbatch] starting Ray`, `[vlbatch] ray: <where>`)."""
+    print("[vlbatch] starting Ray", flush=True)
+    where = connect(target, verbose=verbose)
+    print(f"[vlbatch] ray: {where}", flush=True)
+    return where
+
+
 def connect(target: RayTarget, *, verbose: bool = False) -> str:
     """Connect this process to `target`; returns the line saying which cluster it uses.
 

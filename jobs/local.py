@@ -34,7 +34,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from vlbatch.jobs.connect import RayTarget, connect, quiet_ray
+from vlbatch.jobs.connect import RayTarget, connect_said, quiet_ray
 from vlbatch.jobs.errors import EXIT_JOB_FAILED, EXIT_OK
 from vlbatch.jobs.run_logs import driver_stderr_path, error_log_path, made, run_log_dir
 from vlbatch.jobs.scheduling import run_lock, submission_id
@@ -193,12 +193,10 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     noise = driver_stderr_path(logs if verbose else made(logs))
     noted: list[int] = []  # signals that came during Ray's shutdown (signals_deferred)
     try:  # a new local Ray's processes end with this one, however it ends (jobs/reaper.py)
-        with quiet_ray(noise, verbose), reaped_ray() if new_local else nullcontext():
+        with reaped_ray() if new_local else nullcontext(), quiet_ray(noise, verbose):
             try:
                 if ours:
-                    print("[vlbatch] starting Ray", flush=True)
-                    where = connect(target, verbose=verbose)  # our signal handlers set again after ray.init
-                    print(f"[vlbatch] ray: {where}", flush=True)
+                    where = connect_said(target, verbose=verbose)  # our signal handlers set again after ray.init
                     if target.address is not None:
                         plan = joined_plan(plan, where)
                 else:

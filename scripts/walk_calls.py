@@ -7,7 +7,8 @@ Runs in this process, under `sys.setprofile` (main thread only):
 2. `vlbatch run`'s path (`jobs/local.run_local`) up to, not into, the Ray graph's execution. `run_local`
    cannot be stopped before Ray (Ray is started, as a run starts it, and shut down again), so this script
    patches the graph-run call (`_stream_graph` of the module holding `run_job`: `pipeline/graph.py`, or
-   `pipeline/runner.py` on older trees) to raise `_Stop` as it is entered, which ends the walk.
+   `pipeline/runner.py` on older trees) to raise `_Stop` as it is entered, which ends the walk: what runs after
+   it (the run's teardown, Ray's shutdown, as `_Stop` unwinds) is not start-up and is not counted.
 
 A room is a module of `vlbatch.jobs` or `vlbatch.pipeline` (the flow; the operators they call are its
 leaves, not rooms); the walk is the sequence of rooms entered: a move is a call (a profile `call` event)
@@ -128,6 +129,7 @@ def run_walk(config: str, overrides: list[str], out_uri: str, **counting: bool) 
     graph = _graph_module()
 
     def stop(*_a, **_k):
+        sys.setprofile(None)  # the walk ends here: the teardown `_Stop` unwinds through is not counted
         raise _Stop
 
     real, graph._stream_graph = graph._stream_graph, stop

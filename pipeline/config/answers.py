@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_serializer, model_validator
+from pydantic import AfterValidator, Field, PlainSerializer, field_serializer, model_validator
 
 from vlbatch.pipeline.config.section import Section
 
@@ -118,12 +118,28 @@ class QuestionSection(Section):
 
     @field_serializer("response_format")
     def _fmt(self, fmt: ResponseFormatSection | None):
-        return None if fmt is None else fmt.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return dump_format(fmt)
 
 
 def questions_json_schema(schema: dict) -> None:
     """task.questions' JSON schema: each item a string or a `QuestionSection` (validation reads both)."""
     schema["items"] = {"anyOf": [{"type": "string"}, schema["items"]]}
+
+
+def dump_format(fmt: ResponseFormatSection | None) -> dict | None:
+    """A response format as the config gave it (`schema`, not `json_schema`; unset fields left out)."""
+    return None if fmt is None else fmt.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def dump_questions(questions: tuple[QuestionSection, ...]) -> list:
+    """task.questions as the config gave them (`dump_question` each)."""
+    return [dump_question(q) for q in questions]
+
+
+def named_questions(questions: tuple[QuestionSection, ...]) -> tuple[QuestionSection, ...]:
+    """task.questions' validator: `check_names`, then the questions as they are."""
+    check_names(questions)
+    return questions
 
 
 def dump_question(q: QuestionSection) -> str | dict:
@@ -149,3 +165,8 @@ def check_names(questions: tuple[QuestionSection, ...]) -> None:
             raise ValueError(f"task.questions.{i}.name: {name!r} is also question {seen[name]}'s name; "
                              "names must be distinct")
         seen[name] = i
+
+
+# task's fields of these types (pipeline/config/schema.py TaskSection): validated and dumped here
+Questions = Annotated[tuple[QuestionSection, ...], AfterValidator(named_questions), PlainSerializer(dump_questions)]
+Format = Annotated[ResponseFormatSection | None, PlainSerializer(dump_format)]

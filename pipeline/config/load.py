@@ -43,7 +43,8 @@ def _format(exc: ValidationError, overrides: tuple[str, ...] = ()) -> str:
     for err in exc.errors():
         where = _loc(err)
         msg = err["msg"].removeprefix("Value error, ")
-        if not where and msg.split(":", 1)[0].count(".") and " " not in msg.split(":", 1)[0]:
+        head = msg.split(":", 1)[0]
+        if (not where and head.count(".") and " " not in head) or (where and head.startswith(where + ".")):
             lines.append(msg)  # a whole-config check whose message starts with the dotted field it is about
             continue
         where = where or "<config>"

@@ -18,7 +18,6 @@ from typing import Any, Literal
 from pydantic import (
     AliasChoices,
     Field,
-    field_serializer,
     model_validator,
 )
 
@@ -28,15 +27,7 @@ from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.media import decoders as decoders_pkg
 from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import model_backends as model_backends_pkg
-from vlbatch.pipeline.config.answers import (
-    CAPTION_NAME,
-    QuestionSection,
-    ResponseFormatSection,
-    check_names,
-    dump_question,
-    question_names,
-    questions_json_schema,
-)
+from vlbatch.pipeline.config.answers import CAPTION_NAME, Format, Questions, question_names, questions_json_schema
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
 from vlbatch.pipeline.config.storage import OutputSection, StorageSection
@@ -140,11 +131,11 @@ class TaskSection(_Section):
     prompt: str = Field("Describe this image in detail.", min_length=1,
                         description="caption prompt (mode=caption, or task.caption=true)")
     video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
-    questions: tuple[QuestionSection, ...] = Field(
+    questions: Questions = Field(
         (), description="questions asked of every media when the manifest has no questions column (mode=questions): "
                         "a string, or {name, prompt, response_format} (pipeline/config/answers.py)",
         json_schema_extra=questions_json_schema)
-    response_format: ResponseFormatSection | None = Field(
+    response_format: Format = Field(
         None, description="constrain the caption's answer (mode=caption, or task.caption=true); None = free text")
     caption: bool = Field(
         False, description="mode=questions: also caption every media (task.prompt / video_prompt), one more row "
@@ -165,17 +156,21 @@ class TaskSection(_Section):
             data = {k: v for k, v in data.items() if k != "prompt"}
         return data
 
-    @field_serializer("questions")
-    def _questions_out(self, questions: tuple[QuestionSection, ...]) -> list:
-        return [dump_question(q) for q in questions]
-
-    @field_serializer("response_format")
-    def _format_out(self, fmt: ResponseFormatSection | None):
-        return None if fmt is None else fmt.model_dump(mode="json", by_alias=True, exclude_none=True)
-
     def question_prompts(self) -> list[str]:
         """task.questions' texts, in order."""
         return [q.prompt for q in self.questions]
+
+    def has_formats(self) -> bool:
+        """Whether any prompt of task is constrained (a response format)."""
+        return self.response_format is not None or any(q.response_format is not None for q in self.questions)
+
+    def format_specs(self) -> dict[str, tuple[str, str]]:
+        """{field: (kind, spec)} of every response format of task, by its field in the config."""
+        out = {f"task.questions.{i}.response_format": q.response_format.spec()
+               for i, q in enumerate(self.questions) if q.response_format is not None}
+        if self.response_format is not None:
+            out["task.response_format"] = self.response_format.spec()
+        return out
 
     def prompt_formats(self) -> dict[str, tuple[str, str]]:
         """{prompt_name: (kind, spec)} of every constrained prompt of task (its questions, the caption)."""
@@ -378,8 +373,7 @@ class JobConfig(_Section):
                              "(each rank holds its own GPUs)")
         if self.task.mode == "questions" and not self.input.columns.questions and not self.task.questions:
             raise ValueError("task.mode=questions needs input.columns.questions or task.questions")
-        check_names(self.task.questions)
-        if self.task.prompt_formats() and self.model.backend != "engine":
+        if self.task.has_formats() and self.model.backend != "engine":
             raise ValueError(f"task response formats need model.backend=engine (model.backend={self.model.backend} "
                              "decodes free text only)")
         ignored = self.task.ignored_fields(self.input.columns.questions)
@@ -398,6 +392,12 @@ class JobConfig(_Section):
         """{section: its JSON values} of the sections that determine the answers: the run id's and the
         fingerprint's basis (`plan/fingerprint.py`), dumped once per start by the preflight."""
         return self.model_dump(mode="json", include={"model", "input", "task", "sampling", "image", "video"})
+
+    def answer_basis(self) -> tuple[dict, str, dict[str, tuple[str, str]]]:
+        """(`answer_sections()`, the run id made from them, {field: (kind, spec)} of every task response
+        format, e.g. `task.questions.2.response_format`): what the preflight reads of the config, made once."""
+        sections = self.answer_sections()
+        return sections, self.resolved_run_id(sections), self.task.format_specs()
 
     def resolved_run_id(self, sections: dict | None = None) -> str:
         """The run id: `output.run_id`, else a hash of what determines the answers (`sections`:

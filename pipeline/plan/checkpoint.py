@@ -148,10 +148,10 @@ def _remote_problems(config: JobConfig, storage) -> list[str]:
     return _architecture(raw, uri, config)
 
 
-def check_model(config: JobConfig, storage=None) -> None:
+def check_model(config: JobConfig, storage=None, formats: dict | None = None) -> None:
     """ConfigError naming every problem of `model.path` a model or CPU actor would die on (see the
     module docstring); returns quietly when the checkpoint would load. `storage`: the preflight's
-    `StorageOptions` (None: the config's)."""
+    `StorageOptions` (None: the config's); `formats`: its {field: (kind, spec)} (None: made here)."""
     local = is_local(config.model.path)
     if local:
         problems = _local_problems(config)
@@ -164,28 +164,26 @@ def check_model(config: JobConfig, storage=None) -> None:
             check_tensors(config.model.path.removeprefix("file://"))
         except ConfigError as e:
             problems.append(f"model.path: {e}")
-    problems += response_format_problems(config)
+    problems += response_format_problems(config, formats)
     if problems:
         raise problems_error(problems)
 
 
-def response_format_problems(config: JobConfig) -> list[str]:
+def response_format_problems(config: JobConfig, formats: dict | None = None) -> list[str]:
     """One line per task response format the grammar engine refuses (a JSON Schema feature or regex
     syntax xgrammar lacks), naming its field; compiled tokenizer-free. xgrammar (and torch) are
-    imported only when the config has a format."""
-    t = config.task
-    fields = {f"task.questions.{i}.response_format": q.response_format for i, q in enumerate(t.questions)}
-    fields["task.response_format"] = t.response_format
-    fields = {k: v for k, v in fields.items() if v is not None}
+    imported only when the config has a format. `formats`: {field: (kind, spec)} (None:
+    `TaskSection.format_specs()` made here)."""
+    fields = config.task.format_specs() if formats is None else formats
     if not fields:
         return []
     from vlbatch.operators.engine.grammar import grammar_source
     from vlbatch.operators.engine.request import ResponseFormat
 
     out = []
-    for where, fmt in fields.items():
+    for where, spec in fields.items():
         try:
-            grammar_source(ResponseFormat(*fmt.spec()))
+            grammar_source(ResponseFormat(*spec))
         except VlbatchError as e:
             out.append(f"{where}: {e}")
     return out

@@ -40,11 +40,11 @@ def preflight(cfg: JobConfig, cluster: Cluster | None) -> RunPlan:
     """`STEPS` in order (`fit` only when `cluster` is known: else `fit_plan` later) -> the checked plan.
     The run id and the storage options are made once here and handed to each step and the plan (`RunPlace`);
     each step is called from here (no callbacks, no context managers), so the walk enters this module once."""
-    sections = cfg.answer_sections()  # the run id's and the fingerprint's basis, dumped once
-    run_id, storage = cfg.resolved_run_id(sections), StorageOptions.of(cfg.storage)
+    sections, run_id, formats = cfg.answer_basis()  # the run id, its and the fingerprint's basis, the formats
+    storage = StorageOptions.of(cfg.storage)
     check_paths(cfg, run_id)  # paths
     source, media = check_input(cfg, storage)  # input
-    _guarded("model.path", check_model, cfg, storage)  # checkpoint
+    _guarded("model.path", check_model, cfg, storage, formats)  # checkpoint
     _guarded("output.uri", check_output, cfg, storage)  # output: a missing bucket is a ConfigError now ...
     note = _guarded("output.uri", check_fingerprint, cfg, run_id, storage, sections)  # ... another config's answers
     sized = None
