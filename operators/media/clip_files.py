@@ -206,6 +206,44 @@ class ClipWriter:
             pass
 
 
+def store_clip(target: ClipTarget, name: str, local: str) -> str:
+    """Publish the finished local clip file `local` (the decoder child wrote it) as clip file `name` ->
+    its URI, then delete `local`; a file already under the final name is kept. Local output: a
+    temporary name beside the final one (a rename, or a copy across devices), then `os.replace`;
+    object storage: one PUT (`put_atomic`). `StorageError`: the output could not be reached or written."""
+    import shutil
+
+    uri = target.uri_of(name)
+    try:
+        if not target.exists(uri):
+            if _is_local(uri):
+                _, final = filesystem(uri, target.storage)
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                tmp = f"{final}.{uuid.uuid4().hex}{TMP_MARK}"
+                try:
+                    shutil.move(local, tmp)  # a rename on one device, else a copy
+                    os.replace(tmp, final)
+                except BaseException:
+                    _unlink(tmp)
+                    raise
+            else:
+                fs, path = filesystem(uri, target.storage)
+                with open(local, "rb") as f:
+                    put_atomic(fs, path, f.read(), target.storage)
+    except OSError as e:
+        raise StorageError(f"storing clip file {uri}: {e}") from e
+    finally:
+        _unlink(local)
+    return uri
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def write_clip(target: ClipTarget, name: str, frames: Iterable, stream, rotation: int = 0) -> str:
     """The clip file `name` of `frames` (PyAV frames of the input `stream`, in order) -> its URI; a file
     already there is kept as it is. `MediaError`: the codec refused the frames; `StorageError`: the
