@@ -1,6 +1,10 @@
 """Clip files (`output.clip_files`): each clip re-encoded with PyAV from the pictures the one clip decode
 already holds (`clip_decode.py`; no second decode), Ray-free.
 
+- Who: the killable decoder child encodes (`write_clip`) into its parent worker's local temporary folder
+  (`DecodeWorker.decode_clips(clip_files=)`; the child never sees the output or its credentials); the
+  parent checks the name the child gives and stores the finished file (`store_clip`), then deletes it.
+
 - Where: `<run>/clips/<clip_file_name(media_uri, clip index)>.<format>`, local or s3:// (fsspec, the
   output's storage options). The name hashes the media's URI and the clip's index, so it is the same on
   every run of the job (the clip rule is in the run id) and shared by rows of one video.
@@ -8,10 +12,10 @@ already holds (`clip_decode.py`; no second decode), Ray-free.
   the cut is frame-exact. The source's frame rate and time base are kept; timestamps are *relative*: the
   file's first frame is at 0 s, frame j at its source timestamp minus the clip's first (the row's
   `clip_start_s` says where the clip starts in the source). Display rotation is kept.
-- Atomic: `ClipWriter` streams frames one by one into the encoder, writing a local temporary file (local
-  output: `<name>.<32 hex>.vlbatch-tmp` beside the final name, then `os.replace`; object storage: a
-  temporary file of this machine, then one PUT via `storage.put_atomic`). A failure deletes the temporary
-  file: never a half file under the final name.
+- Atomic: `ClipWriter` streams frames one by one into the encoder, writing a local temporary file
+  (`<name>.<32 hex>.vlbatch-tmp`, then `os.replace`); `store_clip` publishes it (local output: moved to
+  `<name>.<32 hex>.vlbatch-tmp` beside the final name, then `os.replace`; object storage: one PUT via
+  `storage.put_atomic`). A failure deletes the temporary file: never a half file under the final name.
 - Resume: a file already under the final name is not rewritten (`ClipTarget.exists`): a clip whose rows
   were not committed when a run stopped gets the file the earlier run finished. A killed writer's
   temporary file is deleted when the next run opens (`clean_debris`, from `pipeline/graph.py`).
@@ -235,6 +239,18 @@ def store_clip(target: ClipTarget, name: str, local: str) -> str:
     finally:
         _unlink(local)
     return uri
+
+
+def empty_folder(folder: str) -> None:
+    """Delete everything in `folder` (the decoder child's clip files not stored: a killed child's, a refused
+    name's), links as links."""
+    import shutil
+
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            _unlink(entry.path)
 
 
 def _unlink(path: str) -> None:

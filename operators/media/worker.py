@@ -38,7 +38,6 @@ file (each is built over one file's bytes).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import select
@@ -55,7 +54,7 @@ from vlbatch.operators import errors
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
 from vlbatch.operators.media import ring, wire
 from vlbatch.operators.media.child import PRELOAD_ENV
-from vlbatch.operators.media.clip_files import ClipFileSettings
+from vlbatch.operators.media.clip_files import ClipFileSettings, empty_folder
 from vlbatch.operators.media.clips import Clip, ClipRule
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.types import VideoClip
@@ -227,7 +226,7 @@ class DecodeWorker:
                 if self._ring is not None:
                     self._ring.trim()
                 if files is not None:
-                    _empty(files.folder)
+                    empty_folder(files.folder)
 
     def _clip_folder(self) -> str:
         """This worker's local folder for the child's clip files (made on first use, removed by `close`)."""
@@ -383,16 +382,6 @@ class DecodeWorker:
                 return None, wire.child_error(header)
             else:
                 raise MediaError(f"the decoder sent {kind[:50]!r} out of order ({filled} frames in)")
-
-
-def _empty(folder: str) -> None:
-    """Delete everything in `folder` (the child's clip files not stored: a killed child's, a refused name's)."""
-    for entry in os.scandir(folder):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
 
 
 class _ChildError(Exception):
