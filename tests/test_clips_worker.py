@@ -301,3 +301,20 @@ def test_a_child_naming_a_clip_file_outside_its_folder_is_refused(tmp_path, name
                                 on_file=lambda c, f: calls.append(c)))
         assert calls == [] and w.pid is None and os.listdir(folder) == []
     assert outside.read_bytes() == b"not the child's"
+
+
+def test_store_clip_refuses_a_link_swapped_in_after_the_name_check(tmp_path):
+    """The child may replace its checked file with a link before the parent stores it: `store_clip` opens
+    without following links, so the linked file is neither stored nor touched, and the link is deleted."""
+    from vlbatch.operators.media.clip_files import store_clip
+
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"the parent's")
+    folder = tmp_path / "child"
+    folder.mkdir()
+    os.symlink(secret, folder / "clip-0.mp4")
+    target = _target(tmp_path)
+    with pytest.raises(MediaError, match="cannot be opened as a file"):
+        store_clip(target, "x", str(folder / "clip-0.mp4"))
+    assert secret.read_bytes() == b"the parent's" and os.listdir(folder) == []
+    assert not os.path.exists(target.folder) or os.listdir(target.folder) == []

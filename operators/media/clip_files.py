@@ -30,9 +30,12 @@ silently lost to a passing outage; the video's other clips go on.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable
@@ -212,28 +215,23 @@ class ClipWriter:
 
 def store_clip(target: ClipTarget, name: str, local: str) -> str:
     """Publish the finished local clip file `local` (the decoder child wrote it) as clip file `name` ->
-    its URI, then delete `local`; a file already under the final name is kept. Local output: a
-    temporary name beside the final one (a rename, or a copy across devices), then `os.replace`;
-    object storage: one PUT (`put_atomic`). `StorageError`: the output could not be reached or written."""
-    import shutil
-
+    its URI, then delete `local`; a file already under the final name is kept. `local` is opened without
+    following links and must be a regular file (the child may swap it after the parent checked its name).
+    Local output: a temporary name beside the final one (a rename, or a copy across devices), then
+    `os.replace`; object storage: one PUT (`put_atomic`). `StorageError`: the output could not be reached
+    or written; `MediaError`: `local` is not a regular file."""
     uri = target.uri_of(name)
     try:
-        if not target.exists(uri):
-            if _is_local(uri):
-                _, final = filesystem(uri, target.storage)
-                os.makedirs(os.path.dirname(final), exist_ok=True)
-                tmp = f"{final}.{uuid.uuid4().hex}{TMP_MARK}"
-                try:
-                    shutil.move(local, tmp)  # a rename on one device, else a copy
-                    os.replace(tmp, final)
-                except BaseException:
-                    _unlink(tmp)
-                    raise
-            else:
-                fs, path = filesystem(uri, target.storage)
-                with open(local, "rb") as f:
-                    put_atomic(fs, path, f.read(), target.storage)
+        fd = os.open(local, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        _unlink(local)
+        raise MediaError(f"the decoder's clip file {os.path.basename(local)!r} cannot be opened as a file: {e}") from e
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise MediaError(f"the decoder's clip file {os.path.basename(local)!r} is not a regular file")
+            if not target.exists(uri):
+                _publish(target, uri, local, f)
     except OSError as e:
         raise StorageError(f"storing clip file {uri}: {e}") from e
     finally:
@@ -241,12 +239,39 @@ def store_clip(target: ClipTarget, name: str, local: str) -> str:
     return uri
 
 
+def _publish(target: ClipTarget, uri: str, local: str, f) -> None:
+    """`store_clip`'s write of the open file `f` (`local`) under `uri`, whole or not at all."""
+    if not _is_local(uri):
+        fs, path = filesystem(uri, target.storage)
+        put_atomic(fs, path, f.read(), target.storage)
+        return
+    _, final = filesystem(uri, target.storage)
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = f"{final}.{uuid.uuid4().hex}{TMP_MARK}"
+    try:
+        try:
+            os.rename(local, tmp)  # one device: the checked file itself (renaming never follows a link)
+            if not stat.S_ISREG(os.lstat(tmp).st_mode):
+                raise MediaError(f"the decoder's clip file {os.path.basename(local)!r} is not a regular file")
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            with open(tmp, "wb") as out:  # another device: copied from the file opened above
+                shutil.copyfileobj(f, out)
+        os.replace(tmp, final)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
 def empty_folder(folder: str) -> None:
     """Delete everything in `folder` (the decoder child's clip files not stored: a killed child's, a refused
     name's), links as links."""
-    import shutil
-
-    for entry in os.scandir(folder):
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:  # the worker closed already
+        return
+    for entry in entries:
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
