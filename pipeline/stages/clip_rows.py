@@ -13,6 +13,11 @@ crashes (MediaError) after some clips: those clips' rows stand, the error row st
 not sent (resume retries it and drops the committed clips). A clip's own failure (too many bytes
 to sample) is that clip's error row.
 
+Clip files (`output.clip_files`, `_ClipFiles`): the child encodes each clip into the worker's local temporary
+folder (its encode counts in `video.decode_timeout_s`) and names the file; this process stores it at the run's
+target (`clip_files.store_clip`) before the clip's rows are handed on. The child is told the committed clips
+from clip 0 on (a resumed video's), which it does not encode; a later committed clip's file is dropped here.
+
 `clip_last` is true on the rows of a video's last clip (`with_last`: each clip is handed on once the
 next one has decoded, or the decode ended), so the committed rows say when a video's clip set is
 complete: the rerun check (`nothing_to_do.py`) decides "all committed" from them without decoding.
