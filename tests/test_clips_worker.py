@@ -318,3 +318,31 @@ def test_store_clip_refuses_a_link_swapped_in_after_the_name_check(tmp_path):
         store_clip(target, "x", str(folder / "clip-0.mp4"))
     assert secret.read_bytes() == b"the parent's" and os.listdir(folder) == []
     assert not os.path.exists(target.folder) or os.listdir(target.folder) == []
+
+
+def test_committed_clips_get_no_file_and_the_child_skips_the_first_ones(video, tmp_path):
+    """Resume with clip files: clips 0-1 committed (told to the child: not encoded) and clip 4 committed after
+    an uncommitted one (encoded by the child, dropped by the parent): no rows and no files for them; the
+    others' files stored; the worker's folder empty."""
+    from vlbatch.pipeline.stages.clip_rows import clip_rows
+    from vlbatch.pipeline.stages.requests import clip_request_id
+    from vlbatch.pipeline.stages.rows import MediaTask
+
+    row = MediaTask("v.mp4", "video", ("a" * 32,), (0,), ("What happens?",))
+    done = {clip_request_id("a" * 32, k) for k in (0, 1, 4)}
+    target = _target(tmp_path)
+    with DecodeWorker(timeout_s=60) as w:
+        seen = []
+        real = w.decode_clips
+
+        def spy(*a, **kw):
+            seen.append(kw["skip"])
+            return real(*a, **kw)
+
+        w.decode_clips = spy
+        stage = SimpleNamespace(clips=RULE, sampling=SAMPLING, worker=w, done=done, clip_target=target)
+        rows = list(clip_rows(stage, row, lambda _r: video))
+        assert os.listdir(w._files_dir) == []
+    assert seen == [[0, 1]]
+    assert [(r.clip_index, r.status) for r in rows] == [(k, "ok") for k in (2, 3, 5, 6, 7, 8)]
+    assert sorted(os.listdir(target.folder)) == sorted(r.clip_uri.rsplit("/", 1)[1] for r in rows)

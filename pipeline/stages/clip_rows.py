@@ -29,6 +29,7 @@ streams), so a long video never holds more than that many clips' frames in the a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -138,8 +139,10 @@ class _ClipFiles:
         from vlbatch.operators.media.clip_files import clip_file_name, store_clip
 
         self.outcomes[clip.index] = (None, None)
-        if self._is_committed(clip.index):
-            return  # its rows are not redone, so neither is its file (the worker deletes the local one)
+        if self._is_committed(clip.index):  # its rows are not redone, so neither is its file
+            if file.path is not None:
+                os.unlink(file.path)  # checked: a plain file in the worker's folder
+            return
         if file.refused is not None:  # the codec refused: the caption stands without a file
             LOG.warning("clip %d of %s: no clip file (%s)", clip.index, self.row.media_uri,
                         stable_message(file.refused))
