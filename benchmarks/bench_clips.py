@@ -1,7 +1,7 @@
 """Video clips benchmark (issue 51): bounded memory of a long video, and one decode vs cut-then-caption.
 
     python -m benchmarks.bench_clips [--cache DIR] [--long-hours 2 --long-fps 2] [--minutes 10 --fps 30]
-        [--parts rss,compare]
+        [--parts rss,compare] [--clip-files]
 
 Videos (generated once into the cache dir, H.264 ultrafast, a hard cut every 7 s, a moving square): a
 `--long-hours` 854x480 video at `--long-fps` of solid scenes (low rate and plain, to keep it small on
@@ -23,6 +23,10 @@ compare: the 720p video in 10 s windows, each path in its own child process (CPU
     - cut-then-caption: what users do today: cut the file into 10 s clip files with PyAV (decode and
       re-encode, libx264 veryfast), then each clip file as a whole-video media (`clips.mode: none`:
       `decode_video_inprocess` at 2 fps + the same preprocess).
+    - with `--clip-files`: vlbatch one decode again, the decoder child also writing every clip as a file
+      (`output.clip_files` defaults: mp4, libx264 crf 23 veryfast, `operators/media/clip_files.py`) into the
+      worker's temp folder and this process storing it (`store_clip`, to a temp folder); the extra CPU s over
+      the plain one-decode run printed, and the CPU inside the child's writer.
     The model is left out of both (same clips, same frames, same tokens to it in either path): this
     compares the CPU-stage work, where the two paths differ. Ratio: cut-then-caption CPU / vlbatch CPU
     (target >= 2x).
@@ -102,9 +106,25 @@ def _processor():
     return Processor.from_pretrained(str(SHAPES_TINY))
 
 
+def _store_files(folder: str):
+    """`decode_clips`' `clip_files` + `on_file` storing each clip file the child wrote under `folder`."""
+    from vlbatch.operators.media.clip_files import ClipFileSettings, ClipTarget, store_clip
+    from vlbatch.operators.storage import StorageOptions
+
+    target = ClipTarget(folder=folder, settings=ClipFileSettings(), storage=StorageOptions())
+
+    def on_file(clip, file) -> None:
+        if file.path is None:
+            raise RuntimeError(f"clip {clip.index}: no clip file ({file.refused or file.failed})")
+        store_clip(target, f"clip-{clip.index:05d}", file.path)
+
+    return {"clip_files": target.settings, "on_file": on_file}
+
+
 def run_vlbatch(path: str, mode: str) -> dict:
     """One decode: every clip of the video, decoded in the killable decoder child (its `child_argv`: this
-    module's `--decode-child`, the real child timing its detector), sampled and preprocessed."""
+    module's `--decode-child`, the real child timing its detector and clip writer), sampled and preprocessed;
+    mode `files`: fixed windows, each clip also written as a clip file by the child."""
     import tempfile
 
     from vlbatch.operators.media.clips import ClipRule
@@ -118,14 +138,18 @@ def run_vlbatch(path: str, mode: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "detect.json"
         argv = [sys.executable, "-m", "benchmarks.bench_clips", "--decode-child", str(report)]
+        files = _store_files(str(Path(tmp) / "clips")) if mode == "files" else {}
+        rule = ClipRule(mode="fixed" if mode == "files" else mode, window_s=WINDOW_S)
         with DecodeWorker(timeout_s=600, child_argv=argv) as worker:
-            for _clip, vc in worker.decode_clips(data, ClipRule(mode=mode, window_s=WINDOW_S), FrameSampling(fps=2.0)):
+            for _clip, vc in worker.decode_clips(data, rule, FrameSampling(fps=2.0), **files):
                 media = proc.encode_media(videos=[vc], frames=True)
                 tokens += int(media.arrays["video_grid_thw"][0].prod())
                 clips += 1
             child_rss = _hwm_gib(worker.pid)  # the decoder child's own peak, before it exits
-        detect_s = json.loads(report.read_text())["detect_s"]  # the child wrote it as it exited (closed)
-    return {"clips": clips, "patches": tokens, "detect_s": detect_s, "base_rss_gib": base, "child_rss_gib": child_rss}
+        spent = json.loads(report.read_text())  # the child wrote it as it exited (closed)
+        file_mb = sum(f.stat().st_size for f in (Path(tmp) / "clips").iterdir()) / 2**20 if files else 0.0
+    return {"clips": clips, "patches": tokens, "detect_s": spent["detect_s"], "write_s": spent["write_s"],
+            "file_mb": file_mb, "base_rss_gib": base, "child_rss_gib": child_rss}
 
 
 def _hwm_gib(pid: int | str = "self") -> float:
@@ -136,23 +160,27 @@ def _hwm_gib(pid: int | str = "self") -> float:
 
 
 def decode_child(report: str, fds: list[str]) -> None:
-    """The decoder child (`child.main`) with its detector timed; writes the detector's CPU s to `report` at exit."""
-    from vlbatch.operators.media import clip_decode
+    """The decoder child (`child.main`) with its detector and clip writer timed; writes their CPU s to `report`
+    at exit."""
+    from vlbatch.operators.media import clip_decode, clip_files
     from vlbatch.operators.media.child import main
 
-    detect_s = [0.0]
-    inner = clip_decode._State._detect
+    spent = {"detect_s": 0.0, "write_s": 0.0}
 
-    def timed(self, i, frame):  # the detector's CPU: scaling the picture + PySceneDetect's score
-        c0 = time.process_time()
-        try:
-            return inner(self, i, frame)
-        finally:
-            detect_s[0] += time.process_time() - c0
+    def timed(inner, key):
+        def run(*args, **kw):
+            c0 = time.process_time()
+            try:
+                return inner(*args, **kw)
+            finally:
+                spent[key] += time.process_time() - c0
+        return run
 
-    clip_decode._State._detect = timed
+    # the detector's CPU: scaling the picture + PySceneDetect's score; the writer's: converting + encoding
+    clip_decode._State._detect = timed(clip_decode._State._detect, "detect_s")
+    clip_files.write_clip = timed(clip_files.write_clip, "write_s")
     main(["child", *fds])
-    Path(report).write_text(json.dumps({"detect_s": detect_s[0]}))
+    Path(report).write_text(json.dumps(spent))
 
 
 def _rss_gib() -> float:
@@ -230,6 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--parts", default="rss,compare")
     ap.add_argument("--methods", default="fixed,scenes,cut", help="compare's paths (the ratio needs fixed and cut)")
+    ap.add_argument("--clip-files", action="store_true",
+                    help="compare: also the one-decode path writing clip files (output.clip_files), in the "
+                         "decoder child; prints the extra CPU seconds")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--decode-child", nargs=4, metavar=("REPORT", "REQ", "RES", "RING"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -251,8 +282,12 @@ def main(argv: list[str] | None = None) -> None:
               f"({r['child_cpu_s']:.1f} in the decoder child), {r['wall_s']:.1f} s")
     if "compare" in parts:
         src = make_video(cache / f"cmp_{a.minutes:g}min_720p_{a.fps:g}fps.mp4", a.minutes * 60, a.fps, 1280, 720)
-        res = {m: measure(m, src) for m in a.methods.split(",")}
-        for m, name in (("fixed", "vlbatch one decode"), ("scenes", "vlbatch scenes"), ("cut", "cut-then-caption")):
+        methods = a.methods.split(",") + (["files"] if a.clip_files else [])
+        if a.clip_files and "fixed" not in methods:
+            methods.insert(0, "fixed")  # the extra CPU is measured against it
+        res = {m: measure(m, src) for m in methods}
+        for m, name in (("fixed", "vlbatch one decode"), ("scenes", "vlbatch scenes"), ("cut", "cut-then-caption"),
+                        ("files", "vlbatch + clip files")):
             if m not in res:
                 continue
             r = res[m]
@@ -265,6 +300,12 @@ def main(argv: list[str] | None = None) -> None:
         if "scenes" in res:
             print(f"{what} detection's share of the scenes CPU stage "
                   f"{res['scenes']['detect_s'] / res['scenes']['cpu_s']:.1%} (target <= 15 %)")
+        if "files" in res:
+            f = res["files"]
+            print(f"{what} clip files (mp4, libx264 crf 23 veryfast, {f['file_mb']:.1f} MiB, encoded in the decoder "
+                  f"child): +{f['cpu_s'] - res['fixed']['cpu_s']:.1f} CPU s over the one decode "
+                  f"({f['cpu_s'] / res['fixed']['cpu_s']:.2f}x), {f['write_s']:.1f} CPU s inside the child's writer, "
+                  f"wall +{f['wall_s'] - res['fixed']['wall_s']:.1f} s")
 
 
 if __name__ == "__main__":

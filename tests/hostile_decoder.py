@@ -49,6 +49,8 @@ def reply(mode: str, marker: str) -> bytes:
         "error-EngineError": wire.encode({"kind": "error", "type": "EngineError", "message": "not mine"}),
         "clip-repeat": 2 * wire.encode({"kind": "clip", "index": 0, "start": 0, "end": 10, "fps": 10.0,
                                         "source": "fixed", "error": {"type": "InputError", "message": "too big"}}),
+        "clip-file": wire.encode({"kind": "clip", "index": 0, "start": 0, "end": 10, "fps": 10.0, "source": "fixed",
+                                  "error": {"type": "InputError", "message": "too big"}, "file": marker}),  # MARKER: a name
         "error-dunder": wire.encode({"kind": "error", "type": "__class__", "message": "not a class"}),
     }[mode]
 

@@ -4,7 +4,7 @@ the clip's start), on local disk and on S3 (moto's server mode), atomically, nev
 the `clip_uri` column; `validate` refusing an unknown format or codec by its field name.
 
 The stage passed to `clip_rows` is a plain namespace holding what a `DecodeStage` holds (its config
-parts); everything else is real (PyAV, fsspec, moto)."""
+parts and its real decoder child, which decodes and encodes); everything else is real (PyAV, fsspec, moto)."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -17,6 +17,7 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.media.clip_files import ClipFileSettings, ClipTarget, ClipWriter
 from vlbatch.operators.media.clips import ClipRule
 from vlbatch.operators.media.video import FrameSampling
+from vlbatch.operators.media.worker import DecodeWorker
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, OutputRow, rows_to_table
 from vlbatch.operators.storage import StorageOptions
 from vlbatch.pipeline.config import validate_config
@@ -48,9 +49,15 @@ def video(tmp_path_factory) -> bytes:
     return path.read_bytes()
 
 
-def _stage(rule: ClipRule, target: ClipTarget | None, done=None):
-    return SimpleNamespace(clips=rule, sampling=FrameSampling(fps=2.0), cfg=SimpleNamespace(
-        video=SimpleNamespace(decode_timeout_s=60.0)), done=done, clip_target=target)
+@pytest.fixture(scope="module")
+def worker():
+    """The real killable decoder child (it decodes and encodes the clip files), one for the module."""
+    with DecodeWorker(timeout_s=60) as w:
+        yield w
+
+
+def _stage(worker: DecodeWorker, rule: ClipRule, target: ClipTarget | None, done=None):
+    return SimpleNamespace(clips=rule, sampling=FrameSampling(fps=2.0), worker=worker, done=done, clip_target=target)
 
 
 def _row(uri: str = "videos/scenes.mp4") -> MediaTask:
@@ -88,38 +95,38 @@ def _local(tmp_path) -> ClipTarget:
     return ClipTarget(folder=str(tmp_path / "run" / "clips"), settings=ClipFileSettings(), storage=StorageOptions())
 
 
-def test_fixed_window_clip_files_are_frame_exact(video, tmp_path):
+def test_fixed_window_clip_files_are_frame_exact(video, tmp_path, worker):
     import fsspec
 
     target = _local(tmp_path)
-    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=2.0, min_clip_s=0.5), target), _row(),
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=2.0, min_clip_s=0.5), target), _row(),
                           lambda _r: video))
     assert [(r.clip_start_s, r.clip_end_s) for r in rows] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9.5)]
     assert all(r.clip_uri.startswith(target.folder + "/") and r.clip_uri.endswith(".mp4") for r in rows)
     _check_frame_exact(rows, fsspec.filesystem("file"))
     # the same clip of the same media is the same file name on every run (resume finds it)
-    again = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=2.0, min_clip_s=0.5), target), _row(),
+    again = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=2.0, min_clip_s=0.5), target), _row(),
                            lambda _r: video))
     assert [r.clip_uri for r in again] == [r.clip_uri for r in rows]
     assert not [p for p in (tmp_path / "run" / "clips").iterdir() if not p.name.endswith(".mp4")]  # no debris
 
 
-def test_scene_clip_files_are_frame_exact(video, tmp_path):
+def test_scene_clip_files_are_frame_exact(video, tmp_path, worker):
     import fsspec
 
-    rows = list(clip_rows(_stage(ClipRule(mode="scenes", window_s=5.0, min_clip_s=0.5), _local(tmp_path)), _row(),
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="scenes", window_s=5.0, min_clip_s=0.5), _local(tmp_path)), _row(),
                           lambda _r: video))
     assert {r.clip_source for r in rows} == {"scenes"}
     _check_frame_exact(rows, fsspec.filesystem("file"))
 
 
-def test_clip_files_on_s3(video, s3_server):
+def test_clip_files_on_s3(video, s3_server, worker):
     from vlbatch.operators.storage import filesystem
 
     s3_server.client().create_bucket(Bucket="clip-files-test")
     storage = StorageOptions(endpoint_url=s3_server.endpoint_url, region=s3_server.region)
     target = ClipTarget(folder="s3://clip-files-test/out/run/clips", settings=ClipFileSettings(), storage=storage)
-    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5), target), _row(),
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5), target), _row(),
                           lambda _r: video))
     assert len(rows) == 4 and all(r.clip_uri.startswith("s3://clip-files-test/out/run/clips/") for r in rows)
     fs, _ = filesystem(target.folder, storage)
@@ -128,28 +135,28 @@ def test_clip_files_on_s3(video, s3_server):
     assert sorted(keys) == sorted(r.clip_uri.removeprefix("s3://clip-files-test/") for r in rows)
 
 
-def test_a_clip_file_already_there_is_not_rewritten(video, tmp_path):
+def test_a_clip_file_already_there_is_not_rewritten(video, tmp_path, worker):
     target = _local(tmp_path)
     rule = ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5)
-    first = list(clip_rows(_stage(rule, target), _row(), lambda _r: video))
+    first = list(clip_rows(_stage(worker, rule, target), _row(), lambda _r: video))
     path = first[1].clip_uri
     with open(path, "wb") as f:  # a marker: a rewrite would replace it
         f.write(b"already here")
-    again = list(clip_rows(_stage(rule, target), _row(), lambda _r: video))
+    again = list(clip_rows(_stage(worker, rule, target), _row(), lambda _r: video))
     assert [r.clip_uri for r in again] == [r.clip_uri for r in first]
     with open(path, "rb") as f:
         assert f.read() == b"already here"
 
 
-def test_without_clip_files_clip_uri_is_null(video):
-    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=3.0), None), _row(), lambda _r: video))
+def test_without_clip_files_clip_uri_is_null(video, worker):
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=3.0), None), _row(), lambda _r: video))
     assert rows and all(r.clip_uri is None for r in rows)
     back = from_table(to_table(rows, Decoded), Decoded)  # the column travels between stages
     assert [r.clip_uri for r in back] == [None] * len(rows)
 
 
-def test_clip_uri_travels_and_is_an_output_column(video, tmp_path):
-    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=3.0), _local(tmp_path)), _row(), lambda _r: video))
+def test_clip_uri_travels_and_is_an_output_column(video, tmp_path, worker):
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=3.0), _local(tmp_path)), _row(), lambda _r: video))
     back = from_table(to_table(rows, Decoded), Decoded)
     assert [r.clip_uri for r in back] == [r.clip_uri for r in rows]
     assert OUTPUT_SCHEMA.field("clip_uri").type == "string" and OUTPUT_SCHEMA.field("clip_uri").nullable
@@ -206,7 +213,7 @@ def test_clip_files_without_clips_are_refused():
         validate_config({**MIN, "output": {"uri": "out", "clip_files": {"format": "mp4"}}})
 
 
-def test_a_clip_file_the_codec_refuses_keeps_the_rows_ok_without_a_uri(tmp_path, caplog):
+def test_a_clip_file_the_codec_refuses_keeps_the_rows_ok_without_a_uri(tmp_path, caplog, worker):
     """mpeg4 takes 4:2:0 only, and an odd-sized clip is encoded 4:4:4: the encoder refuses. The captions
     stand (ok rows, clip_uri null), the log names the clip, and no file is left."""
     path = tmp_path / "odd.mp4"
@@ -214,30 +221,30 @@ def test_a_clip_file_the_codec_refuses_keeps_the_rows_ok_without_a_uri(tmp_path,
     target = ClipTarget(folder=str(tmp_path / "run" / "clips"), settings=ClipFileSettings(codec="mpeg4"),
                         storage=StorageOptions())
     with caplog.at_level("WARNING", logger="vlbatch.clip_files"):
-        rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=1.0), target), _row(),
+        rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=1.0), target), _row(),
                               lambda _r: path.read_bytes()))
     assert len(rows) == 3 and all(r.status == "ok" and r.clip_uri is None and r.frames.size for r in rows)
     assert "clip 0 of videos/scenes.mp4: no clip file (encoding clip file" in caplog.text and "mpeg4" in caplog.text
     assert not (tmp_path / "run" / "clips").exists() or list((tmp_path / "run" / "clips").iterdir()) == []
 
 
-def test_a_clip_file_that_cannot_be_stored_fails_its_rows_for_resume(video, tmp_path):
+def test_a_clip_file_that_cannot_be_stored_fails_its_rows_for_resume(video, tmp_path, worker):
     """The clips folder cannot be made (a file holds its name): each clip's rows are error rows (redone on
     resume, file included), the video's other clips still come out, and the rows keep their clip columns."""
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "clips").write_bytes(b"not a folder")
-    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5), _local(tmp_path)), _row(),
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5), _local(tmp_path)), _row(),
                           lambda _r: video))
     assert [r.clip_index for r in rows] == [0, 1, 2, 3]
     assert all(r.status == "error" and r.error_type in ("FileExistsError", "NotADirectoryError", "StorageError")
                and r.clip_uri is None for r in rows), [(r.status, r.error_type) for r in rows]
 
 
-def test_a_killed_writers_temp_files_are_cleaned_and_nothing_else(video, tmp_path):
+def test_a_killed_writers_temp_files_are_cleaned_and_nothing_else(video, tmp_path, worker):
     from vlbatch.operators.media.clip_files import clean_debris
 
     target = _local(tmp_path)
-    rows = list(clip_rows(_stage(ClipRule(mode="fixed", window_s=5.0), target), _row(), lambda _r: video))
+    rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=5.0), target), _row(), lambda _r: video))
     folder = tmp_path / "run" / "clips"
     name = rows[0].clip_uri.rsplit("/", 1)[1]
     (folder / f"{name}.{'ab' * 16}.vlbatch-tmp").write_bytes(b"half a file")  # what a killed writer leaves

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -143,9 +144,9 @@ class _FirstWith(DecodeWorker):
         super().__init__(**kw)
         self.first = backend
 
-    def decode_clips(self, data, rule, sampling, backend="pyav"):
+    def decode_clips(self, data, rule, sampling, backend="pyav", **kw):
         backend, self.first = self.first or backend, None
-        return super().decode_clips(data, rule, sampling, backend=backend)
+        return super().decode_clips(data, rule, sampling, backend=backend, **kw)
 
 
 @pytest.mark.parametrize(("backend", "error_type"), [(HANG, "MediaTimeoutError"), (CRASH, "MediaError")],
@@ -190,3 +191,158 @@ def test_a_child_repeating_a_clip_index_is_refused(tmp_path):
             for item in w.decode_clips(b"video", RULE, SAMPLING):
                 got.append(item)
         assert [(c.index, type(e).__name__) for c, e in got] == [(0, "InputError")] and w.pid is None
+
+
+def _target(tmp_path):
+    from vlbatch.operators.media.clip_files import ClipFileSettings, ClipTarget
+    from vlbatch.operators.storage import StorageOptions
+
+    return ClipTarget(folder=str(tmp_path / "run" / "clips"), settings=ClipFileSettings(), storage=StorageOptions())
+
+
+def test_clip_files_encoded_in_the_child_are_frame_exact(video, tmp_path):
+    """The child encodes each clip into the worker's local folder and names it in the clip's header; the
+    caller's `on_file` stores it (clip_files.store_clip): every file decodes to exactly its clip's frames,
+    and the worker's folder is empty after the call (main: `decode_clips` takes no clip files)."""
+    import fsspec
+    from test_clip_files import _check_frame_exact
+
+    from vlbatch.operators.media.clip_files import ClipFileSettings, clip_file_name, store_clip
+
+    target, stored, skipped = _target(tmp_path), {}, []
+
+    def on_file(clip, file):
+        assert file.refused is None and file.failed is None
+        if file.path is None:  # a clip the child was told to skip
+            skipped.append(clip.index)
+            return
+        assert os.path.dirname(file.path) == w._files_dir
+        stored[clip.index] = store_clip(target, clip_file_name("v.mp4", clip.index), file.path)
+
+    rule = ClipRule(mode="fixed", window_s=2.0, stride_s=1.5, min_clip_s=0.5)  # overlapping windows
+    with DecodeWorker(timeout_s=60) as w:
+        got = list(w.decode_clips(video, rule, SAMPLING, clip_files=ClipFileSettings(), skip=[0], on_file=on_file))
+        assert os.listdir(w._files_dir) == []
+        folder = w._files_dir
+    assert not os.path.exists(folder)  # close removes the worker's folder
+    _same(got, list(decode_clips(video, rule, SAMPLING)))
+    assert skipped == [0] and sorted(stored) == [c.index for c, _ in got][1:]  # clip 0 (committed): not encoded
+    rows = [SimpleNamespace(status="ok", clip_uri=stored[c.index], clip_index=c.index, clip_start_s=c.start_s,
+                            clip_end_s=c.end_s) for c, _ in got[1:]]
+    _check_frame_exact(rows, fsspec.filesystem("file"))
+
+
+def test_a_hang_with_clip_files_keeps_the_files_sent_and_no_temp_file(video, tmp_path):
+    """The CPU stage with clip files, a child hanging after clip 1 (killed at the time limit): clips 0 and 1
+    are ok rows with their files stored; the rest of the video is one error row and has no file; the killed
+    child's temporary file (put in the worker's folder while clip 1 is stored, as a writer mid-encode would
+    leave it) is deleted, never stored."""
+    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
+
+    cfg = validate_config({**MIN, "video": {"fps": 4.0, "min_frames": 2, "decode_timeout_s": LIMIT_S[HANG],
+                                            "clips": {"mode": "fixed", "window_s": 1.0, "min_clip_s": 0.5}},
+                           "output": {"uri": str(tmp_path / "out"), "clip_files": {"format": "mp4"}}})
+    task = MediaTask("v.mp4", "video", ("a" * 32,), (0,), ("What happens?",), media_bytes=video)
+    stage = DecodeStage(cfg)
+    stage.worker.close()
+    stage.worker = _HalfFileAt(1, HANG, timeout_s=LIMIT_S[HANG])
+    stage.clip_target = _target(tmp_path)
+    try:
+        rows = [r for t in stage(to_table([task], MediaTask)) for r in from_table(t, Decoded)]
+        assert stage.worker.half is not None and not os.path.exists(stage.worker.half)
+        assert os.listdir(stage.worker._files_dir) == []
+    finally:
+        stage.worker.close()
+    assert [(r.clip_index, r.status, r.error_type) for r in rows] == [
+        (0, "ok", None), (1, "ok", None), (None, "error", "MediaTimeoutError")]
+    assert rows[0].clip_uri and rows[1].clip_uri and rows[2].clip_uri is None
+    names = sorted(os.listdir(tmp_path / "run" / "clips"))
+    assert names == sorted(r.clip_uri.rsplit("/", 1)[1] for r in rows[:2])  # no file for the rest, no debris
+
+
+class _HalfFileAt(_FirstWith):
+    """The real worker that, when clip `at`'s file is handed over, leaves a half-written temporary file in
+    its folder (what the child's writer leaves if killed mid-encode)."""
+
+    def __init__(self, at: int, backend: str, **kw):
+        super().__init__(backend, **kw)
+        self.at, self.half = at, None
+
+    def decode_clips(self, data, rule, sampling, backend="pyav", on_file=None, **kw):
+        def hook(clip, file):
+            if clip.index == self.at:
+                self.half = os.path.join(self._files_dir, f"clip-{clip.index + 1}.mp4.{'ab' * 16}.vlbatch-tmp")
+                with open(self.half, "wb") as f:
+                    f.write(b"half a file")
+            on_file(clip, file)
+
+        return super().decode_clips(data, rule, sampling, backend, on_file=hook, **kw)
+
+
+@pytest.mark.parametrize("name", ["../escape.mp4", "/etc/passwd", "sub/x.mp4", "..", "clip-0.mp4", "escape.mp4"])
+def test_a_child_naming_a_clip_file_outside_its_folder_is_refused(tmp_path, name):
+    """A compromised child naming a clip file outside the worker's folder (or a name that is not a file
+    there) would make the parent store, then delete, someone else's file: refused (MediaError), the child
+    replaced, `on_file` never called, and the named file untouched."""
+    import sys
+
+    from vlbatch.operators.media.clip_files import ClipFileSettings
+
+    outside = tmp_path / "escape.mp4"
+    outside.write_bytes(b"not the child's")
+    hostile = os.path.join(os.path.dirname(__file__), "hostile_decoder.py")
+    calls = []
+    with DecodeWorker(timeout_s=30, child_argv=[sys.executable, hostile, "clip-file", name]) as w:
+        folder = w._clip_folder()
+        os.symlink(outside, os.path.join(folder, "escape.mp4"))  # a link in the folder is not a plain file either
+        with pytest.raises(MediaError, match="refused"):
+            list(w.decode_clips(b"video", RULE, SAMPLING, clip_files=ClipFileSettings(),
+                                on_file=lambda c, f: calls.append(c)))
+        assert calls == [] and w.pid is None and os.listdir(folder) == []
+    assert outside.read_bytes() == b"not the child's"
+
+
+def test_store_clip_refuses_a_link_swapped_in_after_the_name_check(tmp_path):
+    """The child may replace its checked file with a link before the parent stores it: `store_clip` opens
+    without following links, so the linked file is neither stored nor touched, and the link is deleted."""
+    from vlbatch.operators.media.clip_files import store_clip
+
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"the parent's")
+    folder = tmp_path / "child"
+    folder.mkdir()
+    os.symlink(secret, folder / "clip-0.mp4")
+    target = _target(tmp_path)
+    with pytest.raises(MediaError, match="cannot be opened as a file"):
+        store_clip(target, "x", str(folder / "clip-0.mp4"))
+    assert secret.read_bytes() == b"the parent's" and os.listdir(folder) == []
+    assert not os.path.exists(target.folder) or os.listdir(target.folder) == []
+
+
+def test_committed_clips_get_no_file_and_the_child_skips_the_first_ones(video, tmp_path):
+    """Resume with clip files: clips 0-1 committed (told to the child: not encoded) and clip 4 committed after
+    an uncommitted one (encoded by the child, dropped by the parent): no rows and no files for them; the
+    others' files stored; the worker's folder empty."""
+    from vlbatch.pipeline.stages.clip_rows import clip_rows
+    from vlbatch.pipeline.stages.requests import clip_request_id
+    from vlbatch.pipeline.stages.rows import MediaTask
+
+    row = MediaTask("v.mp4", "video", ("a" * 32,), (0,), ("What happens?",))
+    done = {clip_request_id("a" * 32, k) for k in (0, 1, 4)}
+    target = _target(tmp_path)
+    with DecodeWorker(timeout_s=60) as w:
+        seen = []
+        real = w.decode_clips
+
+        def spy(*a, **kw):
+            seen.append(kw["skip"])
+            return real(*a, **kw)
+
+        w.decode_clips = spy
+        stage = SimpleNamespace(clips=RULE, sampling=SAMPLING, worker=w, done=done, clip_target=target)
+        rows = list(clip_rows(stage, row, lambda _r: video))
+        assert os.listdir(w._files_dir) == []
+    assert seen == [[0, 1]]
+    assert [(r.clip_index, r.status) for r in rows] == [(k, "ok") for k in (2, 3, 5, 6, 7, 8)]
+    assert sorted(os.listdir(target.folder)) == sorted(r.clip_uri.rsplit("/", 1)[1] for r in rows)

@@ -138,14 +138,43 @@ def _send_clips(sender: _Sender, data: bytes, request: wire.Request) -> None:
         if request.backend in DECODERS.entries_by_name() or ":" not in request.backend:
             raise ConfigError(f"video clips decode with PyAV, not {request.backend!r}")
         decoder = get_decoder(request.backend, request.threads)
+    files = _ClipFileWriter(request.clip_files) if request.clip_files is not None else None
     for clip, sampled in stream_clips(data, request.clips, request.sampling, threads=request.threads,
-                                      decoder=decoder):
+                                      decoder=decoder, on_clip=files and files.write):
+        header = {**wire.clip_header(clip, sampled), **(files.outcome.pop(clip.index, {}) if files else {})}
         if isinstance(sampled, errors.VlbatchError):
-            sender.open(wire.clip_header(clip, sampled), None)
+            sender.open(header, None)
             continue
-        sender.open(wire.clip_header(clip, sampled), sampled.shape)
+        sender.open(header, sampled.shape)
         for slot, frame in enumerate(sampled.frames()):
             sender.frame(slot, frame)
+
+
+class _ClipFileWriter:
+    """`stream_clips`' hook in the child: each clip not in `files.skip` encoded (`clip_files.write_clip`)
+    into the parent's local folder as `clip-<index>.<format>` (a temporary name until whole); `outcome`:
+    clip index -> the "clip" header's file fields (`wire.parse_clip_file`)."""
+
+    def __init__(self, files: wire.ClipFiles):
+        from vlbatch.operators.media.clip_files import ClipTarget
+        from vlbatch.operators.storage import StorageOptions
+
+        self.target = ClipTarget(folder=files.folder, settings=files.settings, storage=StorageOptions())
+        self.skip = frozenset(files.skip)
+        self.outcome: dict[int, dict] = {}
+
+    def write(self, clip, frames, stream, rotation: int = 0) -> None:
+        from vlbatch.operators.media.clip_files import write_clip
+
+        if clip.index in self.skip:
+            return
+        try:
+            uri = write_clip(self.target, f"clip-{clip.index}", frames, stream, rotation)
+            self.outcome[clip.index] = {"file": os.path.basename(uri)}
+        except MediaError as e:  # the codec refused
+            self.outcome[clip.index] = {"file_error": str(e)[:500]}
+        except Exception as e:  # the local disk (StorageError, OSError)
+            self.outcome[clip.index] = {"file_failed": f"{type(e).__name__}: {str(e)[:500]}"}
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

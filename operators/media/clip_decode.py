@@ -23,10 +23,10 @@ converted, so the child never holds a clip's RGB frames as a whole; its time lim
 between two clips, and a hang or crash ends that video's clips there). In-process (tests, benchmarks)
 `timeout_s` bounds the time between two clips too, checked between pictures (cooperative only).
 
-Clip files (`output.clip_files`): `on_clip(clip, frames, stream)`, when given, is called once per clip just
-before it is yielded, with an iterator over the held pictures of frames [start, end) (PyAV frames of
-the input `stream`, in order) and the video's display rotation as `rotation=`: the caller's
-`clip_files.write_clip` encodes them one by one (no second decode, no copy of the clip).
+Clip files (`output.clip_files`): `stream_clips`' `on_clip(clip, frames, stream)`, when given, is called once
+per clip just before it is yielded, with an iterator over the held pictures of frames [start, end) (PyAV
+frames of the input `stream`, in order) and the video's display rotation as `rotation=`: the decoder
+child's `clip_files.write_clip` encodes them one by one into the parent's local folder (no second decode).
 """
 from __future__ import annotations
 
@@ -134,13 +134,11 @@ def stream_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeou
 
 def decode_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
                  detector: Callable[[ClipRule, float], CutDetector] = CutDetector,
-                 threads: int = 1, on_clip: Callable | None = None) -> Iterator[tuple[Clip, VideoClip | VlbatchError]]:
+                 threads: int = 1) -> Iterator[tuple[Clip, VideoClip | VlbatchError]]:
     """Yield each clip of `data` with its sampled frames (or the clip's own typed error: too many
     bytes to sample). `MediaError` for bytes that are not a video; `MediaTimeoutError` past
-    `timeout_s` between two clips. `detector(rule, fps)`: the cut detector (a test passes one that fails);
-    `on_clip`: the clip files' hook (module docstring)."""
-    for clip, sampled in stream_clips(data, rule, sampling, timeout_s=timeout_s, detector=detector, threads=threads,
-                                      on_clip=on_clip):
+    `timeout_s` between two clips. `detector(rule, fps)`: the cut detector (a test passes one that fails)."""
+    for clip, sampled in stream_clips(data, rule, sampling, timeout_s=timeout_s, detector=detector, threads=threads):
         if isinstance(sampled, VlbatchError):
             yield clip, sampled
             continue

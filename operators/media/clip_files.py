@@ -1,6 +1,10 @@
 """Clip files (`output.clip_files`): each clip re-encoded with PyAV from the pictures the one clip decode
 already holds (`clip_decode.py`; no second decode), Ray-free.
 
+- Who: the killable decoder child encodes (`write_clip`) into its parent worker's local temporary folder
+  (`DecodeWorker.decode_clips(clip_files=)`; the child never sees the output or its credentials); the
+  parent checks the name the child gives and stores the finished file (`store_clip`), then deletes it.
+
 - Where: `<run>/clips/<clip_file_name(media_uri, clip index)>.<format>`, local or s3:// (fsspec, the
   output's storage options). The name hashes the media's URI and the clip's index, so it is the same on
   every run of the job (the clip rule is in the run id) and shared by rows of one video.
@@ -8,10 +12,10 @@ already holds (`clip_decode.py`; no second decode), Ray-free.
   the cut is frame-exact. The source's frame rate and time base are kept; timestamps are *relative*: the
   file's first frame is at 0 s, frame j at its source timestamp minus the clip's first (the row's
   `clip_start_s` says where the clip starts in the source). Display rotation is kept.
-- Atomic: `ClipWriter` streams frames one by one into the encoder, writing a local temporary file (local
-  output: `<name>.<32 hex>.vlbatch-tmp` beside the final name, then `os.replace`; object storage: a
-  temporary file of this machine, then one PUT via `storage.put_atomic`). A failure deletes the temporary
-  file: never a half file under the final name.
+- Atomic: `ClipWriter` streams frames one by one into the encoder, writing a local temporary file
+  (`<name>.<32 hex>.vlbatch-tmp`, then `os.replace`); `store_clip` publishes it (local output: moved to
+  `<name>.<32 hex>.vlbatch-tmp` beside the final name, then `os.replace`; object storage: one PUT via
+  `storage.put_atomic`). A failure deletes the temporary file: never a half file under the final name.
 - Resume: a file already under the final name is not rewritten (`ClipTarget.exists`): a clip whose rows
   were not committed when a run stopped gets the file the earlier run finished. A killed writer's
   temporary file is deleted when the next run opens (`clean_debris`, from `pipeline/graph.py`).
@@ -26,9 +30,12 @@ silently lost to a passing outage; the video's other clips go on.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable
@@ -204,6 +211,78 @@ class ClipWriter:
             os.unlink(self.tmp)
         except FileNotFoundError:
             pass
+
+
+def store_clip(target: ClipTarget, name: str, local: str) -> str:
+    """Publish the finished local clip file `local` (the decoder child wrote it) as clip file `name` ->
+    its URI, then delete `local`; a file already under the final name is kept. `local` is opened without
+    following links and must be a regular file (the child may swap it after the parent checked its name).
+    Local output: a temporary name beside the final one (a rename, or a copy across devices), then
+    `os.replace`; object storage: one PUT (`put_atomic`). `StorageError`: the output could not be reached
+    or written; `MediaError`: `local` is not a regular file."""
+    uri = target.uri_of(name)
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        _unlink(local)
+        raise MediaError(f"the decoder's clip file {os.path.basename(local)!r} cannot be opened as a file: {e}") from e
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise MediaError(f"the decoder's clip file {os.path.basename(local)!r} is not a regular file")
+            if not target.exists(uri):
+                _publish(target, uri, local, f)
+    except OSError as e:
+        raise StorageError(f"storing clip file {uri}: {e}") from e
+    finally:
+        _unlink(local)
+    return uri
+
+
+def _publish(target: ClipTarget, uri: str, local: str, f) -> None:
+    """`store_clip`'s write of the open file `f` (`local`) under `uri`, whole or not at all."""
+    if not _is_local(uri):
+        fs, path = filesystem(uri, target.storage)
+        put_atomic(fs, path, f.read(), target.storage)
+        return
+    _, final = filesystem(uri, target.storage)
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = f"{final}.{uuid.uuid4().hex}{TMP_MARK}"
+    try:
+        try:
+            os.rename(local, tmp)  # one device: the checked file itself (renaming never follows a link)
+            if not stat.S_ISREG(os.lstat(tmp).st_mode):
+                raise MediaError(f"the decoder's clip file {os.path.basename(local)!r} is not a regular file")
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            with open(tmp, "wb") as out:  # another device: copied from the file opened above
+                shutil.copyfileobj(f, out)
+        os.replace(tmp, final)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def empty_folder(folder: str) -> None:
+    """Delete everything in `folder` (the decoder child's clip files not stored: a killed child's, a refused
+    name's), links as links."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:  # the worker closed already
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            _unlink(entry.path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def write_clip(target: ClipTarget, name: str, frames: Iterable, stream, rotation: int = 0) -> str:

@@ -8,7 +8,8 @@ allocates anything, and anything unexpected is a `MediaError`.
 Both pipes carry messages: an 8-byte big-endian length, then that many bytes.
 
     parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}, "plan_only", "clips": {ClipRule
-      fields} | null} (JSON), then the video bytes; during a decode, one credit byte per free ring slot
+      fields} | null, "clip_files": {ClipFiles fields} | null} (JSON), then the video bytes; during a decode,
+      one credit byte per free ring slot
       (`vlbatch.operators.media.ring`)
     child -> parent, one JSON object per message (at most MAX_HEADER_BYTES):
       {"kind": "ready"}
@@ -17,7 +18,9 @@ Both pipes carry messages: an 8-byte big-endian length, then that many bytes.
         n % slots (n: the frames of this plan before it; the parent's own count), never on the pipe
       {"kind": "clip", "index", "start", "end", "fps", "source"} (a `clips.Clip`) + the "plan" fields: one clip of
         a "clips" request, its F frames follow as for a plan; or + "error": {"type", "message"} (that clip's
-        own error), no frames
+        own error), no frames; with "clip_files", + "file": the clip file's name in the parent's folder (the
+        parent stores it), or "file_error": message (the codec refused), or "file_failed": message (the local
+        write failed), or none of these (a clip the parent said to skip)
       {"kind": "done"}
       {"kind": "error", "type": one of CHILD_ERRORS' names, "message": str}
 
@@ -32,12 +35,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
+import stat
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from vlbatch.operators.errors import ConfigError, InputError, MediaError, VlbatchError
+from vlbatch.operators.media.clip_files import ClipFileSettings
 from vlbatch.operators.media.clips import Clip, ClipRule
 from vlbatch.operators.media.video import FrameSampling, Plan
 
@@ -174,14 +181,62 @@ def parse_clip(header: dict, index: int, max_bytes: int) -> tuple[Clip, ClipHead
     return clip, plan
 
 
+@dataclass(frozen=True)
+class ClipFiles:
+    """A clips request's clip files: encode each clip with `settings` into the parent's local `folder`
+    (the child never sees the real target), except the clip indices in `skip` (committed)."""
+
+    settings: ClipFileSettings
+    folder: str
+    skip: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClipFile:
+    """A checked clip-file outcome from a "clip" header: `path` (the local file in the parent's folder),
+    or `refused` (the codec's message: the rows stand without a file), or `failed` (the local write's
+    message: the clip's rows fail); all None: skipped."""
+
+    path: str | None = None
+    refused: str | None = None
+    failed: str | None = None
+
+
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+
+
+def parse_clip_file(header: dict, folder: str) -> ClipFile:
+    """A "clip" header's clip-file outcome; `MediaError` for a name that is not a plain name of a regular
+    file in `folder` (no "/", no "..", no link: a compromised child must not make the parent store, or
+    delete, another file)."""
+    name, refused, failed = (header.get(k) for k in ("file", "file_error", "file_failed"))
+    for key, value in (("file_error", refused), ("file_failed", failed)):
+        if value is not None and not isinstance(value, str):
+            raise MediaError(f"the decoder sent a {key} that is not a string")
+    if name is None:
+        return ClipFile(refused=refused and refused[:500], failed=failed and failed[:500])
+    if not isinstance(name, str) or not _FILE_NAME.match(name) or ".." in name:
+        raise MediaError(f"the decoder named clip file {str(name)[:100]!r}, not a plain name in its folder; refused")
+    path = os.path.join(folder, name)
+    try:
+        plain = stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        plain = False
+    if not plain:
+        raise MediaError(f"the decoder named clip file {name!r}, not a file in its folder; refused")
+    return ClipFile(path=path)
+
+
 def encode_request(backend: str, threads: int, sampling: FrameSampling, plan_only: bool = False,
-                   clips: ClipRule | None = None) -> bytes:
+                   clips: ClipRule | None = None, clip_files: ClipFiles | None = None) -> bytes:
     """Parent side: the request header as one message; `InputError` for a sampling JSON cannot carry.
     plan_only: the child sends the plan and "done", no frames (`DecodeWorker.plan`); clips: the child
-    cuts the video into clips by this rule and sends each ("clip" headers, `DecodeWorker.decode_clips`)."""
+    cuts the video into clips by this rule and sends each ("clip" headers, `DecodeWorker.decode_clips`);
+    clip_files: it also writes each clip's file into the parent's folder."""
     try:
         return encode({"backend": backend, "threads": threads, "sampling": dataclasses.asdict(sampling),
-                       "plan_only": plan_only, "clips": None if clips is None else dataclasses.asdict(clips)})
+                       "plan_only": plan_only, "clips": None if clips is None else dataclasses.asdict(clips),
+                       "clip_files": None if clip_files is None else dataclasses.asdict(clip_files)})
     except (TypeError, ValueError) as e:
         raise InputError(f"the frame sampling cannot be sent to the decoder: {e}") from None
 
@@ -195,11 +250,14 @@ class Request:
     sampling: FrameSampling
     plan_only: bool
     clips: ClipRule | None
+    clip_files: ClipFiles | None = None
 
 
 def decode_request(raw: bytes) -> Request:
     """Child side: the request header as a `Request`."""
     request = json.loads(raw)
-    clips = request.get("clips")
+    clips, files = request.get("clips"), request.get("clip_files")
+    if files is not None:
+        files = ClipFiles(ClipFileSettings(**files["settings"]), str(files["folder"]), tuple(files["skip"]))
     return Request(request["backend"], request["threads"], FrameSampling(**request["sampling"]),
-                   bool(request["plan_only"]), None if clips is None else ClipRule(**clips))
+                   bool(request["plan_only"]), None if clips is None else ClipRule(**clips), files)

@@ -19,7 +19,9 @@ the child is SIGKILLed and the call raises `MediaTimeoutError`.
 Clips (`video.clips`): `decode_clips` has the child cut the video (`clip_decode.stream_clips`) and
 stream each clip's header and frames through the same ring, clip by clip (the ring sized to one
 clip's frames, reused); its deadline runs from the last clip received, so the limit bounds the time
-between two clips, and a hang or crash ends that video after the clips already yielded.
+between two clips, and a hang or crash ends that video after the clips already yielded. With clip files,
+the child also encodes each clip into this worker's local folder and names the file in its header; the
+caller stores it; files of a killed child are deleted (the child never reaches the real output).
 A child that dies (native crash) or breaks the protocol gives `MediaError`; frames already returned
 are the parent's own and stay valid. The next call starts a fresh child (also when the child died
 between calls). Start-up (imports, about 1 s; 3 s with TorchCodec's torch) is waited for separately
@@ -39,10 +41,12 @@ from __future__ import annotations
 import math
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -50,6 +54,7 @@ from vlbatch.operators import errors
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
 from vlbatch.operators.media import ring, wire
 from vlbatch.operators.media.child import PRELOAD_ENV
+from vlbatch.operators.media.clip_files import ClipFileSettings, empty_folder
 from vlbatch.operators.media.clips import Clip, ClipRule
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.types import VideoClip
@@ -81,6 +86,7 @@ class DecodeWorker:
         self._heard = False  # this call has read a byte of the child's answer
         self._proc: subprocess.Popen | None = None
         self._ring: ring.FrameRing | None = None  # created with the first child, kept across children
+        self._files_dir: str | None = None  # the child's clip files (`decode_clips(clip_files=)`), until `close`
         self._calls = 0
         self.starts = 0  # how many children were started (observable by tests and benchmarks)
 
@@ -142,6 +148,9 @@ class DecodeWorker:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._files_dir is not None:
+            shutil.rmtree(self._files_dir, ignore_errors=True)
+            self._files_dir = None
 
     def _stop(self) -> None:
         if self._proc is None:
@@ -183,18 +192,24 @@ class DecodeWorker:
         return self._call(data, sampling, "pyav", plan_only=True)
 
     def decode_clips(self, data: bytes, rule: ClipRule, sampling: FrameSampling = DEFAULT_SAMPLING,
-                     backend: str = "pyav") -> Iterator[tuple[Clip, VideoClip | errors.VlbatchError]]:
+                     backend: str = "pyav", clip_files: ClipFileSettings | None = None, skip: Iterable[int] = (),
+                     on_file: Callable[[Clip, wire.ClipFile], None] | None = None,
+                     ) -> Iterator[tuple[Clip, VideoClip | errors.VlbatchError]]:
         """`clip_decode.decode_clips` in the child: each clip of `data` with its sampled frames (or its own
         typed error) as soon as the child has sent it; `timeout_s` bounds the time this generator waits for
         the next clip (not the caller's time between clips). Clips yielded stay the caller's; then raises as
         `decode` does for the rest of the video (a hang, a crash, not a video). A generator closed early kills
-        the child (its pipe is out of step). backend: PyAV ("module:Class" of a PyAV subclass: tests)."""
-        request = wire.encode_request(backend, self.threads, sampling, clips=rule)
+        the child (its pipe is out of step). backend: PyAV ("module:Class" of a PyAV subclass: tests).
+        clip_files: the child also encodes each clip not in `skip` into this worker's local folder, and
+        `on_file(clip, wire.ClipFile)` is called before the clip is yielded (it stores or drops the file);
+        whatever is left in the folder when the call ends (a killed child's files) is deleted."""
+        files = None if clip_files is None else wire.ClipFiles(clip_files, self._clip_folder(), tuple(sorted(skip)))
+        request = wire.encode_request(backend, self.threads, sampling, clips=rule, clip_files=files)
         for retry in (False, True):
             reused = self._begin()
             try:
                 deadline = self._send(request, data)
-                yield from self._receive_clips(sampling, deadline)
+                yield from self._receive_clips(sampling, deadline, files, on_file)
                 return
             except (EOFError, OSError) as e:
                 code = self._proc.poll() if self._proc is not None else None
@@ -210,8 +225,16 @@ class DecodeWorker:
             finally:
                 if self._ring is not None:
                     self._ring.trim()
+                if files is not None:
+                    empty_folder(files.folder)
 
-    def _receive_clips(self, sampling: FrameSampling, deadline: float):
+    def _clip_folder(self) -> str:
+        """This worker's local folder for the child's clip files (made on first use, removed by `close`)."""
+        if self._files_dir is None:
+            self._files_dir = tempfile.mkdtemp(prefix="vlbatch-clipfiles-")
+        return self._files_dir
+
+    def _receive_clips(self, sampling: FrameSampling, deadline: float, files: wire.ClipFiles | None, on_file):
         """Yield (Clip, VideoClip | its own error) per "clip" until "done"; `_ChildError` for an "error"."""
         index = 0
         while True:
@@ -224,9 +247,12 @@ class DecodeWorker:
             if kind != "clip":
                 raise MediaError(f"the decoder sent {kind[:50]!r} out of order ({index} clips in)")
             clip, plan = wire.parse_clip(header, index, sampling.max_output_bytes)
+            file = wire.parse_clip_file(header, files.folder) if files is not None else None
             index += 1
             if not isinstance(plan, errors.VlbatchError):
                 plan = self._clip_frames(plan, deadline)
+            if file is not None and on_file is not None:
+                on_file(clip, file)
             yield clip, plan
             deadline = time.monotonic() + self.timeout_s  # the limit runs from here, not from the caller's work
 

@@ -13,6 +13,11 @@ crashes (MediaError) after some clips: those clips' rows stand, the error row st
 not sent (resume retries it and drops the committed clips). A clip's own failure (too many bytes
 to sample) is that clip's error row.
 
+Clip files (`output.clip_files`, `_ClipFiles`): the child encodes each clip into the worker's local temporary
+folder (its encode counts in `video.decode_timeout_s`) and names the file; this process stores it at the run's
+target (`clip_files.store_clip`) before the clip's rows are handed on. The child is told the committed clips
+from clip 0 on (a resumed video's), which it does not encode; a later committed clip's file is dropped here.
+
 `clip_last` is true on the rows of a video's last clip (`with_last`: each clip is handed on once the
 next one has decoded, or the decode ended), so the committed rows say when a video's clip set is
 complete: the rerun check (`nothing_to_do.py`) decides "all committed" from them without decoding.
@@ -24,13 +29,14 @@ streams), so a long video never holds more than that many clips' frames in the a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import pyarrow as pa
 
-from vlbatch.operators.errors import MediaError, SetupError, VlbatchError, stable_message
+from vlbatch.operators.errors import SetupError, StorageError, VlbatchError, stable_message
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
 from vlbatch.pipeline.telemetry.meter import CLIP_FRAMES, CLIPS, MEDIA_CUT
@@ -64,21 +70,16 @@ def resolve_done(done):
 
 def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> Iterator[Decoded]:
     """The `Decoded` rows of one video row's clips not committed (`stage`: the `DecodeStage`, its
-    rule, sampling, `done` and `clip_target` (None: no clip files); `data_of(row)`: the video's bytes). The
-    decode runs in the actor's killable decoder child, except with clip files (their encoder needs the decoded
-    pictures: in this process for now)."""
-    from vlbatch.operators.media.clip_decode import decode_clips
-
+    rule, sampling, `done`, `worker` and `clip_target` (None: no clip files); `data_of(row)`: the video's
+    bytes). The decode, and the clip files' encode, run in the actor's killable decoder child."""
     base = {k: getattr(row, k)
             for k in ("media_uri", "media_type", "request_indices", "prompts", "keep", "prompt_names")}
     files = _ClipFiles(stage.clip_target, row, stage.done)
     t0 = time.perf_counter()
     try:
-        if stage.clip_target is None:
-            clips = stage.worker.decode_clips(data_of(row), stage.clips, stage.sampling)  # in the killable child
-        else:
-            clips = decode_clips(data_of(row), stage.clips, stage.sampling, timeout_s=stage.cfg.video.decode_timeout_s,
-                                 on_clip=files.write)
+        extra = {} if stage.clip_target is None else {
+            "clip_files": stage.clip_target.settings, "skip": files.committed(), "on_file": files.store}
+        clips = stage.worker.decode_clips(data_of(row), stage.clips, stage.sampling, **extra)
         for (clip, result), last in with_last(clips):
             task = _clip_task(row, base, clip, last, stage.done)
             if task is None:  # every request of this clip is committed
@@ -111,28 +112,48 @@ def _clip_task(row: MediaTask, base: dict, clip, last: bool, done) -> MediaTask 
 
 
 class _ClipFiles:
-    """One video's clip files (`output.clip_files`): `write` is `decode_clips`' hook, called just before
-    each clip is yielded; `outcome(index)` -> (its URI or None, the storage error that fails its rows or
-    None). Failures: `operators/media/clip_files.py`'s docstring."""
+    """One video's clip files (`output.clip_files`): `committed()` -> the clip indices the child need not
+    encode; `store(clip, file)` is `DecodeWorker.decode_clips`' `on_file`, called before each clip is yielded
+    with the child's local file (`wire.ClipFile`); `outcome(index)` -> (its URI or None, the storage error that
+    fails its rows or None). Failures: `operators/media/clip_files.py`'s docstring."""
 
     def __init__(self, target, row: MediaTask, done):
         self.target, self.row, self.done = target, row, done
         # clip index -> (URI or None, failure or None); at most two held: `with_last` keeps one clip back
         self.outcomes: dict[int, tuple[str | None, Exception | None]] = {}
 
-    def write(self, clip, frames, stream, rotation: int = 0) -> None:
-        from vlbatch.operators.media.clip_files import clip_file_name, write_clip
+    def _is_committed(self, index: int) -> bool:
+        return self.done is not None and all(clip_request_id(rid, index) in self.done for rid in self.row.ids)
+
+    def committed(self) -> list[int]:
+        """The committed clips from clip 0 on, up to the first one not committed: a resumed video's
+        committed clips are its first ones (it resumes at its first clip not committed); a later committed
+        clip (after a clip whose file failed) is encoded by the child and dropped by `store`, since the
+        clip count is not known before the decode."""
+        out: list[int] = []
+        while self._is_committed(len(out)):
+            out.append(len(out))
+        return out
+
+    def store(self, clip, file) -> None:
+        from vlbatch.operators.media.clip_files import clip_file_name, store_clip
 
         self.outcomes[clip.index] = (None, None)
-        if self.done is not None and all(clip_request_id(rid, clip.index) in self.done for rid in self.row.ids):
-            return  # committed: its rows are not redone, so neither is its file
-        try:
-            uri = write_clip(self.target, clip_file_name(self.row.media_uri, clip.index), frames, stream, rotation)
-            self.outcomes[clip.index] = (uri, None)
-        except MediaError as e:  # the codec refused: the caption stands without a file
-            LOG.warning("clip %d of %s: no clip file (%s)", clip.index, self.row.media_uri, stable_message(str(e)))
-        except Exception as e:  # storage (StorageError, an OSError): the clip's rows fail, resume redoes them
-            self.outcomes[clip.index] = (None, e)
+        if self._is_committed(clip.index):  # its rows are not redone, so neither is its file
+            if file.path is not None:
+                os.unlink(file.path)  # checked: a plain file in the worker's folder
+            return
+        if file.refused is not None:  # the codec refused: the caption stands without a file
+            LOG.warning("clip %d of %s: no clip file (%s)", clip.index, self.row.media_uri,
+                        stable_message(file.refused))
+        elif file.failed is not None:  # the child's local disk: the clip's rows fail, resume redoes them
+            self.outcomes[clip.index] = (None, StorageError(f"writing clip file {clip.index}: {file.failed}"))
+        elif file.path is not None:
+            try:
+                uri = store_clip(self.target, clip_file_name(self.row.media_uri, clip.index), file.path)
+                self.outcomes[clip.index] = (uri, None)
+            except Exception as e:  # storage (StorageError, an OSError): the clip's rows fail, resume redoes them
+                self.outcomes[clip.index] = (None, e)
 
     def outcome(self, index: int) -> tuple[str | None, Exception | None]:
         return self.outcomes.pop(index, (None, None))
