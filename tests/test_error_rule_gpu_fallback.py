@@ -108,6 +108,11 @@ def test_gpu_growth_read_from_what_ray_publishes():
     assert gpu_growth({"CPU": 8, "GPU": 0}, b"{}") is False
     assert gpu_growth(None, b'{"autoscaler_report": {}}') is None  # an autoscaler (v1): node types unknown
     assert gpu_growth(None, b'{"load_metrics_report": {}}') is False  # a head's monitor without an autoscaler
+    # a plain `ray start --head`: its monitor runs the read-only provider, each node typed `node_<id>` (Ray 2.60)
+    plain = {"autoscaler_report": {"node_type_mapping": {"ab12": "node_ab12"}, "pending_launches": {}, "legacy": True}}
+    assert gpu_growth(None, json.dumps(plain).encode()) is False
+    typed = {"autoscaler_report": {"node_type_mapping": {"ab12": "gpu-workers"}, "pending_launches": {}}}
+    assert gpu_growth(None, json.dumps(typed).encode()) is None  # node types of a cluster config: unknown
     assert gpu_growth(None, None) is False  # no status at all
     assert gpu_growth(None, b"not json") is None  # unreadable: unknown, never refused on a doubt
 

@@ -113,7 +113,8 @@ def gpu_growth(max_resources: dict | None, autoscaler_status: bytes | None) -> b
     {resource: most the node types can add}, published by autoscaler v2 and KubeRay's; Ray Data reads
     the same) when there is one; else the head's monitor status (JSON; every head writes one, an
     autoscaler adds its `autoscaler_report`, v1 without its node types): an autoscaler there is None,
-    unknown; none (or no status) is False. A status we cannot read is None: never refused on a doubt."""
+    unknown; none, the read-only provider of a plain head (`_read_only`), or no status is False. A status we
+    cannot read is None: never refused on a doubt."""
     if max_resources is not None:
         return float(max_resources.get("GPU", 0) or 0) > 0
     if not autoscaler_status:
@@ -122,7 +123,20 @@ def gpu_growth(max_resources: dict | None, autoscaler_status: bytes | None) -> b
         status = json.loads(autoscaler_status)
     except ValueError:
         return None
-    return None if not isinstance(status, dict) or "autoscaler_report" in status else False
+    if not isinstance(status, dict):
+        return None
+    report = status.get("autoscaler_report")
+    return False if report is None or _read_only(report) else None
+
+
+def _read_only(report) -> bool:
+    """Whether an `autoscaler_report` is the read-only provider's, which a plain `ray start --head` monitor
+    runs (it launches nothing): each node's type is Ray's anonymous `node_<node id>`, and no launch pending."""
+    if not isinstance(report, dict):
+        return False
+    mapping = report.get("node_type_mapping")
+    return (isinstance(mapping, dict) and bool(mapping) and not report.get("pending_launches")
+            and all(v == f"node_{k}" for k, v in mapping.items()))
 
 
 def _autoscaler_facts() -> tuple[dict | None, bytes | None]:
