@@ -11,6 +11,7 @@ from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
+from test_clips import scenes_pattern
 
 from vlbatch.devtools.samples import encode_video
 from vlbatch.operators.errors import ConfigError
@@ -27,25 +28,10 @@ from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_tabl
 MIN = {"model": {"path": "m"}, "input": {"uri": "in.parquet"}, "output": {"uri": "out"}}
 FPS = 10
 N = 95  # 9.5 s at 10 fps
-CUTS = (23, 57, 71)  # scene k starts at CUTS[k - 1]
-COLOURS = ((220, 30, 30), (30, 200, 40), (20, 20, 120), (240, 230, 60))
-
-
-def _pattern(i: int, width: int, height: int):
-    import numpy as np
-
-    k = sum(i >= c for c in CUTS)
-    img = np.empty((height, width, 3), np.uint8)
-    img[:] = COLOURS[k]
-    x = (i * 3) % (width - 16)
-    img[height // 3: height // 3 + 16, x: x + 16] = 255 - np.asarray(COLOURS[k], np.uint8)
-    return img
-
-
 @pytest.fixture(scope="module")
 def video(tmp_path_factory) -> bytes:
     path = tmp_path_factory.mktemp("clipfiles") / "scenes.mp4"
-    encode_video(path, N, 128, 96, FPS, options={"g": "12", "bf": "2"}, pattern=_pattern)
+    encode_video(path, N, 128, 96, FPS, options={"g": "12", "bf": "2"}, pattern=scenes_pattern)
     return path.read_bytes()
 
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from test_clips import MIN, scenes_pattern
+from test_media_worker import alive
 
 from vlbatch.devtools.samples import encode_video
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
@@ -78,14 +79,6 @@ def _same(got, want) -> None:
     for (_, a), (_, b) in zip(got, want, strict=True):
         assert (a.source_fps, a.total_frames, a.indices) == (b.source_fps, b.total_frames, b.indices)
         np.testing.assert_array_equal(a.frames, b.frames)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("rule", [
