@@ -21,8 +21,14 @@ Methods, each in its own child process (so peak RSS is per method):
                  `DecodeWorker` child (frames handed over through its shared-memory ring), started and
                  warm before the clock starts, as one child serves many videos in a CPU actor (its
                  start is printed apart, `start cpu`); RSS and CPU = parent + child (the child's
-                 CPU read from /proc while it is alive); `x inproc` is the worker's CPU over the same
-                 backend's in-process CPU (issue 54's target: <= 1.15 for pyav and torchcodec)
+                 CPU read from /proc while it is alive). The ratio line per clip (`paired`): the
+                 worker's CPU over the same backend's in-process CPU, medians of `--pairs` rounds side
+                 by side in one process (issue 54's target: <= 1.15 for pyav and torchcodec), with the
+                 parent's and the child's shares and each side's range; `--no-thp` runs those rounds
+                 with transparent huge pages off (prctl PR_SET_THP_DISABLE, inherited by the child):
+                 on a VM the first touch of a fresh huge page costs anything from 0.1 to 2.5 s per
+                 1.5 GB of frames, on both sides, which hides a 15 % difference; 4 KB pages cost more
+                 but the same every time
 - transformers:  `transformers.video_utils.load_video(path, fps=fps)` with its default
                  backend (PyAV), the reference's loading path
 `ok` is the fraction of returned frames whose embedded index equals the index the
@@ -132,8 +138,9 @@ def own_cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime
 
 
-def worker_decode(data: bytes, sampling, backend: str) -> tuple[object, float, float, float]:
-    """The production path, warm: (clip, wall s, CPU s of parent + child for the decode, child start CPU s)."""
+def worker_decode(data: bytes, sampling, backend: str) -> tuple[object, float, dict]:
+    """The production path, warm: (clip, wall s, {"cpu": parent + child CPU s for the decode, "parent_cpu",
+    "child_cpu", "start_cpu": the child's start})."""
     from vlbatch.operators.media.worker import DecodeWorker
 
     with DecodeWorker(timeout_s=3600, preload=backend) as w:
@@ -142,8 +149,8 @@ def worker_decode(data: bytes, sampling, backend: str) -> tuple[object, float, f
         cpu, t = own_cpu_seconds(), time.perf_counter()
         clip = w.decode(data, sampling, backend)
         seconds = time.perf_counter() - t
-        cpu = own_cpu_seconds() - cpu + child_cpu_seconds(w.pid) - start
-    return clip, seconds, cpu, start
+        parent, kid = own_cpu_seconds() - cpu, child_cpu_seconds(w.pid) - start
+    return clip, seconds, {"cpu": parent + kid, "parent_cpu": parent, "child_cpu": kid, "start_cpu": start}
 
 
 def peak_rss_mb() -> float:
@@ -188,7 +195,7 @@ def run_one(method: str, path: str, fps: float) -> dict:
         done = time.perf_counter()  # wall time ends here: the frames' copy to the host below is for `ok` only
         frames, indices = clip.frames.cpu().numpy(), list(clip.indices)
     elif method.endswith("+worker"):
-        clip, seconds, worker_cpu, start_cpu = worker_decode(Path(path).read_bytes(), sampling, method.split("+")[0])
+        clip, seconds, shares = worker_decode(Path(path).read_bytes(), sampling, method.split("+")[0])
         frames, indices = clip.frames, list(clip.indices)
     else:
         clip = decode_video_inprocess(Path(path).read_bytes(), sampling, BACKEND_OF.get(method, method))
@@ -197,11 +204,11 @@ def run_one(method: str, path: str, fps: float) -> dict:
         seconds = (done if method == "torchcodec-cuda" else time.perf_counter()) - t
         cpu = cpu_seconds() - cpu
     else:
-        cpu = worker_cpu
+        cpu = shares["cpu"]
     ok = float(np.mean([frame_index(f) == (i % 65536) for f, i in zip(frames, indices, strict=True)]))
     return {"frames": len(indices), "seconds": seconds, "cpu": cpu, "ok": ok, "rss_mb": peak_rss_mb(),
             "rss_before_mb": base_rss, "shape": list(frames.shape[1:]),
-            **({"start_cpu": start_cpu} if method.endswith("+worker") else {})}
+            **(shares if method.endswith("+worker") else {})}
 
 
 def overhead() -> dict:
@@ -247,17 +254,64 @@ def child(args: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def print_worker_ratios(clip: str, results: dict) -> None:
+def paired(backend: str, path: str, fps: float, rounds: int, thp: bool = True) -> dict:
+    """Child side of the ratio line: one process, one warm worker, `rounds` rounds of the same decode in-process
+    and in the worker (the order alternating), medians of CPU s. Why paired: one in-process decode of the same
+    video costs 0.66-1.31 CPU s from run to run on a VM, by how cold the fresh output pages are at the host, so
+    two fresh processes' figures cannot show a 15 % difference; medians of rounds side by side can. thp False:
+    transparent huge pages off for this process and the worker's child (see the module's `--no-thp`)."""
+    import ctypes
+    import statistics
+
+    if not thp and ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0) != 0:  # PR_SET_THP_DISABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE) failed")
+
+    from vlbatch.operators.media.video import FrameSampling, decode_video_inprocess
+
+    data, sampling = Path(path).read_bytes(), FrameSampling(fps=fps, max_frames=10**7)
+    if backend == "torchcodec":
+        import torchcodec.decoders  # noqa: F401 - imported before timing, as the worker child does before "ready"
+    from vlbatch.operators.media.worker import DecodeWorker
+
+    inproc, parent, kid = [], [], []
+    with DecodeWorker(timeout_s=3600, preload=backend) as w:
+        w.decode(data, FrameSampling(fps=0.1), backend)  # both warm: libraries loaded, first decoder built
+        decode_video_inprocess(data, FrameSampling(fps=0.1), backend)
+        for r in range(rounds):
+            for side in ("inproc", "worker") if r % 2 == 0 else ("worker", "inproc"):
+                cpu, child = own_cpu_seconds(), child_cpu_seconds(w.pid)
+                if side == "inproc":
+                    decode_video_inprocess(data, sampling, backend)
+                    inproc.append(own_cpu_seconds() - cpu)
+                else:
+                    frames = w.decode(data, sampling, backend).frames
+                    parent.append(own_cpu_seconds() - cpu)
+                    kid.append(child_cpu_seconds(w.pid) - child)
+                    del frames
+    both = [p + k for p, k in zip(parent, kid, strict=True)]
+    ratios = [b / i for b, i in zip(both, inproc, strict=True)]
+    return {"inproc": statistics.median(inproc), "worker": statistics.median(both), "parent": statistics.median(parent),
+            "child": statistics.median(kid), "ratio": statistics.median(ratios),
+            "spread": [round(min(inproc), 2), round(max(inproc), 2), round(min(both), 2), round(max(both), 2)]}
+
+
+def print_worker_ratios(clip: str, path: Path, fps: float, methods: list[str], rounds: int, thp: bool) -> None:
     """One line per clip: each backend's worker CPU over its in-process CPU (issue 54: <= 1.15 for pyav and
-    torchcodec), and the child's start CPU (paid once per child, not per video)."""
+    torchcodec), paired in one process (`paired`): the median ratio, the medians of in-process, parent and child
+    CPU s, and the range of each side."""
     parts = []
-    for m, r in results.items():
-        inproc = results.get(m.removesuffix("+worker"), {})
-        if m.endswith("+worker") and "cpu" in r and "cpu" in inproc:
-            parts.append(f"{m.removesuffix('+worker')} {r['cpu'] / inproc['cpu']:.2f}x "
-                         f"(start cpu {r['start_cpu']:.2f} s)")
+    for backend in ("pyav", "torchcodec", "decord"):
+        if backend in methods and f"{backend}+worker" in methods:
+            r = child(["paired", backend, str(path), str(fps), str(rounds), "thp" if thp else "no-thp"])
+            if "error" in r:
+                parts.append(f"{backend} error: {r['error']}")
+                continue
+            lo, hi, wlo, whi = r["spread"]
+            parts.append(f"{backend} {r['ratio']:.2f}x (in-process {r['inproc']:.2f} s [{lo}-{hi}]; worker "
+                         f"{r['worker']:.2f} s [{wlo}-{whi}] = parent {r['parent']:.2f} + child {r['child']:.2f})")
     if parts:
-        print(f"{clip:11s} worker cpu / in-process cpu: " + ", ".join(parts))
+        pages = "" if thp else ", huge pages off"
+        print(f"{clip:11s} worker cpu / in-process cpu, medians of {rounds} paired rounds{pages}: " + "; ".join(parts))
 
 
 def main() -> None:
@@ -268,10 +322,15 @@ def main() -> None:
     p.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead line")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, "torchcodec-cuda"])
     p.add_argument("--repeat", type=int, default=1, help="runs per method; the least CPU is kept")
+    p.add_argument("--pairs", type=int, default=9, help="rounds of the paired worker / in-process ratio line")
+    p.add_argument("--no-thp", action="store_true", help="the paired rounds with transparent huge pages off")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        result = overhead() if a.child[0] == "overhead" else run_one(a.child[0], a.child[1], float(a.child[2]))
+        if a.child[0] == "paired":
+            result = paired(a.child[1], a.child[2], float(a.child[3]), int(a.child[4]), a.child[5] == "thp")
+        else:
+            result = overhead() if a.child[0] == "overhead" else run_one(a.child[0], a.child[1], float(a.child[2]))
         print(json.dumps(result))
         return
     cache = Path(a.cache)
@@ -300,7 +359,7 @@ def main() -> None:
             vs_decord = f"{base['cpu'] / r['cpu']:.2f}" if "cpu" in base else "-"
             print(f"{name:11s} {m:18s} {r['frames']:6d} {r['seconds']:7.2f} {r['cpu']:7.2f} {fps:9.1f} {speed:>6s} "
                   f"{cpu:>9s} {vs_decord:>12s} {r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
-        print_worker_ratios(name, results)
+        print_worker_ratios(name, path, a.fps, a.methods, a.pairs, not a.no_thp)
     o = {"error": "skipped"} if a.no_overhead else child(["overhead"])
     if "error" not in o:
         print(f"per-call overhead, 1 s 160x96 clip: in-process {o['inprocess_ms']:.1f} ms, worker warm "

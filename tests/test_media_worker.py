@@ -409,3 +409,16 @@ def test_the_ring_gives_back_what_one_large_video_grew_it_to():
         del child
     finally:
         r.close()
+
+
+def test_the_child_keeps_its_freed_frame_buffers_for_the_next_frame(video):
+    """The child's glibc malloc keeps freed heap for reuse (`CHILD_MALLOC`): with the defaults, each frame's freed
+    buffer was the top of the child's small heap, trimmed and faulted in again for the next frame (issue 54)."""
+    from vlbatch.operators.media.child import CHILD_MALLOC
+
+    with DecodeWorker(timeout_s=30) as w:
+        w.decode(video, FrameSampling(num_frames=4), backend="pyav")
+        with open(f"/proc/{w.pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    assert {k.encode(): v.encode() for k, v in CHILD_MALLOC.items()}.items() <= env.items()
+    assert int(CHILD_MALLOC["MALLOC_MMAP_THRESHOLD_"]) >= 3840 * 2160 * 3  # a 4K RGB frame comes from the heap

@@ -14,8 +14,9 @@ shared-memory ring (`vlbatch.operators.media.ring`: a sealed memfd the parent cr
 `DecodeWorker`, passed to every child as a third fd, reused across videos and children, closed by
 `close`), sends its header, and the parent copies the slot into its preallocated output (one copy,
 no syscall per 64 KB) and credits the slot back. So the child never holds more than its backend's
-working set plus the ring. Every read and write waits at most until the call's deadline; past it
-the child is SIGKILLed and the call raises `MediaTimeoutError`.
+working set plus the ring, plus up to 64 MB of freed heap it keeps for the next frame (`CHILD_MALLOC`).
+Every read and write waits at most until the call's deadline; past it the child is SIGKILLed and the
+call raises `MediaTimeoutError`.
 Clips (`video.clips`): `decode_clips` has the child cut the video (`clip_decode.stream_clips`) and
 stream each clip's header and frames through the same ring, clip by clip (the ring sized to one
 clip's frames, reused); its deadline runs from the last clip received, so the limit bounds the time
@@ -53,7 +54,7 @@ import numpy as np
 from vlbatch.operators import errors
 from vlbatch.operators.errors import MediaError, MediaTimeoutError
 from vlbatch.operators.media import ring, wire
-from vlbatch.operators.media.child import PRELOAD_ENV
+from vlbatch.operators.media.child import CHILD_MALLOC, PRELOAD_ENV
 from vlbatch.operators.media.clip_files import ClipFileSettings, empty_folder
 from vlbatch.operators.media.clips import Clip, ClipRule
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
@@ -113,6 +114,7 @@ class DecodeWorker:
         res_r, res_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(CHILD_MALLOC)
         env[PRELOAD_ENV] = self.preload
         self._proc = subprocess.Popen(
             [*self.child_argv, str(req_r), str(res_w), str(self._ring.fd)],
