@@ -178,3 +178,33 @@ def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path
     assert failure.line.startswith("vlbatch: the model stage lost its nodes: NodesLostError: ModelStage lost every "
                                    "node that can hold its actor (1 GPU, 0.25 CPU): 10.0.0.8 (worker-a) gone"), failure.line
     assert "\n" not in failure.line
+
+
+def test_the_watch_ends_a_run_that_started_with_sigint_ignored():
+    """A run started as a background job of a non-interactive shell (`vlbatch run ... &` in a script, cron)
+    inherits SIGINT ignored: the watch's own SIGINT still ends the loop (it was lost, and the run hung), anyone
+    else's stays ignored, and the ignore is back afterwards. Mocked: only the node list, as above."""
+    import signal
+    import threading
+    import types
+
+    from vlbatch.operators.errors import NodesLostError
+    from vlbatch.pipeline.config.schema import RaySection
+    from vlbatch.pipeline.stages.placement import watching_nodes
+
+    listed = []
+
+    def nodes() -> list[dict]:  # a GPU node on the first listing, gone on every later one
+        listed.append(1)
+        return [_ray_node("head", 0), _ray_node("worker-a", 1, alive=len(listed) == 1)]
+
+    placement = types.SimpleNamespace(needs={"ModelStage": {"num_cpus": 0.25, "num_gpus": 1}})
+    grace = RaySection(node_loss_timeout_s=0.5, progress_interval_s=0.1)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(NodesLostError, match="worker-a"), watching_nodes(placement, grace, nodes=nodes):
+            signal.raise_signal(signal.SIGINT)  # someone else's Ctrl-C: still ignored
+            threading.Event().wait(300)  # the run's loop; only the watch's SIGINT ends it (main: it waited it out)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -293,6 +293,11 @@ def watching_nodes(placement: RunPlacement, ray_cfg, nodes=None):
     timeout_s = ray_cfg.node_loss_timeout_s
     watch = _NodeLossThread(placement.needs, timeout_s, min(ray_cfg.progress_interval_s, timeout_s),
                             nodes or ray.nodes)
+    # A background job of a non-interactive shell (`... &` in a script, cron) starts with SIGINT ignored, so the
+    # watch's SIGINT would be lost and the run would hang: take the watch's own, keep ignoring everyone else's.
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, _only_the_watch(watch))
     watch.start()
     try:
         yield
@@ -302,3 +307,13 @@ def watching_nodes(placement: RunPlacement, ray_cfg, nodes=None):
         raise
     finally:
         watch.stop()
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _only_the_watch(watch: _NodeLossThread):
+    """A SIGINT handler that acts only on the watch's own signal (it sets `lost` before it sends it)."""
+    def handler(signum, frame) -> None:
+        if watch.lost is not None:
+            raise KeyboardInterrupt
+    return handler
