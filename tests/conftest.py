@@ -19,6 +19,14 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 os.environ.setdefault("VLBATCH_SIMD", "off")
 
 
+@pytest.fixture(autouse=True)
+def own_lock_dir(tmp_path_factory, monkeypatch):
+    """Each test's runs take their job locks (`jobs/scheduling.run_lock`) in a folder of their own, not the user's
+    ~/.cache/vlbatch/locks: a job of the same name beside the suite (the developer's own, or an earlier test's run
+    still exiting under load) made a test's `vlbatch run` refuse to start ("already running")."""
+    monkeypatch.setenv("VLBATCH_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny matmuls: one torch thread avoids OpenMP spin contention on a shared 2-core runner.
