@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-RING_BYTES = 16 << 20
+from vlbatch.operators.media.ring import ring_slots
 
 
 def in_process(src: np.ndarray, frames: int) -> None:
@@ -67,7 +67,7 @@ def memfd(src: np.ndarray, frames: int) -> None:
 
 def measure(frames: int, frame_bytes: int, rounds: int) -> dict[str, list[float]]:
     src = np.random.default_rng(0).integers(0, 255, (8, frame_bytes), np.uint8)  # a decoder's chunk
-    slots = np.ones((max(2, min(frames, RING_BYTES // frame_bytes)), frame_bytes), np.uint8)  # warm
+    slots = np.ones((ring_slots(frame_bytes, frames), frame_bytes), np.uint8)  # warm, sized as the worker's
     ways = {"in-process": lambda: in_process(src, frames), "ring": lambda: ring(src, frames, slots),
             "memfd": lambda: memfd(src, frames)}
     spent: dict[str, list[float]] = {name: [] for name in ways}
