@@ -127,3 +127,19 @@ def test_load_media_hands_a_local_video_over_as_a_file(video_path):
     want = decode_video_inprocess(video_path.read_bytes(), SAMPLING, "pyav")
     got = load_media(str(video_path), sampling=SAMPLING, backend="pyav")
     assert np.array_equal(got.frames, want.frames)
+
+
+def test_a_downloaded_video_is_held_once_in_a_sealed_memfd(tmp_path, video_path):
+    """http(s): `open_media` reads the bytes (read_bytes' rules) into a sealed memfd; the child decodes from it."""
+    from held_http import HoldingServer
+
+    (tmp_path / "clip.mp4").write_bytes(video_path.read_bytes())
+    server = HoldingServer(tmp_path)
+    try:
+        media = open_media(f"{server.url}/clip.mp4")
+    finally:
+        server.close()
+    want = decode_video_inprocess(video_path.read_bytes(), SAMPLING, "pyav")
+    with media, DecodeWorker(timeout_s=60) as w:
+        assert os.readlink(f"/proc/self/fd/{media.fd}").startswith("/memfd:")
+        assert np.array_equal(w.decode(media, SAMPLING, "pyav").frames, want.frames)
