@@ -19,7 +19,7 @@ import sys
 from multiprocessing.connection import Connection
 
 from vlbatch.operators.media import wire
-from vlbatch.operators.media.child import _read_exact, _write_all, read_request
+from vlbatch.operators.media.child import _write_all, read_request
 
 
 class Evil:
@@ -58,6 +58,15 @@ def reply(mode: str, marker: str) -> bytes:
                                   "error": {"type": "InputError", "message": "too big"}, "file": marker}),  # MARKER: a name
         "error-dunder": wire.encode({"kind": "error", "type": "__class__", "message": "not a class"}),
     }[mode]
+
+
+def _read_exact(fd: int, n: int) -> None:
+    """Take `n` bytes (the ring's credits) from the request socket."""
+    while n:
+        got = os.read(fd, n)
+        if not got:
+            return
+        n -= len(got)
 
 
 def record(marker: str, request: bytes, fds: list[int], sock: socket.socket) -> None:

@@ -57,7 +57,7 @@ class Channel:
         while True:
             self._wait(self._poll_out, deadline)
             try:
-                sent = self._sock.sendmsg([request], rights)
+                sent = self._sock.sendmsg([request], rights, socket.MSG_NOSIGNAL)
                 break
             except BlockingIOError:
                 continue  # the socket filled between poll and send

@@ -7,7 +7,7 @@ request: `clip_decode.stream_clips`, clip by clip), and answer
 on the reply pipe with JSON headers while the frames go into
 the parent's shared-memory ring (`vlbatch.operators.media.ring`: a slot is written only with a
 credit in hand, and every credit owed is taken before the next plan, "done" or "error"). It exits
-when the parent closes the request pipe (or dies). Started as
+when the parent closes the request socket (or dies). Started as
 `python -m vlbatch.operators.media.worker REQ_FD RES_FD RING_FD`; imports its decoders before
 saying "ready", so a video's time limit is all decoding.
 """
@@ -53,23 +53,13 @@ def _recv_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes | None:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        k, ancillary, _flags, _addr = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * array.array("i").itemsize))
+        k, ancillary, _flags, _addr = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * array.array("i").itemsize),
+                                                        socket.MSG_CMSG_CLOEXEC)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[:len(data) - len(data) % 4]))
         if k == 0:
             return None  # the parent closed the socket (or died)
-        got += k
-    return bytes(buf)
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            return None  # the parent closed the pipe (or died)
         got += k
     return bytes(buf)
 
@@ -118,7 +108,7 @@ class _Sender:
     def _take(self) -> None:
         got = os.read(self.req, self.slots + self.sent - self.credits)  # blocks until the parent credits
         if not got:
-            raise EOFError("the parent closed the request pipe")
+            raise EOFError("the parent closed the request socket")
         self.credits += len(got)
 
     def finish(self, header: dict) -> None:
@@ -127,7 +117,7 @@ class _Sender:
 
 
 def _serve(req: int, res: int, ring_fd: int) -> None:
-    """Child loop: one request at a time until the parent closes the request pipe."""
+    """Child loop: one request at a time until the parent closes the request socket."""
     frame_ring = ring.ChildRing(ring_fd)
     sock = socket.socket(fileno=req)
     while True:

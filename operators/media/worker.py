@@ -151,7 +151,7 @@ class DecodeWorker:
         self._channel = None
 
     def close(self) -> None:
-        """Stop the child (closing its request pipe lets it exit; kill if it does not); free the ring."""
+        """Stop the child (closing its request socket lets it exit; kill if it does not); free the ring."""
         self._stop()
         if self._ring is not None:
             self._ring.close()
