@@ -1,7 +1,7 @@
 """Video decoding benchmark: sampled frames/s at 2 fps and peak RSS, ours vs transformers.
 
     flock /work/bench.lock python3 -m benchmarks.bench_video_decode [--cache DIR] [--fps 2]
-        [--clips 720p_60s 480p_10min 1080p_30s 4k_10s] [--methods ...]
+        [--clips 720p_60s 480p_10min 1080p_30s 4k_10s] [--methods ...] [--big]
 
 Clips (generated once into the cache dir, H.264 High with B-frames, GOP 250, 25 fps,
 low-complexity content whose frames carry their index): 60 s 1280x720, 10 min 854x480,
@@ -29,6 +29,10 @@ Methods, each in its own child process (so peak RSS is per method):
                  on a VM the first touch of a fresh huge page costs anything from 0.1 to 2.5 s per
                  1.5 GB of frames, on both sides, which hides a 15 % difference; 4 KB pages cost more
                  but the same every time
+- pyav+worker-file: the decode stage's path for a local file (issue 60, item 15): `storage.open_media` opens
+                 and checks it, the child reads it through its descriptor; the parent never reads the bytes
+                 (`+worker` above passes bytes the caller read, written once into a sealed memfd: shared
+                 memory that no RSS shows, so its RSS misses one copy)
 - transformers:  `transformers.video_utils.load_video(path, fps=fps)` with its default
                  backend (PyAV), the reference's loading path
 `ok` is the fraction of returned frames whose embedded index equals the index the
@@ -36,6 +40,8 @@ method claims to have sampled. Ratios are frames/s over transformers'. `cpu s` i
 user + system CPU time of the decode (less sensitive than wall time to other load on
 a shared machine; frames/s is wall-clock); `cpu x ref` is transformers' CPU seconds over the
 method's (above 1: less CPU than the reference); `cpu x decord` the same against our decord backend.
+`--big`: instead of the clips, a 24 s 1080p MJPEG with noise (about 440 MB, the size of issue 60's video)
+with the worker methods and pyav, to compare the process tree's peak RSS with the file's size.
 A last line measures per-call overhead of the worker on a 1 s 160x96 clip. `--repeat N` runs every
 method N times (each in a fresh process) and keeps the run with the least CPU (the least disturbed
 by other load on a shared machine).
@@ -55,7 +61,9 @@ CLIPS = {"720p_60s": (1280, 720, 60), "480p_10min": (854, 480, 600), "1080p_30s"
          "4k_10s": (3840, 2160, 10)}
 CLIP_FPS = 25
 METHODS = ("decord", "pyav-full", "pyav", "torchcodec", "torchcodec-approx", "decord+worker", "pyav+worker",
-           "torchcodec+worker", "transformers")
+           "pyav+worker-file", "torchcodec+worker", "transformers")
+BIG = ("big_1080p_mjpeg", 1920, 1080, 24)  # --big: (name, width, height, seconds); noise makes it ~440 MB
+BIG_METHODS = ("pyav", "pyav+worker", "pyav+worker-file")
 BACKEND_OF = {"pyav-full": "benchmarks.bench_video_decode:PyAVFull"}  # method -> get_decoder name
 
 
@@ -91,17 +99,21 @@ def torchcodec_approx(data: bytes, sampling):
     return dec.get_frames_at(indices).data.numpy(), indices
 
 
-def make_clip(path: Path, width: int, height: int, seconds: int, offset: int = 0) -> None:
+def make_clip(path: Path, width: int, height: int, seconds: int, offset: int = 0, big: bool = False) -> None:
     """Encode the benchmark clip straight from YUV planes (cheap to generate; written via a temp name).
-    offset: frame i carries index i + offset (distinct clips for bench_pipeline's video mode)."""
+    offset: frame i carries index i + offset (distinct clips for bench_pipeline's video mode);
+    big: MJPEG at its best quality with noise in the lower half (`--big`: a file of hundreds of MB)."""
     import av
     import numpy as np
 
     tmp = path.with_suffix(".part.mp4")
     out = av.open(str(tmp), "w")
-    stream = out.add_stream("libx264", rate=CLIP_FPS)
-    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    stream.options = {"preset": "ultrafast", "bf": "2", "g": "250", "crf": "30"}
+    stream = out.add_stream("mjpeg" if big else "libx264", rate=CLIP_FPS)
+    stream.width, stream.height, stream.pix_fmt = width, height, "yuvj420p" if big else "yuv420p"
+    stream.options = {"qmin": "1", "qmax": "1"} if big else {"preset": "ultrafast", "bf": "2", "g": "250", "crf": "30"}
+    if big:
+        stream.bit_rate = 400_000_000  # with qmin = qmax = 1: every frame at its best quality
+    noise = np.random.default_rng(0)
     base = np.empty((height * 3 // 2, width), np.uint8)
     base[:height], base[height:] = 24, 128
     bw, bh, side = width // 8, height // 4, height // 6
@@ -113,6 +125,9 @@ def make_clip(path: Path, width: int, height: int, seconds: int, offset: int = 0
                 y[r * bh:(r + 1) * bh, c * bw:(c + 1) * bw] = 232
         x = (i * 5) % (width - side)
         y[height // 2 + 2:height // 2 + 2 + side, x:x + side] = 160
+        if big:
+            top = height // 2 + side + 4
+            y[top:height] = noise.integers(0, 256, (height - top, width), np.uint8)
         for packet in stream.encode(av.VideoFrame.from_ndarray(y, format="yuv420p")):
             out.mux(packet)
     for packet in stream.encode():
@@ -138,16 +153,23 @@ def own_cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime
 
 
-def worker_decode(data: bytes, sampling, backend: str) -> tuple[object, float, dict]:
+def worker_decode(path: str, sampling, backend: str, as_file: bool = False) -> tuple[object, float, dict]:
     """The production path, warm: (clip, wall s, {"cpu": parent + child CPU s for the decode, "parent_cpu",
-    "child_cpu", "start_cpu": the child's start})."""
+    "child_cpu", "start_cpu": the child's start}). as_file: the file handed over (`storage.open_media`),
+    else its bytes read by the caller, inside the clock, as the stage did before issue 60."""
     from vlbatch.operators.media.worker import DecodeWorker
 
     with DecodeWorker(timeout_s=3600, preload=backend) as w:
         w.start()  # imports and the decoder's library before "ready", as a CPU actor's child has long done
         start = child_cpu_seconds(w.pid)
         cpu, t = own_cpu_seconds(), time.perf_counter()
-        clip = w.decode(data, sampling, backend)
+        if as_file:
+            from vlbatch.operators.storage import open_media
+
+            with open_media(path) as media:
+                clip = w.decode(media, sampling, backend)
+        else:
+            clip = w.decode(Path(path).read_bytes(), sampling, backend)
         seconds = time.perf_counter() - t
         parent, kid = own_cpu_seconds() - cpu, child_cpu_seconds(w.pid) - start
     return clip, seconds, {"cpu": parent + kid, "parent_cpu": parent, "child_cpu": kid, "start_cpu": start}
@@ -194,13 +216,13 @@ def run_one(method: str, path: str, fps: float) -> dict:
         torch.cuda.synchronize()
         done = time.perf_counter()  # wall time ends here: the frames' copy to the host below is for `ok` only
         frames, indices = clip.frames.cpu().numpy(), list(clip.indices)
-    elif method.endswith("+worker"):
-        clip, seconds, shares = worker_decode(Path(path).read_bytes(), sampling, method.split("+")[0])
+    elif "+worker" in method:
+        clip, seconds, shares = worker_decode(path, sampling, method.split("+")[0], method.endswith("-file"))
         frames, indices = clip.frames, list(clip.indices)
     else:
         clip = decode_video_inprocess(Path(path).read_bytes(), sampling, BACKEND_OF.get(method, method))
         frames, indices = clip.frames, list(clip.indices)
-    if not method.endswith("+worker"):
+    if "+worker" not in method:
         seconds = (done if method == "torchcodec-cuda" else time.perf_counter()) - t
         cpu = cpu_seconds() - cpu
     else:
@@ -208,7 +230,7 @@ def run_one(method: str, path: str, fps: float) -> dict:
     ok = float(np.mean([frame_index(f) == (i % 65536) for f, i in zip(frames, indices, strict=True)]))
     return {"frames": len(indices), "seconds": seconds, "cpu": cpu, "ok": ok, "rss_mb": peak_rss_mb(),
             "rss_before_mb": base_rss, "shape": list(frames.shape[1:]),
-            **(shares if method.endswith("+worker") else {})}
+            **(shares if "+worker" in method else {})}
 
 
 def overhead() -> dict:
@@ -324,6 +346,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="runs per method; the least CPU is kept")
     p.add_argument("--pairs", type=int, default=9, help="rounds of the paired worker / in-process ratio line")
     p.add_argument("--no-thp", action="store_true", help="the paired rounds with transparent huge pages off")
+    p.add_argument("--big", action="store_true", help="only the ~440 MB clip (peak RSS vs file size), "
+                   "methods " + ", ".join(BIG_METHODS))
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -338,14 +362,17 @@ def main() -> None:
     print(f"video decode benchmark: sampling {a.fps:g} fps, every sampled frame decoded; cache {cache}")
     print(f"{'clip':11s} {'method':18s} {'frames':>6s} {'wall s':>7s} {'cpu s':>7s} {'frames/s':>9s} {'x ref':>6s} "
           f"{'cpu x ref':>9s} {'cpu x decord':>12s} {'peak RSS MB':>11s} {'x ref':>6s} {'ok':>5s}")
-    for name in a.clips:
-        w, h, secs = CLIPS[name]
+    clips = {BIG[0]: BIG[1:]} if a.big else {name: CLIPS[name] for name in a.clips}
+    methods = BIG_METHODS if a.big else a.methods
+    for name, (w, h, secs) in clips.items():
         path = cache / f"{name}.mp4"
         if not path.exists():
             t = time.perf_counter()
-            make_clip(path, w, h, secs)
+            make_clip(path, w, h, secs, big=a.big)
             print(f"  generated {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t:.0f} s")
-        results = {m: best_of([m, str(path), str(a.fps)], a.repeat) for m in a.methods}
+        if a.big:
+            print(f"  {path.name}: {path.stat().st_size / 2**20:.0f} MiB")
+        results = {m: best_of([m, str(path), str(a.fps)], a.repeat) for m in methods}
         ref = results.get("transformers", {})
         base = results.get("decord", {})
         for m, r in results.items():
@@ -359,7 +386,8 @@ def main() -> None:
             vs_decord = f"{base['cpu'] / r['cpu']:.2f}" if "cpu" in base else "-"
             print(f"{name:11s} {m:18s} {r['frames']:6d} {r['seconds']:7.2f} {r['cpu']:7.2f} {fps:9.1f} {speed:>6s} "
                   f"{cpu:>9s} {vs_decord:>12s} {r['rss_mb']:11.0f} {mem:>6s} {r['ok']:5.2f}")
-        print_worker_ratios(name, path, a.fps, a.methods, a.pairs, not a.no_thp)
+        if not a.big:
+            print_worker_ratios(name, path, a.fps, a.methods, a.pairs, not a.no_thp)
     o = {"error": "skipped"} if a.no_overhead else child(["overhead"])
     if "error" not in o:
         print(f"per-call overhead, 1 s 160x96 clip: in-process {o['inprocess_ms']:.1f} ms, worker warm "

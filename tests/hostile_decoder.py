@@ -3,19 +3,23 @@
     python tests/hostile_decoder.py MODE MARKER REQ_FD RES_FD RING_FD
 
 It says ready (except in "pickle-ready", which sends a pickle instead), then answers every request with the reply of MODE, until the
-parent closes the request pipe. Pickle payloads reduce to `open(MARKER, "w")`: if the parent ever
+parent closes the request socket. Mode "record" answers as "ok" and first writes to MARKER (JSON) what the
+request brought: its bytes, the bytes waiting behind it, the descriptors, and the sha256 of the file's
+checked `[0, size)` (`tests/test_media_handoff.py`). Pickle payloads reduce to `open(MARKER, "w")`: if the parent ever
 unpickled one, MARKER would exist.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
+import socket
 import sys
 from multiprocessing.connection import Connection
 
 from vlbatch.operators.media import wire
-from vlbatch.operators.media.child import _read_exact, _read_message, _write_all
+from vlbatch.operators.media.child import _write_all, read_request
 
 
 class Evil:
@@ -45,6 +49,7 @@ def reply(mode: str, marker: str) -> bytes:
         "float-dtype": plan([1, 2, 2, 3], [0]) + wire.encode(
             {"kind": "frame", "slot": 0, "dtype": "float64", "shape": [2, 2, 3]}),
         "ok": plan([1, 2, 2, 3], [0]) + frame + wire.encode({"kind": "done"}),
+        "record": plan([1, 2, 2, 3], [0]) + frame + wire.encode({"kind": "done"}),
         "error-InputError": wire.encode({"kind": "error", "type": "InputError", "message": "sampled too much"}),
         "error-EngineError": wire.encode({"kind": "error", "type": "EngineError", "message": "not mine"}),
         "clip-repeat": 2 * wire.encode({"kind": "clip", "index": 0, "start": 0, "end": 10, "fps": 10.0,
@@ -53,6 +58,28 @@ def reply(mode: str, marker: str) -> bytes:
                                   "error": {"type": "InputError", "message": "too big"}, "file": marker}),  # MARKER: a name
         "error-dunder": wire.encode({"kind": "error", "type": "__class__", "message": "not a class"}),
     }[mode]
+
+
+def _read_exact(fd: int, n: int) -> None:
+    """Take `n` bytes (the ring's credits) from the request socket."""
+    while n:
+        got = os.read(fd, n)
+        if not got:
+            return
+        n -= len(got)
+
+
+def record(marker: str, request: bytes, fds: list[int], sock: socket.socket) -> None:
+    """What one request brought, as JSON in `marker` (read back by the test)."""
+    size = json.loads(request)["size"]
+    try:
+        behind = len(sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        behind = 0
+    digests = [hashlib.sha256(os.pread(fd, size, 0)).hexdigest() for fd in fds]
+    with open(marker, "w") as f:
+        json.dump({"request_bytes": wire.LENGTH.size + len(request), "behind": behind, "size": size,
+                   "sha256": digests}, f)
 
 
 def send_pickle(res: int, obj) -> None:
@@ -65,16 +92,22 @@ def main(mode: str, marker: str, req: int, res: int) -> None:
         send_pickle(res, Evil(marker))  # instead of the ready header
     else:
         _write_all(res, wire.encode({"kind": "ready"}))
+    sock = socket.socket(fileno=req)
     while True:
-        request, data = _read_message(req), _read_message(req)
-        if request is None or data is None:
+        got = read_request(sock)
+        if got is None:
             return
+        request, fds = got
+        if mode == "record":
+            record(marker, request, fds, sock)
+        for fd in fds:  # the video's file: a hostile child has no use for it
+            os.close(fd)
         json.loads(request)  # a real request
         if mode in ("pickle-ready", "pickle-reply"):
             send_pickle(res, ("plan", Evil(marker)))
         else:
             _write_all(res, reply(mode, marker))
-            if mode == "ok":  # the ring's credits (one slot, one frame): 2 bytes, taken so the pipe stays in step
+            if mode in ("ok", "record"):  # the ring's credits (one slot, one frame): 2 bytes, taken so the pipe stays in step
                 _read_exact(req, 2)
 
 

@@ -1,19 +1,23 @@
 """The decoder child's side of the protocol (`vlbatch.operators.media.worker` starts it).
 
-Owns the child's loop: read a request (`wire.decode_request`) and the video bytes from the request
-pipe, run `decode_stream` (a clips request: `clip_decode.stream_clips`, clip by clip), and answer
+Owns the child's loop: read a request (`wire.decode_request`) and the video file's descriptor that
+comes with it on the request socket (SCM_RIGHTS; never the video's bytes), run `decode_stream` over
+the file (`storage.MediaFile`: read where it lies, `[0, size)`, closed after the request; a clips
+request: `clip_decode.stream_clips`, clip by clip), and answer
 on the reply pipe with JSON headers while the frames go into
 the parent's shared-memory ring (`vlbatch.operators.media.ring`: a slot is written only with a
 credit in hand, and every credit owed is taken before the next plan, "done" or "error"). It exits
-when the parent closes the request pipe (or dies). Started as
+when the parent closes the request socket (or dies). Started as
 `python -m vlbatch.operators.media.worker REQ_FD RES_FD RING_FD`; imports its decoders before
 saying "ready", so a video's time limit is all decoding.
 """
 from __future__ import annotations
 
+import array
 import contextlib
 import math
 import os
+import socket
 
 import numpy as np
 
@@ -21,6 +25,7 @@ from vlbatch.operators import errors
 from vlbatch.operators.errors import ConfigError, MediaError
 from vlbatch.operators.media import ring, wire
 from vlbatch.operators.media.video import Plan, decode_stream
+from vlbatch.operators.storage.media_file import MediaFile
 
 PRELOAD_ENV = "VLBATCH_DECODE_PRELOAD"  # the decoder the child imports before "ready" (torchcodec: torch)
 # glibc malloc in the child (its environment, set by the parent): keep up to 64 MB of freed heap, and serve blocks
@@ -30,21 +35,31 @@ PRELOAD_ENV = "VLBATCH_DECODE_PRELOAD"  # the decoder the child imports before "
 CHILD_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
-def _read_message(fd: int) -> bytes | None:
-    """Child side: one length-prefixed message from the parent; None at end of input."""
-    prefix = _read_exact(fd, wire.LENGTH.size)
-    if prefix is None:
+def read_request(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """Child side: one request message from the parent and the descriptors that came with it (the
+    caller closes them); None at end of input."""
+    fds: list[int] = []
+    prefix = _recv_exact(sock, wire.LENGTH.size, fds)
+    raw = _recv_exact(sock, wire.LENGTH.unpack(prefix)[0], fds) if prefix is not None else None
+    if raw is None:
+        for fd in fds:
+            os.close(fd)
         return None
-    return _read_exact(fd, wire.LENGTH.unpack(prefix)[0])
+    return raw, fds
 
 
-def _read_exact(fd: int, n: int) -> bytes | None:
+def _recv_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes | None:
+    """`n` bytes from `sock`, the descriptors of any SCM_RIGHTS message among them appended to `fds`."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        k = os.readv(fd, [view[got:]])
+        k, ancillary, _flags, _addr = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * array.array("i").itemsize),
+                                                        socket.MSG_CMSG_CLOEXEC)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", data[:len(data) - len(data) % 4]))
         if k == 0:
-            return None  # the parent closed the pipe (or died)
+            return None  # the parent closed the socket (or died)
         got += k
     return bytes(buf)
 
@@ -93,7 +108,7 @@ class _Sender:
     def _take(self) -> None:
         got = os.read(self.req, self.slots + self.sent - self.credits)  # blocks until the parent credits
         if not got:
-            raise EOFError("the parent closed the request pipe")
+            raise EOFError("the parent closed the request socket")
         self.credits += len(got)
 
     def finish(self, header: dict) -> None:
@@ -102,20 +117,26 @@ class _Sender:
 
 
 def _serve(req: int, res: int, ring_fd: int) -> None:
-    """Child loop: one request at a time until the parent closes the request pipe."""
+    """Child loop: one request at a time until the parent closes the request socket."""
     frame_ring = ring.ChildRing(ring_fd)
+    sock = socket.socket(fileno=req)
     while True:
-        raw = _read_message(req)
-        data = _read_message(req) if raw is not None else None
-        if data is None:
+        got = read_request(sock)
+        if got is None:
             return
+        raw, fds = got
+        for extra in fds[1:]:  # one file per request
+            os.close(extra)
         request = wire.decode_request(raw)
         sender = _Sender(req, res, frame_ring)
         try:
-            if request.clips is not None:
-                _send_clips(sender, data, request)
-            else:
-                _send_video(sender, data, request)
+            if not fds:
+                raise MediaError("the decoder got no video file with its request")
+            with MediaFile(fds[0], request.size) as data:
+                if request.clips is not None:
+                    _send_clips(sender, data, request)
+                else:
+                    _send_video(sender, data, request)
             sender.finish({"kind": "done"})
         except errors.VlbatchError as e:
             sender.finish(wire.error_header(e))
@@ -123,7 +144,7 @@ def _serve(req: int, res: int, ring_fd: int) -> None:
             sender.finish(wire.error_header(MediaError(f"decoder failed: {type(e).__name__}: {str(e)[:300]}")))
 
 
-def _send_video(sender: _Sender, data: bytes, request: wire.Request) -> None:
+def _send_video(sender: _Sender, data: MediaFile, request: wire.Request) -> None:
     for item in decode_stream(data, request.sampling, request.backend, request.threads):
         if isinstance(item, Plan):
             sender.plan(item, request.plan_only)
@@ -133,7 +154,7 @@ def _send_video(sender: _Sender, data: bytes, request: wire.Request) -> None:
             sender.frame(*item)
 
 
-def _send_clips(sender: _Sender, data: bytes, request: wire.Request) -> None:
+def _send_clips(sender: _Sender, data: MediaFile, request: wire.Request) -> None:
     """Each clip as it finishes: its header, then its sampled frames straight from the converter into the ring."""
     from vlbatch.operators.media.clip_decode import stream_clips
     from vlbatch.operators.media.decoders import DECODERS, get_decoder

@@ -40,6 +40,7 @@ import numpy as np
 
 from vlbatch.operators.errors import InputError, MediaError, MediaTimeoutError, VlbatchError
 from vlbatch.operators.media.clips import DETECT_WIDTH, Clip, ClipRule, CutDetector, FixedPlanner, ScenePlanner
+from vlbatch.operators.media.decoders import VideoData
 from vlbatch.operators.media.sampling import sample_frame_indices
 from vlbatch.operators.media.video import FrameSampling
 from vlbatch.operators.types import VideoClip
@@ -116,7 +117,7 @@ class SampledClip:
     frames: Callable[[], Iterator[np.ndarray]]
 
 
-def stream_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
+def stream_clips(data: VideoData, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
                  detector: Callable[[ClipRule, float], CutDetector] = CutDetector, threads: int = 1,
                  decoder=None, on_clip: Callable | None = None) -> Iterator[tuple[Clip, SampledClip | VlbatchError]]:
     """`decode_clips` without assembling the frames (the decoder child streams them into its ring).
@@ -132,7 +133,7 @@ def stream_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeou
         yield from state.run()
 
 
-def decode_clips(data: bytes, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
+def decode_clips(data: VideoData, rule: ClipRule, sampling: FrameSampling, *, timeout_s: float | None = None,
                  detector: Callable[[ClipRule, float], CutDetector] = CutDetector,
                  threads: int = 1) -> Iterator[tuple[Clip, VideoClip | VlbatchError]]:
     """Yield each clip of `data` with its sampled frames (or the clip's own typed error: too many

@@ -1,7 +1,8 @@
 """`load_media`: one entry point from a URI to pixels, for images and videos alike.
 
 Owns the choice between image and video and the glue between storage
-(`vlbatch.operators.storage.read_bytes`), the image loader
+(`vlbatch.operators.storage.read_bytes`; a video `open_media`: its file handed to the decoder child,
+its bytes held once), the image loader
 (`vlbatch.operators.media.image.load_image`) and the killable video decoder
 (`vlbatch.operators.media.worker`). Errors are the same typed ones everywhere:
 `MediaError` (bad bytes, missing object), `MediaTimeoutError`, `StorageError`,
@@ -16,13 +17,15 @@ tried as video, and an audio-only file fails to decode with `MediaError`).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.media.image import load_image
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
 from vlbatch.operators.media.worker import DecodeWorker, decode_video
-from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions, read_bytes
+from vlbatch.operators.storage import DEFAULT_STORAGE, StorageOptions, open_media, read_bytes
 from vlbatch.operators.types import VideoClip
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".jfif"})
@@ -98,8 +101,10 @@ def load_media(
     if media_type not in (None, "image", "video"):
         got = repr(media_type) if isinstance(media_type, str) else type(media_type).__name__  # no object repr
         raise ConfigError(f"media_type must be 'image' or 'video', got {got}")
-    data = read_bytes(uri, storage, max_bytes=max_bytes)
-    kind = media_type or media_type_of(uri, data[:16])
+    kind = media_type or media_type_from_extension(uri)
     if kind == "image":
-        return load_image(data)
-    return decode_video(data, sampling, backend=backend, timeout_s=timeout_s, worker=worker)
+        return load_image(read_bytes(uri, storage, max_bytes=max_bytes))
+    with open_media(uri, storage, max_bytes=max_bytes) as file:
+        if kind is None and media_type_of(uri, os.pread(file.fd, 16, 0)) == "image":
+            return load_image(file.read_all())
+        return decode_video(file, sampling, backend=backend, timeout_s=timeout_s, worker=worker)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlbatch.operators.errors import InputError
-from vlbatch.operators.media.decoders import ShortVideo, VideoInfo, get_decoder
+from vlbatch.operators.media.decoders import ShortVideo, VideoData, VideoInfo, get_decoder
 from vlbatch.operators.media.sampling import sample_frame_indices
 from vlbatch.operators.types import VideoClip
 
@@ -79,7 +79,7 @@ class Plan:
         return self
 
 
-def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "auto",
+def decode_stream(data: VideoData, sampling: FrameSampling, backend: str = "auto",
                   threads: int = 1) -> Iterator[Plan | tuple[int, np.ndarray]]:
     """Yield a `Plan`, then `(slot, frame [H, W, 3])` per sampled frame; a second `Plan` restarts the slots."""
     decoder = get_decoder(backend, threads)
@@ -99,7 +99,7 @@ def decode_stream(data: bytes, sampling: FrameSampling, backend: str = "auto",
     yield from _recount_and_decode(data, sampling, threads)
 
 
-def _recount_and_decode(data: bytes, sampling: FrameSampling, threads: int):
+def _recount_and_decode(data: VideoData, sampling: FrameSampling, threads: int):
     """Slow path for files cut short: PyAV counts frames that decode, then decodes the re-sampled set."""
     from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
 
@@ -122,7 +122,7 @@ def collect(stream: Iterator[Plan | tuple[int, np.ndarray]]) -> VideoClip:
     return VideoClip(frames=frames, source_fps=plan.info.fps, total_frames=plan.info.frames, indices=plan.indices)
 
 
-def decode_video_inprocess(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",
+def decode_video_inprocess(data: VideoData, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",
                            threads: int = 1) -> VideoClip:
     """Decode in this process (no time limit: tests and benchmarks; production uses `DecodeWorker`)."""
     return collect(decode_stream(data, sampling, backend, threads))

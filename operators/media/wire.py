@@ -5,12 +5,14 @@ treats everything it sends as hostile input: nothing is unpickled, every header 
 checked (types, shape, dtype, size against the caller's limits) before the parent
 allocates anything, and anything unexpected is a `MediaError`.
 
-Both pipes carry messages: an 8-byte big-endian length, then that many bytes.
+Both channels carry messages: an 8-byte big-endian length, then that many bytes. The request channel
+is a unix socket (`vlbatch.operators.media.channel`): each request's first bytes carry one descriptor
+(SCM_RIGHTS), the video's file; the video's bytes never cross either channel.
 
-    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}, "plan_only", "clips": {ClipRule
-      fields} | null, "clip_files": {ClipFiles fields} | null} (JSON), then the video bytes; during a decode,
-      one credit byte per free ring slot
-      (`vlbatch.operators.media.ring`)
+    parent -> child: {"backend", "threads", "sampling": {FrameSampling fields}, "size": the file's checked byte
+      count (the child reads no further), "plan_only", "clips": {ClipRule fields} | null, "clip_files":
+      {ClipFiles fields} | null} (JSON) with the file's descriptor attached; during a decode, one credit
+      byte per free ring slot (`vlbatch.operators.media.ring`)
     child -> parent, one JSON object per message (at most MAX_HEADER_BYTES):
       {"kind": "ready"}
       {"kind": "plan", "dtype": "uint8", "shape": [F, H, W, 3], "source_fps", "total_frames", "indices": [F]}
@@ -227,15 +229,17 @@ def parse_clip_file(header: dict, folder: str) -> ClipFile:
     return ClipFile(path=path)
 
 
-def encode_request(backend: str, threads: int, sampling: FrameSampling, plan_only: bool = False,
+def encode_request(backend: str, threads: int, sampling: FrameSampling, size: int, plan_only: bool = False,
                    clips: ClipRule | None = None, clip_files: ClipFiles | None = None) -> bytes:
     """Parent side: the request header as one message; `InputError` for a sampling JSON cannot carry.
-    plan_only: the child sends the plan and "done", no frames (`DecodeWorker.plan`); clips: the child
-    cuts the video into clips by this rule and sends each ("clip" headers, `DecodeWorker.decode_clips`);
-    clip_files: it also writes each clip's file into the parent's folder."""
+    size: the byte count of the file sent with it (the child reads `[0, size)`); plan_only: the child
+    sends the plan and "done", no frames (`DecodeWorker.plan`); clips: the child cuts the video into
+    clips by this rule and sends each ("clip" headers, `DecodeWorker.decode_clips`); clip_files: it
+    also writes each clip's file into the parent's folder."""
     try:
         return encode({"backend": backend, "threads": threads, "sampling": dataclasses.asdict(sampling),
-                       "plan_only": plan_only, "clips": None if clips is None else dataclasses.asdict(clips),
+                       "size": size, "plan_only": plan_only,
+                       "clips": None if clips is None else dataclasses.asdict(clips),
                        "clip_files": None if clip_files is None else dataclasses.asdict(clip_files)})
     except (TypeError, ValueError) as e:
         raise InputError(f"the frame sampling cannot be sent to the decoder: {e}") from None
@@ -248,6 +252,7 @@ class Request:
     backend: str
     threads: int
     sampling: FrameSampling
+    size: int
     plan_only: bool
     clips: ClipRule | None
     clip_files: ClipFiles | None = None
@@ -259,5 +264,5 @@ def decode_request(raw: bytes) -> Request:
     clips, files = request.get("clips"), request.get("clip_files")
     if files is not None:
         files = ClipFiles(ClipFileSettings(**files["settings"]), str(files["folder"]), tuple(files["skip"]))
-    return Request(request["backend"], request["threads"], FrameSampling(**request["sampling"]),
+    return Request(request["backend"], request["threads"], FrameSampling(**request["sampling"]), int(request["size"]),
                    bool(request["plan_only"]), None if clips is None else ClipRule(**clips), files)

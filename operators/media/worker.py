@@ -4,10 +4,16 @@ Owns process isolation for decoding. decord's native loop cannot be interrupted
 from Python (dmlc/decord #373) and a native crash would take the caller with it,
 so decoding runs in a child process (`python -m vlbatch.operators.media.worker`, started
 with `subprocess`, not `multiprocessing`: no re-import of the caller's `__main__`,
-which matters inside Ray workers). The parent talks to it over two pipes in the
-format of `vlbatch.operators.media.wire`: JSON headers, never pickle, because the child parses
+which matters inside Ray workers). The parent talks to it over a request socket and a reply
+pipe (`vlbatch.operators.media.channel`) in the format of `vlbatch.operators.media.wire`: JSON
+headers, never pickle, because the child parses
 untrusted media and may be compromised by it; every header is checked before the parent
-allocates for it.
+allocates for it. The video itself never crosses either: its file goes with the request as a
+descriptor (SCM_RIGHTS), a local file the parent opened and checked (`storage.open_media`: the
+decode stage's `MediaFile`), or bytes a caller holds written once into a sealed memfd, and the
+child reads it where it lies, so a video's bytes are held once (a 459 MiB file: the process
+tree's peak RSS 1786 MB with its bytes sent over a pipe, 485 MB handed over as a file; see
+benchmarks/RESULTS.md).
 
 Frames do not go through the pipe: the child writes each one into a slot of the parent's
 shared-memory ring (`vlbatch.operators.media.ring`: a sealed memfd the parent creates once per
@@ -41,7 +47,6 @@ from __future__ import annotations
 
 import math
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -52,12 +57,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from vlbatch.operators import errors
-from vlbatch.operators.errors import MediaError, MediaTimeoutError
+from vlbatch.operators.errors import MediaError
 from vlbatch.operators.media import ring, wire
+from vlbatch.operators.media.channel import Channel
 from vlbatch.operators.media.child import CHILD_MALLOC, PRELOAD_ENV
 from vlbatch.operators.media.clip_files import ClipFileSettings, empty_folder
 from vlbatch.operators.media.clips import Clip, ClipRule
+from vlbatch.operators.media.decoders.base import VideoData, data_size
 from vlbatch.operators.media.video import DEFAULT_SAMPLING, FrameSampling
+from vlbatch.operators.storage.media_file import MediaFile, memfd_of
 from vlbatch.operators.types import VideoClip
 
 STARTUP_TIMEOUT_S = 120.0  # generous: a loaded node can take seconds to import av + decord
@@ -69,7 +77,7 @@ class DecodeWorker:
 
     timeout_s: wall-clock limit per video (probe + decode + transfer);
     max_calls: recycle the child after this many videos;
-    child_argv: the command before the three fd numbers (request pipe, reply pipe, frame ring) (default:
+    child_argv: the command before the three fd numbers (request socket, reply pipe, frame ring) (default:
     this module under the current interpreter); e.g. a sandbox wrapper, or a stand-in child in tests;
     preload: the decoder the calls will name (`video.decoder`); the child imports it before it says
     ready (TorchCodec imports torch: about 3 s of CPU and 700 MB, only where it is the one used).
@@ -84,8 +92,8 @@ class DecodeWorker:
         self.threads = threads
         self.preload = preload
         self.child_argv = tuple(child_argv) if child_argv is not None else (sys.executable, "-m", CHILD_MODULE)
-        self._heard = False  # this call has read a byte of the child's answer
         self._proc: subprocess.Popen | None = None
+        self._channel: Channel | None = None  # the running child's request socket and reply pipe
         self._ring: ring.FrameRing | None = None  # created with the first child, kept across children
         self._files_dir: str | None = None  # the child's clip files (`decode_clips(clip_files=)`), until `close`
         self._calls = 0
@@ -110,29 +118,27 @@ class DecodeWorker:
     def _start(self) -> None:
         if self._ring is None:
             self._ring = ring.FrameRing()
-        req_r, req_w = os.pipe()
-        res_r, res_w = os.pipe()
+        channel = Channel(self.timeout_s)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(CHILD_MALLOC)
         env[PRELOAD_ENV] = self.preload
-        self._proc = subprocess.Popen(
-            [*self.child_argv, str(req_r), str(res_w), str(self._ring.fd)],
-            pass_fds=(req_r, res_w, self._ring.fd), env=env, stdin=subprocess.DEVNULL,
-        )
-        os.close(req_r)
-        os.close(res_w)
-        os.set_blocking(req_w, False)  # writes wait in poll, under the deadline, never in write()
-        self._req, self._res = req_w, res_r
-        self._poll_in, self._poll_out = select.poll(), select.poll()
-        self._poll_in.register(res_r, select.POLLIN)
-        self._poll_out.register(req_w, select.POLLOUT)
+        try:
+            self._proc = subprocess.Popen(
+                [*self.child_argv, *map(str, channel.child_fds), str(self._ring.fd)],
+                pass_fds=(*channel.child_fds, self._ring.fd), env=env, stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            channel.close()
+            raise
+        channel.started()
+        self._channel = channel
         self._calls = 0
         self.starts += 1
         # The child imports av, decord and numpy before it says ready, so start-up (about 1 s on a busy
         # node) never eats into a video's time limit.
         try:
-            if self._read_header(time.monotonic() + STARTUP_TIMEOUT_S) == {"kind": "ready"}:
+            if self._channel.read_header(time.monotonic() + STARTUP_TIMEOUT_S) == {"kind": "ready"}:
                 return
         except (EOFError, OSError, MediaError):  # no answer, a dead child, or not our protocol
             pass
@@ -141,11 +147,11 @@ class DecodeWorker:
         raise MediaError(f"the decoder process failed to start (exit code {code})")
 
     def _close_pipes(self) -> None:
-        os.close(self._req)
-        os.close(self._res)
+        self._channel.close()
+        self._channel = None
 
     def close(self) -> None:
-        """Stop the child (closing its request pipe lets it exit; kill if it does not); free the ring."""
+        """Stop the child (closing its request socket lets it exit; kill if it does not); free the ring."""
         self._stop()
         if self._ring is not None:
             self._ring.close()
@@ -179,7 +185,7 @@ class DecodeWorker:
             self._close_pipes()
             self._proc = None
 
-    def decode(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto") -> VideoClip:
+    def decode(self, data: VideoData, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto") -> VideoClip:
         """Decode the sampled frames of `data` in the child within `timeout_s`.
 
         Raises `MediaError` (not a video, crash, a child breaking the protocol), `MediaTimeoutError`
@@ -187,13 +193,13 @@ class DecodeWorker:
         """
         return self._call(data, sampling, backend, plan_only=False)
 
-    def plan(self, data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING) -> wire.ClipHeader:
+    def plan(self, data: VideoData, sampling: FrameSampling = DEFAULT_SAMPLING) -> wire.ClipHeader:
         """The decode plan of `data` (the shared PyAV probe's metadata, the sampled indices, the
         output shape `(F, H, W, 3)` upright) without decoding a frame, in the child within
         `timeout_s`; raises as `decode` does. The deferred decode (`video.decode_device`) ships it."""
         return self._call(data, sampling, "pyav", plan_only=True)
 
-    def decode_clips(self, data: bytes, rule: ClipRule, sampling: FrameSampling = DEFAULT_SAMPLING,
+    def decode_clips(self, data: VideoData, rule: ClipRule, sampling: FrameSampling = DEFAULT_SAMPLING,
                      backend: str = "pyav", clip_files: ClipFileSettings | None = None, skip: Iterable[int] = (),
                      on_file: Callable[[Clip, wire.ClipFile], None] | None = None,
                      ) -> Iterator[tuple[Clip, VideoClip | errors.VlbatchError]]:
@@ -206,7 +212,7 @@ class DecodeWorker:
         `on_file(clip, wire.ClipFile)` is called before the clip is yielded (it stores or drops the file);
         whatever is left in the folder when the call ends (a killed child's files) is deleted."""
         files = None if clip_files is None else wire.ClipFiles(clip_files, self._clip_folder(), tuple(sorted(skip)))
-        request = wire.encode_request(backend, self.threads, sampling, clips=rule, clip_files=files)
+        request = wire.encode_request(backend, self.threads, sampling, data_size(data), clips=rule, clip_files=files)
         for retry in (False, True):
             reused = self._begin()
             try:
@@ -214,9 +220,8 @@ class DecodeWorker:
                 yield from self._receive_clips(sampling, deadline, files, on_file)
                 return
             except (EOFError, OSError) as e:
-                code = self._proc.poll() if self._proc is not None else None
-                self._kill()
-                if reused and not self._heard and not retry:
+                code, heard = self._reap()
+                if reused and not heard and not retry:
                     continue  # a reused child gone before a byte of its answer: once more afresh
                 raise MediaError(f"the decoder process died (exit code {code}) on this file") from e
             except _ChildError as e:
@@ -240,7 +245,7 @@ class DecodeWorker:
         """Yield (Clip, VideoClip | its own error) per "clip" until "done"; `_ChildError` for an "error"."""
         index = 0
         while True:
-            header = self._read_header(deadline)
+            header = self._channel.read_header(deadline)
             kind = header["kind"]
             if kind == "done":
                 return
@@ -263,12 +268,12 @@ class DecodeWorker:
         frames = np.empty(plan.shape, np.uint8)
         slots = self._offer_ring(plan.shape, deadline)
         for n in range(plan.shape[0]):
-            header = self._read_header(deadline)
+            header = self._channel.read_header(deadline)
             if header["kind"] != "frame":
                 raise MediaError(f"the decoder sent {header['kind'][:50]!r} out of order ({n} frames in)")
             wire.check_frame(header, n, plan.shape[1:])
             self._ring.copy_out(n % slots, frames[n])
-            self._write(memoryview(ring.CREDIT), deadline)
+            self._channel.write(memoryview(ring.CREDIT), deadline)
         return VideoClip(frames=frames, source_fps=plan.source_fps, total_frames=plan.total_frames,
                          indices=plan.indices)
 
@@ -282,19 +287,29 @@ class DecodeWorker:
         reused = self._proc is not None and self._proc.poll() is None
         self.start()
         self._calls += 1
-        self._heard = False
+        self._channel.expect()
         return reused
 
-    def _send(self, request: bytes, data: bytes) -> float:
-        """Send a request and its video bytes; the call's deadline (from now)."""
+    def _send(self, request: bytes, data: VideoData) -> float:
+        """Send a request with the video's file attached (a `MediaFile`'s descriptor; bytes: written once
+        into a sealed memfd, ours closed once sent); the call's deadline (from now)."""
         deadline = time.monotonic() + self.timeout_s
-        self._write(memoryview(request), deadline)
-        self._write(memoryview(wire.LENGTH.pack(len(data))), deadline)
-        self._write(memoryview(data).cast("B"), deadline)
+        if isinstance(data, MediaFile):
+            self._channel.send_request(request, data.fd, deadline)
+        else:
+            with memfd_of(data) as file:
+                self._channel.send_request(request, file.fd, deadline)
         return deadline
 
-    def _call(self, data: bytes, sampling: FrameSampling, backend: str, plan_only: bool):
-        request = wire.encode_request(backend, self.threads, sampling, plan_only)
+    def _reap(self) -> tuple[int | None, bool]:
+        """A child gone mid-call: killed and reaped; (its exit code, whether this call heard a byte of its answer)."""
+        code = self._proc.poll() if self._proc is not None else None
+        heard = self._channel is not None and self._channel.heard
+        self._kill()
+        return code, heard
+
+    def _call(self, data: VideoData, sampling: FrameSampling, backend: str, plan_only: bool):
+        request = wire.encode_request(backend, self.threads, sampling, data_size(data), plan_only)
         reused = self._begin()
         try:
             deadline = self._send(request, data)
@@ -303,9 +318,8 @@ class DecodeWorker:
             finally:
                 self._ring.trim()
         except (EOFError, OSError) as e:
-            code = self._proc.poll() if self._proc is not None else None
-            self._kill()
-            if reused and not self._heard:
+            code, heard = self._reap()
+            if reused and not heard:
                 return self._call(data, sampling, backend, plan_only)  # a fresh child: not reused, at most once
             raise MediaError(f"the decoder process died (exit code {code}) on this file") from e
         except BaseException:  # timeout, interrupt, bad message: the pipe is out of step, start afresh
@@ -320,41 +334,8 @@ class DecodeWorker:
         frame_bytes = math.prod(shape[1:])
         slots = ring.ring_slots(frame_bytes, shape[0])
         self._ring.reserve(slots * frame_bytes)  # <= the plan's bytes, already checked against the limit
-        self._write(memoryview(ring.CREDIT * slots), deadline)
+        self._channel.write(memoryview(ring.CREDIT * slots), deadline)
         return slots
-
-    def _wait(self, poller: select.poll, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(math.ceil(left * 1000)):
-            raise MediaTimeoutError(f"decoding took longer than the {self.timeout_s:g} s limit; the decoder was killed")
-
-    def _write(self, data: memoryview, deadline: float) -> None:
-        """Write all of `data` to the child's request pipe, waiting at most until `deadline`."""
-        while data:
-            self._wait(self._poll_out, deadline)
-            try:
-                data = data[os.write(self._req, data):]
-            except BlockingIOError:
-                continue  # the pipe filled between poll and write
-
-    def _read_into(self, out: memoryview, deadline: float) -> None:
-        """Read exactly `out.nbytes` raw bytes from the child straight into `out` (one copy, no framing)."""
-        got = 0
-        while got < out.nbytes:
-            self._wait(self._poll_in, deadline)
-            n = os.readv(self._res, [out[got:]])
-            if n == 0:
-                raise EOFError("the decoder process closed its pipe mid-message")
-            got += n
-            self._heard = True
-
-    def _read_header(self, deadline: float) -> dict:
-        """One JSON header from the child, its length checked before the buffer is allocated."""
-        prefix = bytearray(wire.LENGTH.size)
-        self._read_into(memoryview(prefix), deadline)
-        raw = bytearray(wire.header_length(bytes(prefix)))
-        self._read_into(memoryview(raw), deadline)
-        return wire.parse_header(raw)
 
     def _receive(self, sampling: FrameSampling, deadline: float,
                  plan_only: bool = False) -> tuple[VideoClip | wire.ClipHeader | None, errors.VlbatchError | None]:
@@ -363,7 +344,7 @@ class DecodeWorker:
         plan: wire.ClipHeader | None = None
         frames, filled, slots = None, 0, 1
         while True:
-            header = self._read_header(deadline)
+            header = self._channel.read_header(deadline)
             kind = header["kind"]
             if kind == "plan":  # a second plan restarts the slots (the PyAV recount)
                 plan = wire.parse_plan(header, sampling.max_output_bytes)
@@ -376,7 +357,7 @@ class DecodeWorker:
                 wire.check_frame(header, filled, plan.shape[1:])
                 self._ring.copy_out(filled % slots, frames[filled])  # into our own rows: the slot is free again
                 filled += 1
-                self._write(memoryview(ring.CREDIT), deadline)
+                self._channel.write(memoryview(ring.CREDIT), deadline)
             elif kind == "done" and plan is not None and filled == plan.shape[0]:
                 return VideoClip(frames=frames, source_fps=plan.source_fps, total_frames=plan.total_frames,
                                  indices=plan.indices), None
@@ -394,7 +375,7 @@ class _ChildError(Exception):
         self.error = error
 
 
-def decode_video(data: bytes, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",
+def decode_video(data: VideoData, sampling: FrameSampling = DEFAULT_SAMPLING, backend: str = "auto",
                  timeout_s: float = 60.0, worker: DecodeWorker | None = None) -> VideoClip:
     """Decode sampled frames in a killable child. Pass a long-lived `worker` to avoid a start per call."""
     if worker is not None:

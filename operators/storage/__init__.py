@@ -4,7 +4,8 @@
   `filesystem(uri, storage)` for local paths, `file://` and `s3://` (s3fs).
 - `retry`: the retry policy (`with_retries`) and error classification (`classify`):
   transient failures are retried with backoff and jitter, then `StorageError`.
-- `io`: `read_bytes` (whole objects, typed errors), `open_input` (a seekable stream whose
+- `io`: `read_bytes` (whole objects, typed errors), `open_media` (a media as a `media_file.MediaFile`:
+  a descriptor, its bytes held once), `open_input` (a seekable stream whose
   ranged reads retry), `arrow_filesystem` (the same for pyarrow / Ray Data readers) and
   `put_atomic` (a file that appears whole or not at all, used by the sinks), `bucket_exists`
   (a HEAD bucket: buckets are never created).
@@ -14,16 +15,18 @@ from vlbatch.operators.storage.io import (
                                          bucket_exists,
                                          is_object_store,
                                          open_input,
+                                         open_media,
                                          put_atomic,
                                          read_bytes,
     replace_file,
 )
+from vlbatch.operators.storage.media_file import MediaFile, memfd_of
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, with_retries
 
-__all__ = ["DEFAULT_STORAGE", "StorageOptions", "arrow_filesystem", "bucket_exists", "classify", "filesystem",
-           "is_object_store", "join", "open_input", "put_atomic", "read_bytes", "replace_file",
-           "with_retries"]
+__all__ = ["DEFAULT_STORAGE", "MediaFile", "StorageOptions", "arrow_filesystem", "bucket_exists", "classify",
+           "filesystem", "is_object_store", "join", "memfd_of", "open_input", "open_media", "put_atomic", "read_bytes",
+           "replace_file", "with_retries"]
 
 
 def arrow_filesystem(fs, storage: StorageOptions = DEFAULT_STORAGE):

@@ -9,6 +9,9 @@
   read (an object that grew in between): over the limit is `InputError`. http(s):// URLs go
   to `http.read_http` (its own retry rules: 429 Retry-After, 404/403/410 permanent), with the
   caller's per-host `HostLimiter`.
+- `open_media(uri, storage, max_bytes=...)`: the same media as a `media_file.MediaFile` (a descriptor the
+  decoder child reads, the bytes held once): a local file opened and checked as above, other bytes read
+  as above into a sealed memfd.
 - `open_input(fs, path, storage)`: a seekable binary stream (manifests, part files) whose
   reads are ranged requests, each retried on its own, so a transient failure in the middle
   of a large file costs one range, not the file.
@@ -31,10 +34,10 @@ import errno
 import io
 import os
 import re
-import stat
 import uuid
 
 from vlbatch.operators.errors import InputError, MediaError, StorageError, VlbatchError
+from vlbatch.operators.storage.media_file import MediaFile, memfd_of, open_checked
 from vlbatch.operators.storage.names import check_no_nul
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, describe, with_retries
@@ -61,17 +64,39 @@ def read_bytes(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes
         return read_http(uri, storage, max_bytes=max_bytes, limit_name=limit_name, limiter=limiter)
     fs, path = filesystem(uri, storage)
     read = _read_local if _is_local(fs) else _read_remote
+    data = _guarded(uri, storage, lambda: read(fs, path, uri, max_bytes, limit_name))
+    if max_bytes is not None and len(data) > max_bytes:  # it grew after the size check
+        raise InputError(f"{uri}: more than {max_bytes} bytes, over the {limit_name} limit of {max_bytes}")
+    return data
+
+
+def open_media(uri: str, storage: StorageOptions = DEFAULT_STORAGE, *, max_bytes: int | None = None,
+               limit_name: str = "max_bytes", limiter=None) -> MediaFile:
+    """The media at `uri` as a `MediaFile` (the caller closes it), its bytes held once: a local file
+    opened and checked as `read_bytes` checks it (its descriptor: later reads see exactly the checked
+    file), anything else read (`read_bytes`, the same errors) into a sealed memfd and the bytes dropped."""
+    from vlbatch.operators.storage.http import is_http
+
+    check_no_nul(uri)
+    if not is_http(uri):
+        fs, path = filesystem(uri, storage)
+        if _is_local(fs):
+            return _guarded(uri, storage, lambda: open_checked(path, uri, max_bytes, limit_name))
+    data = read_bytes(uri, storage, max_bytes=max_bytes, limit_name=limit_name, limiter=limiter)
+    return memfd_of(data)
+
+
+def _guarded(uri: str, storage: StorageOptions, read):
+    """`read()` under the retry policy; a failure not ours (`VlbatchError`) becomes `MediaError` when
+    permanent, else `StorageError`."""
     try:
-        data = with_retries(lambda: read(fs, path, uri, max_bytes, limit_name), what=f"reading {uri}", storage=storage)
+        return with_retries(read, what=f"reading {uri}", storage=storage)
     except VlbatchError:  # MediaError / InputError from the checks, StorageError after the retries
         raise
     except Exception as e:  # noqa: BLE001 - not retried: permanent or unclassified
         if classify(e) == "permanent":
             raise MediaError(f"cannot read {uri}: {describe(e)}") from e
         raise StorageError(f"reading {uri} failed: {describe(e)}") from e
-    if max_bytes is not None and len(data) > max_bytes:  # it grew after the size check
-        raise InputError(f"{uri}: more than {max_bytes} bytes, over the {limit_name} limit of {max_bytes}")
-    return data
 
 
 def _check_size(uri: str, size: int, max_bytes: int | None, limit_name: str) -> None:
@@ -80,15 +105,8 @@ def _check_size(uri: str, size: int, max_bytes: int | None, limit_name: str) -> 
 
 
 def _read_local(fs, path: str, uri: str, max_bytes: int | None, limit_name: str) -> bytes:
-    """A regular local file, read up to `max_bytes + 1` bytes. O_NONBLOCK: opening a FIFO or a
-    device returns at once, and fstat refuses it before any read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (FIFO, device or socket)"
-            raise MediaError(f"cannot read {uri}: {kind}")
-        _check_size(uri, st.st_size, max_bytes, limit_name)
+    """A regular local file (`media_file.open_checked`), read up to `max_bytes + 1` bytes."""
+    with open_checked(path, uri, max_bytes, limit_name) as media, os.fdopen(os.dup(media.fd), "rb", buffering=0) as f:
         return _read_up_to(f, None if max_bytes is None else max_bytes + 1)
 
 

@@ -37,6 +37,7 @@ from typing import TypeVar
 import pyarrow as pa
 
 from vlbatch.operators.errors import SetupError, StorageError, VlbatchError, stable_message
+from vlbatch.operators.storage import MediaFile
 from vlbatch.pipeline.stages.requests import clip_request_id, pending
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, to_table
 from vlbatch.pipeline.telemetry.meter import CLIP_FRAMES, CLIPS, MEDIA_CUT
@@ -68,18 +69,21 @@ def resolve_done(done):
     return ray.get(done) if isinstance(done, ray.ObjectRef) else done
 
 
-def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> Iterator[Decoded]:
+def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes | MediaFile]) -> Iterator[Decoded]:
     """The `Decoded` rows of one video row's clips not committed (`stage`: the `DecodeStage`, its
     rule, sampling, `done`, `worker` and `clip_target` (None: no clip files); `data_of(row)`: the video's
-    bytes). The decode, and the clip files' encode, run in the actor's killable decoder child."""
+    bytes, or its `MediaFile`, closed here). The decode, and the clip files' encode, run in the actor's killable
+    decoder child."""
     base = {k: getattr(row, k)
             for k in ("media_uri", "media_type", "request_indices", "prompts", "keep", "prompt_names")}
     files = _ClipFiles(stage.clip_target, row, stage.done)
     t0 = time.perf_counter()
+    video = None
     try:
         extra = {} if stage.clip_target is None else {
             "clip_files": stage.clip_target.settings, "skip": files.committed(), "on_file": files.store}
-        clips = stage.worker.decode_clips(data_of(row), stage.clips, stage.sampling, **extra)
+        video = data_of(row)
+        clips = stage.worker.decode_clips(video, stage.clips, stage.sampling, **extra)
         for (clip, result), last in with_last(clips):
             task = _clip_task(row, base, clip, last, stage.done)
             if task is None:  # every request of this clip is committed
@@ -100,6 +104,9 @@ def clip_rows(stage, row: MediaTask, data_of: Callable[[MediaTask], bytes]) -> I
     except Exception as e:  # the whole file: one error row under the video's own ids
         fields = {f: getattr(row, f) for f in MediaTask.__dataclass_fields__}
         yield Decoded(**{**fields, "media_bytes": None}).failed(e)
+    finally:
+        if isinstance(video, MediaFile):
+            video.close()
 
 
 def _clip_task(row: MediaTask, base: dict, clip, last: bool, done) -> MediaTask | None:

@@ -120,7 +120,7 @@ class DecodeStage:
             return
         from vlbatch.pipeline.stages.clip_rows import clip_rows
 
-        yield from clip_rows(self, row, self._read)
+        yield from clip_rows(self, row, self._open_video)
 
     def decode_one(self, row: MediaTask) -> Decoded:
         if row.status != "ok":
@@ -131,31 +131,46 @@ class DecodeStage:
         """The media's bytes: the row's own, or read (at most its kind's `max_bytes`: InputError over it)."""
         from vlbatch.operators.storage import read_bytes
 
-        limit = self.cfg.image.max_bytes if row.media_type == "image" else self.cfg.video.max_bytes
-        # the size is checked before reading, and at most limit + 1 bytes are read (InputError over it)
-        name = f"{row.media_type}.max_bytes"
+        limit, name = self._limit(row)
         if row.media_bytes is not None:
-            data = row.media_bytes
-            if len(data) > limit:
-                raise InputError(f"{row.media_uri}: {len(data)} bytes is over the {name} limit of {limit}")
-        else:
-            data = read_bytes(row.media_uri, self.storage, max_bytes=limit, limit_name=name, limiter=self.limiter)
-        return data
+            return row.media_bytes
+        # the size is checked before reading, and at most limit + 1 bytes are read (InputError over it)
+        return read_bytes(row.media_uri, self.storage, max_bytes=limit, limit_name=name, limiter=self.limiter)
+
+    def _open_video(self, row: MediaTask):
+        """The video as a `MediaFile` for the decoder child (the caller closes it), its bytes held once
+        (`storage.open_media`: a local file opened and checked, downloaded bytes in a sealed memfd); the
+        row's own bytes copied into a sealed memfd."""
+        from vlbatch.operators.storage import memfd_of, open_media
+
+        limit, name = self._limit(row)
+        if row.media_bytes is not None:
+            return memfd_of(row.media_bytes)
+        return open_media(row.media_uri, self.storage, max_bytes=limit, limit_name=name, limiter=self.limiter)
+
+    def _limit(self, row: MediaTask) -> tuple[int, str]:
+        """The row's kind's `max_bytes` and its name; the row's own bytes over it: `InputError`."""
+        limit = self.cfg.image.max_bytes if row.media_type == "image" else self.cfg.video.max_bytes
+        name = f"{row.media_type}.max_bytes"
+        if row.media_bytes is not None and len(row.media_bytes) > limit:
+            raise InputError(f"{row.media_uri}: {len(row.media_bytes)} bytes is over the {name} limit of {limit}")
+        return limit, name
 
     def _decode(self, row: MediaTask) -> Decoded:
         t0 = time.perf_counter()
-        data = self._read(row)
         if row.media_type == "image":
             from vlbatch.operators.media.image import load_image
 
-            img = load_image(data)
+            img = load_image(self._read(row))
             return Decoded(**_base(row), frames=img[None], decode_s=time.perf_counter() - t0)
         if self.defer:  # probe + sample in the child; the bytes travel on to the model stage
+            data = self._read(row)
             plan = self.worker.plan(data, self.sampling)
             return Decoded(**_base(row), media_bytes=data, source_fps=plan.source_fps,
                            total_frames=plan.total_frames, frame_indices=plan.indices, plan_size=plan.shape[1:3],
                            decode_s=time.perf_counter() - t0)
-        clip = self.worker.decode(data, self.sampling, self.cfg.video.decoder)
+        with self._open_video(row) as video:
+            clip = self.worker.decode(video, self.sampling, self.cfg.video.decoder)
         return Decoded(**_base(row), frames=clip.frames, source_fps=clip.source_fps,
                        total_frames=clip.total_frames, frame_indices=tuple(int(i) for i in clip.indices),
                        decode_s=time.perf_counter() - t0)

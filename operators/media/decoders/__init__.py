@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 from vlbatch.operators.errors import ConfigError
-from vlbatch.operators.media.decoders.base import OpenVideo, ShortVideo, VideoDecoder, VideoInfo
+from vlbatch.operators.media.decoders.base import OpenVideo, ShortVideo, VideoData, VideoDecoder, VideoInfo
 from vlbatch.operators.registry import Entry, Registry
 
 _PKG = "vlbatch.operators.media.decoders"
@@ -67,5 +67,5 @@ def get_decoder(name: str = "auto", threads: int = 1) -> VideoDecoder:
     return DECODERS.load(name)(threads=threads)
 
 
-__all__ = ["AUTO_ORDER", "DECODERS", "OpenVideo", "ShortVideo", "VideoDecoder", "VideoInfo",
+__all__ = ["AUTO_ORDER", "DECODERS", "OpenVideo", "ShortVideo", "VideoData", "VideoDecoder", "VideoInfo",
            "backend_problem", "get_decoder", "resolve_backend"]

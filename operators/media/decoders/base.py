@@ -2,8 +2,9 @@
 
 Contract of a `VideoDecoder` backend (decord, PyAV, or a test double):
 
-- `open(data) -> OpenVideo` parses the container held in `data` (bytes of a whole
-  file) and returns an open video whose `info` is a `VideoInfo`; it raises
+- `open(data) -> OpenVideo` parses the container held in `data` (`VideoData`: bytes of a whole
+  file, or a `MediaFile`: a descriptor the decoder reads through `media_stream(data)`, so the
+  decoder child never holds a copy of the file) and returns an open video whose `info` is a `VideoInfo`; it raises
   `MediaError` for bytes that are not a video with at least one decodable frame
   (zero bytes, truncated header, audio only, unknown format).
 - `OpenVideo.iter_frames(indices)` yields one upright RGB frame `[H, W, 3]` uint8
@@ -33,6 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlbatch.operators.errors import MediaError, stable_message
+from vlbatch.operators.storage.media_file import MediaFile
+
+VideoData = bytes | MediaFile  # what a backend opens: the whole file's bytes, or its descriptor
+
+
+def media_stream(data: VideoData) -> io.RawIOBase | io.BytesIO:
+    """A fresh seekable binary file over `data` (its own position): FFmpeg reads it through its
+    callbacks, as it reads bytes in memory, never opening a path or URL itself."""
+    return data.reader() if isinstance(data, MediaFile) else io.BytesIO(data)
+
+
+def data_size(data: VideoData) -> int:
+    return data.size if isinstance(data, MediaFile) else len(data)
 
 
 @dataclass(frozen=True)
@@ -86,14 +100,14 @@ class VideoDecoder(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def open(self, data: bytes) -> OpenVideo:
+    def open(self, data: VideoData) -> OpenVideo:
         """Parse `data`; raise `MediaError` if it is not a decodable video."""
 
-    def probe(self, data: bytes) -> VideoInfo:
+    def probe(self, data: VideoData) -> VideoInfo:
         with self.open(data) as video:
             return video.info
 
-    def decode(self, data: bytes, indices) -> np.ndarray:
+    def decode(self, data: VideoData, indices) -> np.ndarray:
         """`[F, H, W, 3]` uint8 frames for `indices` (convenience; streams are preferred)."""
         with self.open(data) as video:
             return np.stack(list(video.iter_frames(indices)))
@@ -138,14 +152,15 @@ class PacketIndex:
     keyframe_pts: np.ndarray
 
 
-def open_container(data: bytes):
-    """`av.open` over bytes, mapping every failure to `MediaError`; returns (container, video stream)."""
+def open_container(data: VideoData):
+    """`av.open` over a video's bytes or file (`media_stream`), mapping every failure to `MediaError`;
+    returns (container, video stream)."""
     import av
 
-    if not data:
+    if not data_size(data):
         raise MediaError("the video file is empty (0 bytes)")
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        container = av.open(media_stream(data), mode="r", metadata_errors="ignore")
     except (av.FFmpegError, ValueError, OSError) as e:
         raise MediaError(f"not a readable video container: {_short(e)}") from e
     fmt = container.format.name
@@ -203,8 +218,8 @@ def probe_container(container, stream, index: PacketIndex, first_frame) -> Video
                      width=int(w), height=int(h), rotation=rotation, codec=stream.codec_context.name)
 
 
-def probe_bytes(data: bytes) -> VideoInfo:
-    """`VideoInfo` of a video's bytes by the shared PyAV probe (packet scan + first frame): what every
+def probe_bytes(data: VideoData) -> VideoInfo:
+    """`VideoInfo` of a video's bytes or file by the shared PyAV probe (packet scan + first frame): what every
     backend that decodes with another library reports, so all agree on frames, fps and rotation."""
     container, stream = open_container(data)
     try:

@@ -1,6 +1,8 @@
 """decord backend (the design's default decoder), fenced against its known failures.
 
-Owns decoding with `decord.VideoReader` over in-memory bytes.
+Owns decoding with `decord.VideoReader` over in-memory bytes. Given a `MediaFile`, decord reads it whole
+into its own buffer (its file-object path; the parent holds no copy), so with decord a video's bytes are
+held once, in the child, for the decode.
 
 decord trusts the container's frame count (`len(vr)`), and `get_batch` can spin
 forever in native code when that count exceeds the frames the data holds
@@ -16,7 +18,6 @@ tests); frames it returns in coded orientation are rotated here.
 """
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,8 +25,10 @@ import numpy as np
 from vlbatch.operators.media.decoders.base import (
     OpenVideo,
     ShortVideo,
+    VideoData,
     VideoDecoder,
     _short,
+    media_stream,
     probe_bytes,
     run_chunks,
     upright,
@@ -41,17 +44,17 @@ class DecordDecoder(VideoDecoder):
         self.threads = threads
         self.chunk = chunk
 
-    def open(self, data: bytes) -> DecordVideo:
+    def open(self, data: VideoData) -> DecordVideo:
         return DecordVideo(data, self.threads, self.chunk)
 
 
 class DecordVideo(OpenVideo):
-    def __init__(self, data: bytes, threads: int, chunk: int):
+    def __init__(self, data: VideoData, threads: int, chunk: int):
         info = probe_bytes(data)
         import decord
 
         try:
-            self.vr = decord.VideoReader(io.BytesIO(data), ctx=decord.cpu(0), num_threads=threads)
+            self.vr = decord.VideoReader(media_stream(data), ctx=decord.cpu(0), num_threads=threads)
         except Exception as e:  # decord raises DECORDError / RuntimeError with native text
             # PyAV parsed the container above, so the file is a video decord cannot handle
             # (e.g. decord reads every packet at open and fails on a cut file): let the caller fall back.

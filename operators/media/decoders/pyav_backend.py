@@ -32,6 +32,7 @@ from vlbatch.operators.media.decoders.base import (
     OpenVideo,
     PacketIndex,
     ShortVideo,
+    VideoData,
     VideoDecoder,
     VideoInfo,
     _short,
@@ -52,7 +53,7 @@ class PyAVDecoder(VideoDecoder):
         self.threads = threads
         self.skip_nonref = skip_nonref
 
-    def open(self, data: bytes) -> PyAVVideo:
+    def open(self, data: VideoData) -> PyAVVideo:
         return PyAVVideo(data, self.threads, self.skip_nonref)
 
 
@@ -60,7 +61,7 @@ SKIP_NONREF_CODECS = ("h264",)  # codecs whose non-reference pictures are never 
 
 
 class PyAVVideo(OpenVideo):
-    def __init__(self, data: bytes, threads: int, skip_nonref: bool = True):
+    def __init__(self, data: VideoData, threads: int, skip_nonref: bool = True):
         import av
 
         self._av = av

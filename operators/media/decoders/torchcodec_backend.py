@@ -12,6 +12,7 @@ Owns decoding with TorchCodec and the answer to "can TorchCodec run here?" (`tor
   (bench_video_decode measures it, with its `ok` fraction).
 - TorchCodec applies the display rotation itself (0.17); frames it returns in coded
   orientation are rotated here.
+- Bytes are handed to TorchCodec as they are; a `MediaFile` as a file object it reads on demand.
 - Frames are fetched `chunk` indices per call (memory: `chunk` decoded frames); TorchCodec keeps
   its position between calls and seeks only past the next keyframe. Any TorchCodec error mid-stream
   (a file cut short) raises `ShortVideo`, and the caller recounts with PyAV.
@@ -29,8 +30,10 @@ import numpy as np
 from vlbatch.operators.media.decoders.base import (
     OpenVideo,
     ShortVideo,
+    VideoData,
     VideoDecoder,
     _short,
+    media_stream,
     probe_bytes,
     run_chunks,
 )
@@ -66,18 +69,19 @@ class TorchcodecDecoder(VideoDecoder):
         self.chunk = chunk
         self.device = device
 
-    def open(self, data: bytes) -> TorchcodecVideo:
+    def open(self, data: VideoData) -> TorchcodecVideo:
         return TorchcodecVideo(data, self.threads, self.chunk, self.device)
 
 
 class TorchcodecVideo(OpenVideo):
-    def __init__(self, data: bytes, threads: int, chunk: int, device: str):
+    def __init__(self, data: VideoData, threads: int, chunk: int, device: str):
         self.info = probe_bytes(data)
         from torchcodec.decoders import VideoDecoder as _TC
 
         try:
-            self.decoder = _TC(data, seek_mode="exact", dimension_order="NHWC",
-                               num_ffmpeg_threads=threads, device=device)
+            source = data if isinstance(data, bytes) else media_stream(data)
+            self.decoder = _TC(source, seek_mode="exact", dimension_order="NHWC", num_ffmpeg_threads=threads,
+                               device=device)
         except Exception as e:  # RuntimeError with FFmpeg's text; PyAV parsed it, so let the caller fall back
             raise ShortVideo(f"torchcodec cannot open a video PyAV can read: {_short(e)}") from e
         self.chunk = max(1, chunk)
