@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.storage.named_file import JOB_CONFIG, NamedFileError, read_named_file
 from vlbatch.pipeline.config.schema import SCHEMA_PATH, JobConfig
 
 
@@ -205,10 +206,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 def _read_yaml(p: Path):
     """The parsed YAML of the config file `p`; ConfigError in one line naming `p` (and where in it)."""
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
+    try:  # a regular file of at most 1 MiB (`vlbatch validate /dev/zero` reads nothing)
+        text = read_named_file(str(p), field="job config", kind=JOB_CONFIG).decode("utf-8")
+    except NamedFileError as e:
+        raise ConfigError(f"cannot read job config {p}: {e.reason}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"job config {p}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     try:
