@@ -165,3 +165,19 @@ def test_runtime_env_file_that_is_a_fifo_is_refused(tmp_path):
     with _fifo_with_writer(tmp_path / "env.yaml", b"pip: [x]\n") as fifo, \
             pytest.raises(SubmissionError, match=r"^--runtime-env: cannot read .*: not a regular file"):
         _runtime_env_file(str(fifo))
+
+
+def test_fingerprint_reads_a_bounded_safetensors_header_whatever_it_claims(tmp_path):
+    """A sparse 8 GiB model.safetensors whose header claims to be the whole file: the fingerprint reads at most
+    `HEADER_MAX` of it (checked in a child under a 3 GB address-space limit: reading it all would fail there)."""
+    import struct
+
+    size = 8 << 30
+    with (tmp_path / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", size - 8))
+        f.truncate(size)
+    code = ("import sys; from vlbatch.pipeline.plan.fingerprint import checkpoint_identity; "
+            "print(checkpoint_identity(sys.argv[1]))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)))
+    assert r.returncode == 0 and len(r.stdout.strip()) == 24, r.stderr[-2000:]
