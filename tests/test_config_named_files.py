@@ -47,9 +47,12 @@ def _fifo_with_writer(path: Path, payload: bytes = b'{"type": "object"}'):
                     raise
                 stop.wait(0.01)
                 continue
-            with contextlib.suppress(BrokenPipeError):
-                os.write(fd, payload)
-            os.close(fd)
+            try:
+                os.set_blocking(fd, True)  # the whole payload, however slowly the reader takes it
+                with contextlib.suppress(BrokenPipeError):
+                    os.write(fd, payload)
+            finally:
+                os.close(fd)
             return
 
     t = threading.Thread(target=write, daemon=True)
@@ -181,3 +184,23 @@ def test_fingerprint_reads_a_bounded_safetensors_header_whatever_it_claims(tmp_p
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)))
     assert r.returncode == 0 and len(r.stdout.strip()) == 24, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "chat_template.jinja", "tokenizer.json"])
+def test_the_cpu_stage_reads_checkpoint_files_through_the_same_checks(tmp_path, name):
+    """What the stages read of a checkpoint after validate (the tokenizer here) is `read_named_file` too: a file
+    swapped for a FIFO since validate is refused at once (the bundled checkpoint's tokenizer files, one a FIFO)."""
+    import shutil
+
+    from vlbatch.models import SHAPES_TINY
+    from vlbatch.operators.preprocess.tokenizer import Tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if f != name:
+            shutil.copy(SHAPES_TINY / f, ckpt / f)
+    assert Tokenizer.from_dir(SHAPES_TINY).chat_template  # the real files load
+    with _fifo_with_writer(ckpt / name, (SHAPES_TINY / name).read_bytes()), \
+            pytest.raises(ConfigError, match=rf"^model.path: cannot read .*{name}: not a regular file"):
+        Tokenizer.from_dir(ckpt)

@@ -15,8 +15,8 @@ Caps, per kind of file (`FileKind`):
 - `RUNTIME_ENV` 1 MiB: `vlbatch submit --runtime-env`;
 - `CHECKPOINT_JSON` 16 MiB: config.json, model.safetensors.index.json, tokenizer_config.json (as a remote
   config.json is read);
-- `CHECKPOINT_FILE` 64 MiB: a checkpoint's tokenizer and template files hashed by the fingerprint
-  (tokenizer.json of the Qwen3.5 family: about 12 MB).
+- `CHECKPOINT_FILE` 64 MiB: a checkpoint's tokenizer and template files (tokenizer.json of the Qwen3.5 family:
+  about 12 MB), hashed by the fingerprint and read by the stages (`checkpoint_text`).
 """
 from __future__ import annotations
 
@@ -72,6 +72,12 @@ def read_named_file(uri: str, *, field: str, kind: FileKind, storage: StorageOpt
     except VlbatchError as e:
         raise NamedFileError(field, uri, str(e).removeprefix(f"cannot read {uri}: ").removeprefix(f"{uri}: ")
                              ) from None
+
+
+def checkpoint_text(path, kind: FileKind = CHECKPOINT_JSON) -> str:
+    """A local checkpoint file (`path`: str or Path) as UTF-8 text, `read_named_file` of `model.path`: what the
+    CPU and model stages read of a checkpoint goes through the same checks as `validate`'s reads."""
+    return read_named_file(str(path), field="model.path", kind=kind).decode("utf-8")
 
 
 def _read_local(path: str, field: str, kind: FileKind) -> bytes:
