@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, PlainSerializer, field_serializer, model_validator
 
 from vlbatch.operators.storage.named_file import SCHEMA_FILE, NamedFileError, read_named_file
+from vlbatch.pipeline.config.bounds import MAX_DEPTH, size_problem
 from vlbatch.pipeline.config.section import Section
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a column name in every format (export's media layout)
@@ -60,6 +61,10 @@ class ResponseFormatSection(Section):
             raise ValueError(str(e)) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"schema_file: {path} is not JSON: {e}") from None
+        except RecursionError:
+            raise ValueError(f"schema_file: {path} is nested too deeply (at most {MAX_DEPTH} levels)") from None
+        if (why := size_problem(loaded)) is not None:
+            raise ValueError(f"schema_file: {path} {why}")
         return {**data, "schema": loaded}
 
     @model_validator(mode="after")
