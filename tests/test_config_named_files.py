@@ -204,3 +204,32 @@ def test_the_cpu_stage_reads_checkpoint_files_through_the_same_checks(tmp_path, 
     with _fifo_with_writer(ckpt / name, (SHAPES_TINY / name).read_bytes()), \
             pytest.raises(ConfigError, match=rf"^model.path: cannot read .*{name}: not a regular file"):
         Tokenizer.from_dir(ckpt)
+
+
+def test_a_remote_named_file_is_capped_while_read(tmp_path):
+    """An http(s) (or s3) named file goes through `read_bytes` with the kind's cap: a real local web server
+    serving a 2 MiB file is refused naming the field; a small one is read."""
+    import functools
+    import http.server
+
+    from vlbatch.operators.storage.named_file import SCHEMA_FILE, NamedFileError, read_named_file
+
+    (tmp_path / "big.json").write_bytes(b" " * (2 << 20))
+    (tmp_path / "ok.json").write_text('{"type": "object"}')
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert read_named_file(f"{base}/ok.json", field="f", kind=SCHEMA_FILE) == b'{"type": "object"}'
+        with pytest.raises(NamedFileError, match=rf"^f: cannot read {base}/big.json: 2097152 bytes is over the "
+                                                 "schema file limit of 1048576$"):
+            read_named_file(f"{base}/big.json", field="f", kind=SCHEMA_FILE)
+    finally:
+        server.shutdown()
+        thread.join()
