@@ -25,6 +25,7 @@ import stat
 from dataclasses import dataclass
 
 from vlbatch.operators.errors import ConfigError, VlbatchError
+from vlbatch.operators.storage.io import read_bytes
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, is_local
 
 _CHUNK = 1 << 20
@@ -65,8 +66,6 @@ def read_named_file(uri: str, *, field: str, kind: FileKind, storage: StorageOpt
         raise NamedFileError(field, repr(uri), "a path with a NUL byte")
     if is_local(uri):
         return _read_local(uri.removeprefix("file://"), field, kind)
-    from vlbatch.operators.storage.io import read_bytes
-
     try:
         return read_bytes(uri, storage, max_bytes=kind.max_bytes, limit_name=kind.name)
     except VlbatchError as e:
