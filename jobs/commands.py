@@ -167,9 +167,13 @@ def _slot(args: argparse.Namespace) -> str | None:
 
 
 def _runtime_env_file(path: str) -> dict:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+    from vlbatch.operators.storage.named_file import RUNTIME_ENV, NamedFileError, read_named_file
+
+    try:  # a regular file of at most 1 MiB
+        data = yaml.safe_load(read_named_file(path, field="--runtime-env", kind=RUNTIME_ENV).decode("utf-8"))
+    except NamedFileError as e:
+        raise SubmissionError(str(e)) from None
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
         raise SubmissionError(f"--runtime-env {path}: {e}") from None
     if not isinstance(data, dict):
         raise SubmissionError(f"--runtime-env {path}: expected a mapping (pip, env_vars, image_uri, ...)")

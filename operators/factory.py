@@ -18,6 +18,7 @@ from vlbatch.operators.engine.engine import Engine
 from vlbatch.operators.model.loader import load_model, torch_dtype
 from vlbatch.operators.parallel.replica import LeaderEngine, load_rank
 from vlbatch.operators.preprocess.tokenizer import load_tokenizer
+from vlbatch.operators.storage.named_file import checkpoint_text
 
 
 def load_engine(model_dir: str | Path, *, device="cpu", dtype: torch.dtype | str = torch.float32,
@@ -52,7 +53,7 @@ def eos_ids(model_dir: Path) -> tuple[int, ...]:
     for name, key in (("generation_config.json", "eos_token_id"), ("config.json", "eos_token_id")):
         path = model_dir / name
         if path.exists():
-            raw = json.loads(path.read_text())
+            raw = json.loads(checkpoint_text(path))
             val = raw.get(key, raw.get("text_config", {}).get(key))
             if val is not None:
                 return tuple(val) if isinstance(val, list) else (int(val),)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.model.architectures import ARCHITECTURES
+from vlbatch.operators.storage.named_file import checkpoint_text
 
 _LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -157,7 +158,7 @@ class ModelConfig:
         if not path.is_file():
             raise ConfigError(f"no config.json in {model_dir}")
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(checkpoint_text(path))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
         return cls.from_dict(raw)

@@ -35,6 +35,7 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.model.architectures import build_model
 from vlbatch.operators.model.config import ModelConfig
 from vlbatch.operators.model.model import Qwen35Model
+from vlbatch.operators.storage.named_file import checkpoint_text
 from vlbatch.operators.storage.names import printable, relative_name_problem
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # the names configs use
@@ -69,7 +70,7 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, Path]:
     root = Path(model_dir)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = json.loads(checkpoint_text(index)).get("weight_map", {})
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: weight_map is not a mapping of tensor names to shard files")
         for shard in sorted(set(weight_map.values()), key=str):  # untrusted: never joined unchecked

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.preprocess.patchify import Normalization
+from vlbatch.operators.storage.named_file import checkpoint_text
 
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # Qwen2VLImageProcessor's defaults
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -85,11 +86,11 @@ def _sizes(d: dict, min_default: int, max_default: int) -> tuple[int, int]:
 
 
 def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except (OSError, ValueError) as e:
+    try:
+        return json.loads(checkpoint_text(path))
+    except ValueError as e:
         raise ConfigError(f"{path}: cannot read processor config: {e}") from e
 
 

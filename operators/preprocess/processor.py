@@ -43,6 +43,7 @@ from vlbatch.operators.preprocess.prompt import PromptEncoder, pad_batch
 from vlbatch.operators.preprocess.rope import mrope_position_ids
 from vlbatch.operators.preprocess.user_text import ChatText
 from vlbatch.operators.preprocess.visual import plan_video, process_images, process_videos
+from vlbatch.operators.storage.named_file import checkpoint_text
 from vlbatch.operators.types import VideoClip, VideoPlan
 
 
@@ -83,7 +84,7 @@ class Processor:
         merge = image_cfg.merge_size
         cfg_file = path / "config.json"
         if cfg_file.exists():
-            merge = int(json.loads(cfg_file.read_text()).get("vision_config", {}).get("spatial_merge_size", merge))
+            merge = int(json.loads(checkpoint_text(cfg_file)).get("vision_config", {}).get("spatial_merge_size", merge))
         return cls(tokenizer, template, image_cfg, load_video_config(path), merge)
 
     def _lut(self, norm) -> np.ndarray:

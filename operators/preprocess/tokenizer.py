@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, SetupError
+from vlbatch.operators.storage.named_file import CHECKPOINT_FILE, checkpoint_text
 
 # transformers 5.23 models/qwen2/tokenization_qwen2.py: the pre-tokeniser split of Qwen2Tokenizer
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -84,8 +85,8 @@ class Tokenizer:
             raise ConfigError(f"tokenizer_class {config.get('tokenizer_class')!r} is not one Tokenizer reproduces; "
                               "use load_tokenizer, which falls back to transformers for it")
         template_file = path / "chat_template.jinja"
-        template = template_file.read_text() if template_file.exists() else None
-        text = (path / "tokenizer.json").read_text()
+        template = checkpoint_text(template_file, CHECKPOINT_FILE) if template_file.exists() else None
+        text = checkpoint_text(path / "tokenizer.json", CHECKPOINT_FILE)
         backend = Backend.from_str(text)
         if config.get("tokenizer_class") in QWEN2_CLASSES:
             _as_qwen2_class(backend, json.loads(text)["model"], bool(config.get("add_prefix_space") or False))
@@ -149,7 +150,7 @@ def load_tokenizer(model_dir: str | Path):
 def read_config(path: Path) -> dict:
     """tokenizer_config.json of a checkpoint folder ({} when absent)."""
     cfg_file = path / "tokenizer_config.json"
-    return json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    return json.loads(checkpoint_text(cfg_file)) if cfg_file.exists() else {}
 
 
 def _as_qwen2_class(backend, model: dict, add_prefix_space: bool) -> None:

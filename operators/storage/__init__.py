@@ -9,6 +9,8 @@
   ranged reads retry), `arrow_filesystem` (the same for pyarrow / Ray Data readers) and
   `put_atomic` (a file that appears whole or not at all, used by the sinks), `bucket_exists`
   (a HEAD bucket: buckets are never created).
+- `named_file`: `read_named_file`, a file a job config or a command names (a schema file, the job config,
+  a checkpoint's small files): a regular file within its kind's cap, else a `ConfigError` naming the field.
 Ray-free; importing this package loads nothing heavy.
 """
 from vlbatch.operators.storage.io import (

@@ -6,7 +6,8 @@ validated completely before Ray starts; every problem becomes one
 for choices, the allowed values. Everything past this package uses the frozen `JobConfig`
 object (pydantic models with ``frozen=True``), never raw dicts.
 
-- `schema.py`: the sections and `JobConfig` (fields, defaults, cross-field rules, the run id);
+- `schema.py`: the sections and `JobConfig` (fields, defaults, cross-field rules, the run id); `resources.py`
+  the `resources` section; `types.py` the number types every number field is (strict, floats finite);
 - `load.py`: `load_config(path, overrides)` (YAML, overrides, relative paths), `validate_config`
   (dict -> `JobConfig` or one `ConfigError`), `export_schema` (``configs/job.schema.json``:
   ``python -m vlbatch.pipeline.config --schema``).
@@ -26,6 +27,7 @@ from vlbatch.pipeline.config.load import (
     load_config,
     validate_config,
 )
+from vlbatch.pipeline.config.resources import ModelResources, ResourcesSection, StageResources
 from vlbatch.pipeline.config.schema import (
     SCHEMA_PATH,
     EngineBudgets,
@@ -33,14 +35,11 @@ from vlbatch.pipeline.config.schema import (
     InputColumns,
     InputSection,
     JobConfig,
-    ModelResources,
     ModelSection,
     OutputSection,
     RaySection,
-    ResourcesSection,
     ResumeSection,
     SamplingSection,
-    StageResources,
     StorageSection,
     TaskSection,
     VideoSection,

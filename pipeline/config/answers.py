@@ -26,6 +26,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PlainSerializer, field_serializer, model_validator
 
+from vlbatch.operators.storage.named_file import SCHEMA_FILE, NamedFileError, read_named_file
+from vlbatch.pipeline.config.bounds import MAX_DEPTH, size_problem
 from vlbatch.pipeline.config.section import Section
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a column name in every format (export's media layout)
@@ -53,12 +55,16 @@ class ResponseFormatSection(Section):
         if data.get("schema") is not None or data.get("json_schema") is not None:
             raise ValueError("set either schema or schema_file, not both")
         path = Path(str(data["schema_file"])).expanduser()
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ValueError(f"schema_file: cannot read {path}: {e.strerror or e}") from None
+        try:  # a regular file of at most 1 MiB: /dev/zero or a FIFO is refused at once, never read
+            loaded = json.loads(read_named_file(str(path), field="schema_file", kind=SCHEMA_FILE).decode("utf-8"))
+        except NamedFileError as e:
+            raise ValueError(str(e)) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"schema_file: {path} is not JSON: {e}") from None
+        except RecursionError:
+            raise ValueError(f"schema_file: {path} is nested too deeply (at most {MAX_DEPTH} levels)") from None
+        if (why := size_problem(loaded)) is not None:
+            raise ValueError(f"schema_file: {path} {why}")
         return {**data, "schema": loaded}
 
     @model_validator(mode="after")

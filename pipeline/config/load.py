@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from vlbatch.operators.errors import ConfigError
+from vlbatch.operators.storage.named_file import JOB_CONFIG, NamedFileError, read_named_file
+from vlbatch.pipeline.config.bounds import MAX_DEPTH, size_problem
 from vlbatch.pipeline.config.schema import SCHEMA_PATH, JobConfig
 
 
@@ -107,6 +109,10 @@ def apply_override(data: dict, override: str) -> None:
         where, what = yaml_problem(e, column_only=True)
         raise ConfigError(f"--set {override}: the value is not valid YAML: {where + ': ' if where else ''}{what}"
                           ) from None
+    except RecursionError:
+        raise ConfigError(f"--set {override}: the value is nested too deeply") from None
+    if (why := size_problem(value)) is not None:
+        raise ConfigError(f"--set {override}: the value {why}")
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -205,17 +211,23 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 def _read_yaml(p: Path):
     """The parsed YAML of the config file `p`; ConfigError in one line naming `p` (and where in it)."""
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read job config {p}: {e.strerror or e}") from None
+    try:  # a regular file of at most 1 MiB (`vlbatch validate /dev/zero` reads nothing)
+        text = read_named_file(str(p), field="job config", kind=JOB_CONFIG).decode("utf-8")
+    except NamedFileError as e:
+        raise ConfigError(f"cannot read job config {p}: {e.reason}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"job config {p}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     try:
-        return yaml.safe_load(text) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         where, what = yaml_problem(e)
         raise ConfigError(f"job config {p}{', ' + where if where else ''}: not valid YAML: {what}") from None
+    except RecursionError:
+        raise ConfigError(f"job config {p}: nested too deeply (at most {MAX_DEPTH} levels)") from None
+    if (why := size_problem(data)) is not None:
+        raise ConfigError(f"job config {p}: {why}")
+    return data
+
 
 
 def job_schema() -> dict:

@@ -29,8 +29,10 @@ from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import model_backends as model_backends_pkg
 from vlbatch.pipeline.config.answers import CAPTION_NAME, Format, Questions, question_names, questions_json_schema
 from vlbatch.pipeline.config.choices import registry_choice
+from vlbatch.pipeline.config.resources import ResourcesSection
 from vlbatch.pipeline.config.section import Section as _Section
 from vlbatch.pipeline.config.storage import OutputSection, StorageSection
+from vlbatch.pipeline.config.types import DAY_S, Float, Int
 
 # the extension points' fields: choices, their docs and errors come from each one's registry
 AttentionChoice = registry_choice(attention_pkg, "ATTENTION")
@@ -46,12 +48,12 @@ SCHEMA_PATH = Path(__file__).resolve().parents[2] / "configs" / "job.schema.json
 class EngineBudgets(_Section):
     """Budgets handed to `load_engine` (per model actor; `vlbatch.operators.engine.EngineConfig`)."""
 
-    max_num_seqs: int = Field(32, ge=1, description="sequences decoded together")
-    max_num_batched_tokens: int = Field(2048, ge=16, description="tokens per forward step (chunked prefill)")
-    kv_cache_mb: int = Field(256, ge=1, description="paged KV pool of the full-attention layers")
-    prefix_cache_mb: int = Field(128, ge=0, description="radix prefix cache (0 = off)")
-    vision_cache_mb: int = Field(256, ge=0, description="cached vision-tower outputs (0 = off)")
-    memory_fraction: float | None = Field(
+    max_num_seqs: Int = Field(32, ge=1, description="sequences decoded together")
+    max_num_batched_tokens: Int = Field(2048, ge=16, description="tokens per forward step (chunked prefill)")
+    kv_cache_mb: Int = Field(256, ge=1, description="paged KV pool of the full-attention layers")
+    prefix_cache_mb: Int = Field(128, ge=0, description="radix prefix cache (0 = off)")
+    vision_cache_mb: Int = Field(256, ge=0, description="cached vision-tower outputs (0 = off)")
+    memory_fraction: Float | None = Field(
         None, gt=0.0, le=1.0, description="size the KV pool and prefix cache from this share of the memory free "
                                           "after loading (kv_cache_mb / prefix_cache_mb, when given, override)")
     static_decode: bool = Field(False, description="decode steps padded to batch buckets (CUDA graphs on CUDA)")
@@ -83,7 +85,7 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
     engine: EngineBudgets = EngineBudgets()
-    tensor_parallel_size: int = Field(
+    tensor_parallel_size: Int = Field(
         1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/stages/followers.py); "
                                     "resources.model.num_cpus / num_gpus are per rank")
     expert_parallel: bool = Field(False, description="MoE experts split whole across the replica's ranks "
@@ -117,7 +119,7 @@ class InputSection(_Section):
                                                     "folder; given by --set: to the current directory) or s3://")
     format: SourceChoice = formats_pkg.SOURCES.default
     columns: InputColumns = InputColumns()
-    limit: int | None = Field(None, ge=1, description="process only the first N manifest rows")
+    limit: Int | None = Field(None, ge=1, description="process only the first N manifest rows")
     follow_symlinks: bool = Field(False, description="format=glob: read a symlink that leads out of the glob's "
                                                      "folder (by default its row is an InputError, never read)")
 
@@ -200,21 +202,21 @@ class TaskSection(_Section):
 
 
 class SamplingSection(_Section):
-    temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)
-    max_tokens: int = Field(128, ge=1, le=65536)
-    seed: int = Field(0, ge=0, description="per-request seeds derive from this and the request id")
-    max_prompt_tokens: int | None = Field(
+    temperature: Float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_p: Float = Field(1.0, gt=0.0, le=1.0)
+    top_k: Int | None = Field(None, ge=1)
+    max_tokens: Int = Field(128, ge=1, le=65536)
+    seed: Int = Field(0, ge=0, description="per-request seeds derive from this and the request id")
+    max_prompt_tokens: Int | None = Field(
         None, ge=1, description="a request whose prompt (text and the media's visual tokens) is longer is an "
                                 "InputError row, given no model time; None = the model's context length "
                                 "(max_position_embeddings in its config.json)")
 
 
 class ImageSection(_Section):
-    min_pixels: int | None = Field(None, ge=1, description="None = the model's preprocessor_config value")
-    max_pixels: int | None = Field(None, ge=1)
-    max_bytes: int = Field(64 << 20, ge=1, description="files larger than this are error rows (InputError)")
+    min_pixels: Int | None = Field(None, ge=1, description="None = the model's preprocessor_config value")
+    max_pixels: Int | None = Field(None, ge=1)
+    max_bytes: Int = Field(64 << 20, ge=1, description="files larger than this are error rows (InputError)")
 
     @model_validator(mode="after")
     def _order(self) -> ImageSection:
@@ -230,14 +232,15 @@ class ClipsSection(_Section):
     mode: Literal["none", "fixed", "scenes"] = Field(
         "none", description="none: one row per whole video (the default); fixed: windows of window_s every "
                             "stride_s; scenes: shots cut by the detector, longer ones split into windows of window_s")
-    window_s: float = Field(10.0, gt=0.0, description="fixed: window length; scenes: the longest clip (seconds, > 0)")
-    stride_s: float | None = Field(None, gt=0.0, description="fixed: distance between window starts; null = window_s "
-                                                     "(smaller overlaps; larger leaves gaps: allow_gaps)")
-    min_clip_s: float = Field(1.0, ge=0.0, description="scenes: shorter shots merge into a neighbour; a last window "
-                                                       "shorter than this is dropped; a video shorter is one clip")
+    window_s: Float = Field(10.0, gt=0.0, le=3600.0,
+                            description="fixed: window length; scenes: the longest clip (seconds, > 0)")
+    stride_s: Float | None = Field(None, gt=0.0, le=3600.0, description="fixed: distance between window starts; "
+                                   "null = window_s (smaller overlaps; larger leaves gaps: allow_gaps)")
+    min_clip_s: Float = Field(1.0, ge=0.0, le=3600.0, description="scenes: shorter shots merge into a neighbour; a "
+                              "last window shorter than this is dropped; a video shorter is one clip")
     detector: Literal["content", "adaptive"] = Field(
         "content", description="scenes: PySceneDetect's detector, content | adaptive")
-    threshold: float | None = Field(None, gt=0.0, description="the detector's threshold; null = its default "
+    threshold: Float | None = Field(None, gt=0.0, le=255.0, description="the detector's threshold; null = its default "
                                                               "(content 27, adaptive 3)")
     allow_gaps: bool = Field(False, description="fixed: allow stride_s > window_s (frames between windows unused)")
 
@@ -257,12 +260,12 @@ class ClipsSection(_Section):
 
 
 class VideoSection(_Section):
-    fps: float | None = Field(2.0, gt=0.0, description="sampling rate; exclusive with num_frames")
-    num_frames: int | None = Field(None, ge=1)
-    min_frames: int = Field(4, ge=1)
-    max_frames: int = Field(768, ge=1)
-    min_pixels: int | None = Field(None, ge=1, description="per frame; None = the model's video_preprocessor value")
-    max_pixels: int | None = Field(None, ge=1)
+    fps: Float | None = Field(2.0, gt=0.0, le=1000.0, description="sampling rate; exclusive with num_frames")
+    num_frames: Int | None = Field(None, ge=1)
+    min_frames: Int = Field(4, ge=1)
+    max_frames: Int = Field(768, ge=1)
+    min_pixels: Int | None = Field(None, ge=1, description="per frame; None = the model's video_preprocessor value")
+    max_pixels: Int | None = Field(None, ge=1)
     decoder: DecoderChoice = Field(decoders_pkg.DECODERS.default,  # `backend`: its old name
                                    validation_alias=AliasChoices("decoder", "backend"))
     decode_device: Literal["cpu", "cuda", "model-cpu"] = Field(
@@ -270,8 +273,8 @@ class VideoSection(_Section):
                            "needs model.device cuda (or auto on a GPU node) and torchcodec; the CPU stage then only "
                            "probes and samples, and ships the video's bytes; model-cpu: the same deferred path "
                            "decoding on the model actor's CPU (it tests that path without a GPU)")
-    decode_timeout_s: float = Field(60.0, gt=0.0, description="decoder subprocess is killed after this")
-    max_bytes: int = Field(2 << 30, ge=1)
+    decode_timeout_s: Float = Field(60.0, gt=0.0, le=DAY_S, description="decoder subprocess is killed after this")
+    max_bytes: Int = Field(2 << 30, ge=1)
     clips: ClipsSection = ClipsSection()
 
     @model_validator(mode="after")
@@ -286,42 +289,6 @@ class VideoSection(_Section):
         return self
 
 
-class StageResources(_Section):
-    """Resources of one CPU stage. min/max actors bound the autoscaling actor pool."""
-
-    num_cpus: float = Field(1.0, gt=0.0)
-    memory_gb: float | None = Field(None, gt=0.0, description="Ray memory reservation per task/actor")
-    min_actors: int = Field(1, ge=1)
-    max_actors: int = Field(2, ge=1)
-    batch_size: int = Field(8, ge=1, description="media rows per call")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> StageResources:
-        if self.min_actors > self.max_actors:
-            raise ValueError("min_actors must be <= max_actors")
-        return self
-
-
-class ModelResources(StageResources):
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs per model actor; 0 = run on CPU")
-    batch_size: int = Field(16, ge=1, description="media rows per model-stage call (the commit granularity)")
-    max_concurrent_batches: int = Field(
-        8, ge=1, description="calls running at once on one model actor; they all feed one continuous batch")
-    batch_visual_tokens: int = Field(
-        16384, ge=1, description="visual tokens in flight per model actor: a call waits while the calls already in "
-                                 "the engine hold more (a call alone always runs)")
-
-
-class ResourcesSection(_Section):
-    fuse_cpu_stages: bool = Field(
-        True, description="true: decode and preprocess run in one CPU actor pool sized by `preprocess` (one process "
-                          "fewer, frames never leave it; `decode` is unused); false: one pool each")
-    decode: StageResources = StageResources()
-    preprocess: StageResources = StageResources()
-    model: ModelResources = ModelResources(min_actors=1, max_actors=1)
-    write: StageResources = StageResources(num_cpus=0.25, min_actors=1, max_actors=4, batch_size=256)  # rows per call
-
-
 class ResumeSection(_Section):
     enabled: bool = Field(True, description="skip requests already committed under the same run id")
     retry_transient: bool = Field(True, description="re-run error rows whose error is transient")
@@ -333,15 +300,15 @@ class ResumeSection(_Section):
 class RaySection(_Section):
     address: str | None = Field(None, description="Ray (GCS) address to join; None = $RAY_ADDRESS, else a new local "
                                                   "Ray; 'auto' = the Ray already running on this machine")
-    progress_interval_s: float = Field(10.0, gt=0.0, description="log line period when not on a terminal")
-    node_loss_timeout_s: float = Field(
-        300.0, gt=0.0, description="seconds a stage may go without any live node that could hold its actor (every "
-                                   "such node lost mid-run) before the run stops (exit 8; committed rows are kept): "
-                                   "time for a node to come back or an autoscaler to add one")
+    progress_interval_s: Float = Field(10.0, gt=0.0, le=DAY_S, description="log line period when not on a terminal")
+    node_loss_timeout_s: Float = Field(
+        300.0, gt=0.0, le=DAY_S, description="seconds a stage may go without any live node that could hold its "
+                                   "actor (every such node lost mid-run) before the run stops (exit 8; committed "
+                                   "rows are kept): time for a node to come back or an autoscaler to add one")
     metrics: bool = Field(True, description="export the run's counters, queue depths, model-call latency and model "
                                             "busy fraction to Ray's metrics (each node's Prometheus endpoint), "
                                             "tagged job and run_id")
-    block_mb: int = Field(
+    block_mb: Int = Field(
         16, ge=1, le=1024, description="most MiB of a Ray Data block of preprocessed media; a model task takes "
                                        "whole blocks, so smaller blocks reach the model and commit sooner "
                                        "(Ray's default: 128)")
@@ -359,9 +326,9 @@ class JobConfig(_Section):
     storage: StorageSection = StorageSection()
     resume: ResumeSection = ResumeSection()
     ray: RaySection = RaySection()
-    max_error_fraction: float = Field(0.05, ge=0.0, le=1.0, description="exit non-zero above this error share "
+    max_error_fraction: Float = Field(0.05, ge=0.0, le=1.0, description="exit non-zero above this error share "
                                       "(and only with at least min_error_rows error rows)")
-    min_error_rows: int = Field(10, ge=0, description="exit non-zero only with at least this many error rows (and "
+    min_error_rows: Int = Field(10, ge=0, description="exit non-zero only with at least this many error rows (and "
                                 "an error share above max_error_fraction): one bad file in a small trial is no "
                                 "failed run")
 

@@ -11,6 +11,7 @@ from vlbatch.operators.storage.names import run_folder_name
 from vlbatch.operators.storage.options import persistent_output_uri
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.section import Section as _Section
+from vlbatch.pipeline.config.types import DAY_S, Float, Int
 
 SinkChoice = registry_choice(sink_pkg, "SINKS")
 
@@ -23,7 +24,7 @@ class ClipFilesSection(_Section):
     codec: str = Field("libx264", min_length=1, description="an FFmpeg video encoder PyAV has (libx264, "
                                                              "libx265, mpeg4, ...); re-encoded, so cuts are "
                                                              "frame-exact")
-    crf: int = Field(23, ge=0, le=51, description="libx264 / libx265 quality (lower: better, larger files)")
+    crf: Int = Field(23, ge=0, le=51, description="libx264 / libx265 quality (lower: better, larger files)")
     preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
                     "veryslow"] = Field("veryfast", description="libx264 / libx265 speed against size")
 
@@ -53,11 +54,13 @@ class OutputSection(_Section):
     run_id: Annotated[str | None, AfterValidator(run_folder_name)] = Field(  # '.' / '..' refused
         None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="None = a hash of the job's inputs (same job, same id)"
     )
-    part_mb: float | None = Field(32.0, gt=0.0, description="a writer publishes a part file once it holds this many "
-                                                            "MiB of rows (Arrow size; the zstd file is smaller)")
-    part_rows: int | None = Field(None, ge=1, description="... or this many rows (None: by size only)")
-    commit_interval_s: float = Field(
-        120.0, gt=0.0, description="... or once its oldest row is this old: a crash loses at most this window")
+    part_mb: Float | None = Field(32.0, gt=0.0, le=4096.0, description="a writer publishes a part file once it "
+                                                            "holds this many MiB of rows (Arrow size; the zstd "
+                                                            "file is smaller)")
+    part_rows: Int | None = Field(None, ge=1, description="... or this many rows (None: by size only)")
+    commit_interval_s: Float = Field(
+        120.0, gt=0.0, le=DAY_S,
+        description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
     clip_files: ClipFilesSection | None = Field(None, description="write each clip (video.clips) as a file under "
                                                                    "<run>/clips/ and its URI in clip_uri; null: off")
@@ -74,15 +77,16 @@ class StorageSection(_Section):
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
     region: str | None = None
     anonymous: bool = False
-    retries: int = Field(5, ge=0, le=50)
-    http_per_host: int = Field(8, ge=1, description="http(s) media requests in flight per host, per decode actor")
-    http_total_timeout_s: float = Field(
-        300.0, gt=0.0, description="an http(s) medium's whole response (headers and body) must arrive within "
+    retries: Int = Field(5, ge=0, le=50)
+    http_per_host: Int = Field(8, ge=1, description="http(s) media requests in flight per host, per decode actor")
+    http_total_timeout_s: Float = Field(
+        300.0, gt=0.0, le=DAY_S, description="an http(s) medium's whole response (headers and body) must arrive within "
                                    "max(this, the medium's max_bytes / http_min_bytes_per_s) seconds, else a "
                                    "StorageError row")
-    http_min_bytes_per_s: float = Field(
-        65536.0, ge=0.0, description="an http(s) body slower than this over a 30 s window (a streamed shard: 30 s "
-                                     "of waiting on the server) is a StorageError row (0 = no minimum rate)")
+    http_min_bytes_per_s: Float = Field(
+        65536.0, ge=0.0, le=1e12, description="an http(s) body slower than this over a 30 s window (a streamed "
+                                     "shard: 30 s of waiting on the server) is a StorageError row (0 = no "
+                                     "minimum rate)")
     allow_schemes: tuple[str, ...] = Field(
         (), description="schemes a remote manifest (s3://, http(s)://) may name besides its own kind of storage, "
                         "e.g. [https] for an s3 manifest of web images; 'file' lets it name local files")

@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, VlbatchError
+from vlbatch.operators.storage.named_file import CHECKPOINT_JSON, NamedFileError, read_named_file
 from vlbatch.operators.storage.names import printable, relative_name_problem
 from vlbatch.operators.storage.options import is_local
 from vlbatch.pipeline.config import JobConfig
@@ -39,11 +40,13 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def _read_json(path: Path, what: str) -> tuple[dict | None, str | None]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return None, f"has no {what}"
-    except (OSError, ValueError) as e:
+    try:  # a regular file of at most 16 MiB: a FIFO or /dev/zero named config.json is refused, never read
+        data = json.loads(read_named_file(str(path), field="model.path", kind=CHECKPOINT_JSON))
+    except NamedFileError as e:
+        return None, f"{what}: {e.reason}"
+    except ValueError as e:
         return None, f"{what} is not readable JSON ({type(e).__name__}: {e})"
     if not isinstance(data, dict):
         return None, f"{what} is not a JSON object"

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from vlbatch.operators.errors import ConfigError, MediaError
 from vlbatch.operators.storage import bucket_exists, filesystem, is_object_store, join, read_bytes, replace_file
+from vlbatch.operators.storage.named_file import CHECKPOINT_FILE, read_named_file
 from vlbatch.operators.storage.options import is_local
 from vlbatch.pipeline.config import JobConfig
 
@@ -54,6 +55,7 @@ log = logging.getLogger("vlbatch.pipeline")
 FINGERPRINT_NAME = "_fingerprint.json"
 VERSION = 1
 SAMPLE_BYTES = 1 << 16  # of each safetensors file's data: its first and last 64 KiB
+HEADER_MAX = 100_000_000  # the most of a safetensors header read (the format's own limit), whatever it claims
 # small files of a checkpoint that change what it answers, hashed whole when present
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
@@ -69,7 +71,7 @@ def _safetensors_digest(h, path: Path) -> None:
     with path.open("rb") as f:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-        h.update(head + f.read(min(n, size)))  # the header: tensor names, dtypes, shapes, offsets
+        h.update(head + f.read(min(n, size, HEADER_MAX)))  # the header: tensor names, dtypes, shapes, offsets
         h.update(f.read(SAMPLE_BYTES))
         f.seek(max(f.tell(), size - SAMPLE_BYTES))
         h.update(f.read(SAMPLE_BYTES))
@@ -87,8 +89,9 @@ def checkpoint_identity(path: str) -> str | None:
     h = hashlib.sha256()
     for name in CHECKPOINT_FILES:
         p = root / name
-        if p.is_file():
-            h.update(f"{name}\x1f{p.stat().st_size}\x1f".encode() + p.read_bytes())
+        if p.is_file():  # read as a regular file of at most 64 MiB (a swap to /dev/zero: refused, never read)
+            data = read_named_file(str(p), field="model.path", kind=CHECKPOINT_FILE)
+            h.update(f"{name}\x1f{len(data)}\x1f".encode() + data)
     for p in sorted(root.glob("*.safetensors")):
         _safetensors_digest(h, p)
     return h.hexdigest()[:24]
