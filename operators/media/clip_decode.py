@@ -24,9 +24,10 @@ between two clips, and a hang or crash ends that video's clips there). In-proces
 `timeout_s` bounds the time between two clips too, checked between pictures (cooperative only).
 
 Clip files (`output.clip_files`): `stream_clips`' `on_clip(clip, frames, stream)`, when given, is called once
-per clip just before it is yielded, with an iterator over the held pictures of frames [start, end) (PyAV
-frames of the input `stream`, in order) and the video's display rotation as `rotation=`: the decoder
-child's `clip_files.write_clip` encodes them one by one into the parent's local folder (no second decode).
+per clip that samples (a clip that is its own error row gets no file) just before it is yielded, with an
+iterator over the held pictures of frames [start, end) (PyAV frames of the input `stream`, in order) and
+the video's display rotation as `rotation=`: the decoder child's `clip_files.write_clip` encodes them one
+by one into the parent's local folder (no second decode).
 """
 from __future__ import annotations
 
@@ -213,10 +214,12 @@ class _State:
             yield self._emit(clip)
 
     def _emit(self, clip: Clip) -> tuple[Clip, VideoClip | VlbatchError]:
-        if self.on_clip is not None:
+        """The clip and its sampling; its file (`on_clip`) only when it samples: an error row has none."""
+        sampled = self._sample(clip)
+        if self.on_clip is not None and not isinstance(sampled, VlbatchError):
             pictures = (self.held.get(j) for j in range(clip.start, clip.end))
             self.on_clip(clip, pictures, self.video.stream, rotation=self.video.info.rotation)
-        return clip, self._sample(clip)
+        return clip, sampled
 
     def _deadline(self) -> float | None:
         return None if self.timeout_s is None else time.monotonic() + self.timeout_s
