@@ -1,4 +1,5 @@
-"""Scene clip boundaries (issue 60, items 4 and 5): no clip longer than `window_s`, ever; merging short
+"""Scene clips (issue 60, items 4 and 5): our cuts on a real encoded video whose last scene is scrolling
+stripes equal PySceneDetect's on the full-size frames; no clip longer than `window_s`, ever; merging short
 pieces never removes a cut between two shots of at least `min_clip_s`; the planner's held frames stay
 bounded. Property-style over several cut patterns (`scene_clips` drives the streaming `ScenePlanner`)."""
 from __future__ import annotations
@@ -6,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vlbatch.devtools.samples import encode_video
+from vlbatch.operators.media.clip_decode import decode_clips
 from vlbatch.operators.media.clips import ClipRule, ScenePlanner, scene_clips
+from vlbatch.operators.media.video import FrameSampling
 
 FPS = 10.0
 
@@ -75,3 +79,62 @@ def test_planner_holds_a_few_windows_at_most(window_s, min_clip_s):
                 p.cut(todo.pop(0))
             p.advance(i)
             assert i + 1 - p.keep_from <= 2 * window + 2 * min(min_frames, window), (name, i, p.keep_from)
+
+
+COLOURS = ((220, 30, 30), (30, 200, 40), (20, 20, 120))
+
+
+def _stripes_after_cuts(period: int, speed: int):
+    """The issue's video: scenes cut at 5, 10 and 15 s (a colour and a moving square each), the last one
+    vertical stripes `period` px wide scrolling `speed` px a frame."""
+    def pattern(i: int, width: int, height: int) -> np.ndarray:
+        k = int(i // (5 * FPS))
+        img = np.empty((height, width, 3), np.uint8)
+        if k < 3:
+            img[:] = COLOURS[k]
+            s, x = height // 8, (i * 4) % (width - height // 8)
+            img[height // 3: height // 3 + s, x: x + s] = 255 - np.asarray(COLOURS[k], np.uint8)
+        else:
+            on = (np.arange(width) + i * speed) // period % 2 == 1
+            img[:] = np.where(on, np.uint8(230), np.uint8(25))[None, :, None]
+        return img
+    return pattern
+
+
+def _cuts(data: bytes, full_size: bool) -> list[int]:
+    """PySceneDetect's ContentDetector (defaults) on every frame: full size (the reference, straight from
+    the library) or ours (`CutDetector` on `small_bgr`'s pictures, as the scene decode feeds it)."""
+    import io
+
+    import av
+    from av.video.reformatter import VideoReformatter
+    from scenedetect import ContentDetector
+    from scenedetect.common import FrameTimecode
+
+    from vlbatch.operators.media.clip_decode import small_bgr
+    from vlbatch.operators.media.clips import CutDetector
+
+    ref, ours, small, cuts = ContentDetector(min_scene_len=1), CutDetector(ClipRule(), FPS), VideoReformatter(), []
+    with av.open(io.BytesIO(data)) as c:
+        for i, f in enumerate(c.decode(video=0)):
+            if full_size:
+                cuts += [int(t.frame_num) for t in ref.process_frame(FrameTimecode(i, FPS), f.to_ndarray(format="bgr24"))]
+            else:
+                cuts += ours.feed(i, small_bgr(f, small))
+    if full_size:
+        return cuts + [int(t.frame_num) for t in ref.post_process(FrameTimecode(i, FPS))]
+    return cuts + ours.finish(i)
+
+
+@pytest.mark.parametrize(("period", "speed"), [(10, 3), (10, 1), (16, 5)])
+def test_cuts_match_full_size_detection_when_the_last_scene_is_scrolling_stripes(tmp_path, period, speed):
+    """Issue 60 item 4: 640x360, 20 s; every-5th-sample frames made the stripes alias into false cuts (and the
+    merge folded the cut at 15 s away). Our clips start exactly at the full-size detector's cuts."""
+    path = tmp_path / "stripes.mp4"
+    encode_video(path, int(20 * FPS), 640, 360, FPS, pattern=_stripes_after_cuts(period, speed))
+    data = path.read_bytes()
+    reference = _cuts(data, full_size=True)
+    assert reference == [50, 100, 150]  # the reference finds the three cuts and nothing else
+    assert _cuts(data, full_size=False) == reference
+    out = list(decode_clips(data, ClipRule(mode="scenes", window_s=10.0, min_clip_s=1.0), FrameSampling(fps=1.0)))
+    assert [(c.start, c.end) for c, _ in out] == [(0, 50), (50, 100), (100, 150), (150, 200)]

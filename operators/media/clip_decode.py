@@ -3,7 +3,7 @@
 `decode_clips(data, rule, sampling)` decodes every picture once, in presentation order (PyAV),
 and yields `(Clip, VideoClip | VlbatchError)` per clip as soon as its last frame has decoded:
 
-- scenes: each picture, subsampled to about `DETECT_WIDTH` wide BGR (`small_bgr`), feeds PySceneDetect's
+- scenes: each picture, area-averaged to `DETECT_WIDTH` wide BGR (`small_bgr`), feeds PySceneDetect's
   detector (`clips.CutDetector`); its cuts close shots in `clips.ScenePlanner`. A detector that
   fails (to start or on a frame) falls back to fixed windows from the first frame not yet in a
   clip; those clips say `source == "fixed"`.
@@ -59,28 +59,11 @@ def _detect_size(width: int, height: int) -> tuple[int, int]:
     return max(2, w - w % 2), max(2, round(height * w / width / 2) * 2)
 
 
-def _plane(frame, k: int, rows: int, cols: int, step: int) -> np.ndarray:
-    """Every `step`-th sample of plane `k` (`[rows, cols]` of it), a view of the codec's buffer."""
-    p = frame.planes[k]
-    return np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:rows:step, :cols:step]
-
-
 def small_bgr(frame, reformatter) -> np.ndarray:
-    """The detector's picture `[h, w, 3]` BGR uint8, about `DETECT_WIDTH` wide: for 4:2:0 pictures
-    every n-th sample of the Y, U and V planes (a view, no full-size conversion) made BGR by OpenCV at
-    the small size (0.08 ms for 720p, 5x less than swscale's area average); others by swscale."""
-    import cv2
-
-    step = max(1, frame.width // DETECT_WIDTH)
-    if frame.format.name in ("yuv420p", "yuvj420p") and step > 1:
-        y = _plane(frame, 0, frame.height, frame.width, step)
-        h, w = y.shape[0] - y.shape[0] % 2, y.shape[1] - y.shape[1] % 2
-        if h >= 2 and w >= 2:
-            u = _plane(frame, 1, frame.height // 2, frame.width // 2, step)[: h // 2, : w // 2]
-            v = _plane(frame, 2, frame.height // 2, frame.width // 2, step)[: h // 2, : w // 2]
-            if u.shape == v.shape == (h // 2, w // 2):
-                i420 = np.concatenate([y[:h, :w].ravel(), u.ravel(), v.ravel()]).reshape(h * 3 // 2, w)
-                return cv2.cvtColor(i420, cv2.COLOR_YUV2BGR_I420)
+    """The detector's picture `[h, w, 3]` BGR uint8, `DETECT_WIDTH` wide (`_detect_size`), each pixel the
+    average of the source pixels it covers (swscale's area filter). Never every n-th sample: fine texture
+    in motion (scrolling stripes) then aliases into a different picture each frame, the detector's false
+    cuts (issue 60: 34 on 5 s of stripes)."""
     size = _detect_size(frame.width, frame.height)
     return reformatter.reformat(frame, width=size[0], height=size[1], format="bgr24",
                                 interpolation="AREA").to_ndarray()
@@ -163,7 +146,7 @@ class _State:
         self.detector = None
         from av.video.reformatter import VideoReformatter
 
-        self.small = VideoReformatter()  # one swscale context for pictures not 4:2:0 (`small_bgr`)
+        self.small = VideoReformatter()  # one swscale context for the detector's pictures (`small_bgr`)
         if rule.mode == "scenes":
             self.planner = ScenePlanner(rule, self.fps)
             try:

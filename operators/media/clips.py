@@ -28,7 +28,10 @@ import numpy as np
 
 from vlbatch.operators.errors import InputError
 
-DETECT_WIDTH = 128  # the detector's frames are this wide (height by aspect, even): cheap, enough for cuts
+# the detector's frames are this wide (height by aspect, even), area-averaged (`clip_decode.small_bgr`): on
+# 640x360 and 1280x720 test videos (scrolling stripes, fine textures) its cuts are full size's where 128 missed
+# cuts between fine textures; 256 found no more and cost 3 points more of the decode (benchmarks/bench_clips.py)
+DETECT_WIDTH = 192
 
 
 @dataclass(frozen=True)
