@@ -14,8 +14,8 @@ and yields `(Clip, VideoClip | VlbatchError)` per clip as soon as its last frame
 
 Memory: the decoded pictures (YUV, as the codec made them: 1.5 B per pixel for 4:2:0) from the
 planner's `keep_from` on, so a few windows (scenes: one held clip and the open piece, each <= window_s,
-plus the frames whose cut is still open, <= 2 min_clip_s; fixed: one window plus the overlap), plus one clip's sampled RGB frames; never the
-whole video. Only sampled frames are converted to RGB.
+plus the frames whose cut is still open, <= 2 min_clip_s; fixed: one window plus the overlap), plus one
+clip's sampled RGB frames; never the whole video. Only sampled frames are converted to RGB.
 
 Where it runs: in the killable decoder child (`worker.DecodeWorker.decode_clips`: the child serves
 `stream_clips`, each clip's header and sampled frames go through the parent's frame ring as they are
