@@ -118,7 +118,8 @@ def _cuts(data: bytes, full_size: bool) -> list[int]:
     with av.open(io.BytesIO(data)) as c:
         for i, f in enumerate(c.decode(video=0)):
             if full_size:
-                cuts += [int(t.frame_num) for t in ref.process_frame(FrameTimecode(i, FPS), f.to_ndarray(format="bgr24"))]
+                found = ref.process_frame(FrameTimecode(i, FPS), f.to_ndarray(format="bgr24"))
+                cuts += [int(t.frame_num) for t in found]
             else:
                 cuts += ours.feed(i, small_bgr(f, small))
     if full_size:
