@@ -30,7 +30,8 @@ from vlbatch.operators.errors import InputError
 
 # the detector's frames are this wide (height by aspect, even), area-averaged (`clip_decode.small_bgr`): on
 # 640x360 and 1280x720 test videos (scrolling stripes, fine textures) its cuts are full size's where 128 missed
-# cuts between fine textures; 256 found no more and cost 3 points more of the decode (benchmarks/bench_clips.py)
+# cuts between fine textures and 256 found no more; the cost is the average over every source pixel (~0.3 ms a
+# 720p frame), about the same at 128 (benchmarks/bench_clips.py)
 DETECT_WIDTH = 192
 
 
