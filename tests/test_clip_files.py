@@ -134,6 +134,20 @@ def test_a_clip_file_already_there_is_not_rewritten(video, tmp_path, worker):
         assert f.read() == b"already here"
 
 
+def test_a_clip_that_is_an_error_row_gets_no_clip_file(video, tmp_path, worker):
+    """Issue 60 item 6: 3 s windows sampled at 2 fps are 6 frames, over a 2-frame byte limit: their rows are
+    error rows and no file is written for them; the last 0.5 s window samples 1 frame: ok, with its file."""
+    target = _local(tmp_path)
+    sampling = FrameSampling(fps=2.0, min_frames=1, max_output_bytes=2 * 128 * 96 * 3)
+    stage = SimpleNamespace(clips=ClipRule(mode="fixed", window_s=3.0, min_clip_s=0.5), sampling=sampling,
+                            worker=worker, done=None, clip_target=target)
+    rows = list(clip_rows(stage, _row(), lambda _r: video))
+    assert [(r.clip_index, r.status, r.error_type) for r in rows] == [
+        (0, "error", "InputError"), (1, "error", "InputError"), (2, "error", "InputError"), (3, "ok", None)]
+    assert [r.clip_uri is None for r in rows] == [True, True, True, False] and len(rows[3].frames) == 1
+    assert sorted(p.name for p in (tmp_path / "run" / "clips").iterdir()) == [rows[3].clip_uri.rsplit("/", 1)[1]]
+
+
 def test_without_clip_files_clip_uri_is_null(video, worker):
     rows = list(clip_rows(_stage(worker, ClipRule(mode="fixed", window_s=3.0), None), _row(), lambda _r: video))
     assert rows and all(r.clip_uri is None for r in rows)

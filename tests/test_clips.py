@@ -91,20 +91,19 @@ def test_video_shorter_than_min_clip_is_one_whole_clip():
 
 def test_scene_shots_merged_and_split():
     rule = ClipRule(mode="scenes", window_s=3.0, min_clip_s=1.0)
-    # shots: [0,23) [23,57) [57,62) [62,100): [57,62) is 0.5 s -> merged into the previous;
-    # [23,57) 3.4 s > window: split at 3 s, its 0.4 s remainder merged back; [62,100): split at 92,
-    # its 0.8 s tail merged back
+    # shots: [0,23) [23,57) [57,62) [62,100): [57,62) is 0.5 s -> joins the previous: [23,62) is 3.9 s >
+    # window: split at 3 s, its 0.9 s remainder and the 3 s piece evened out; [62,100) the same (0.8 s tail)
     clips = scene_clips([23, 57, 62], 100, FPS, rule)
-    assert [(c.start, c.end) for c in clips] == [(0, 23), (23, 62), (62, 100)]
-    assert [c.index for c in clips] == list(range(3)) and {c.source for c in clips} == {"scenes"}
-    first_short = scene_clips([5, 40], 60, FPS, rule)  # the first shot 0.5 s: merged into the next
-    assert [(c.start, c.end) for c in first_short] == [(0, 40), (40, 60)]  # and its 0.5 s tail
+    assert [(c.start, c.end) for c in clips] == [(0, 23), (23, 43), (43, 62), (62, 81), (81, 100)]
+    assert [c.index for c in clips] == list(range(5)) and {c.source for c in clips} == {"scenes"}
+    first_short = scene_clips([5, 40], 60, FPS, rule)  # the first shot 0.5 s joins the next: 4 s, split
+    assert [(c.start, c.end) for c in first_short] == [(0, 30), (30, 40), (40, 60)]
 
 
 # ---------------------------------------------------------------- decode: real encoded video
 
 
-@pytest.mark.parametrize("width", [128, 512], ids=["swscale", "planes"])  # 512: `small_bgr`'s 4:2:0 planes path
+@pytest.mark.parametrize("width", [128, 512], ids=["as-is", "area-averaged"])  # 512: `small_bgr` scales it to DETECT_WIDTH
 def test_scene_cuts_detected_within_one_frame(tmp_path, width):
     data = _video(tmp_path, 90, width=width, height=width * 3 // 4)
     rule = ClipRule(mode="scenes", window_s=10.0, min_clip_s=0.5)

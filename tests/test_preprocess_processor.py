@@ -25,7 +25,7 @@ from transformers import AutoProcessor
 
 from vlbatch.operators.errors import InputError
 from vlbatch.operators.preprocess import Processor, load_image, sample_frame_indices
-from vlbatch.operators.types import VideoClip
+from vlbatch.operators.types import VideoClip, VideoPlan
 
 MAX_DIFF: dict[str, float] = {}
 
@@ -298,6 +298,28 @@ def _clip(frames=4, fps=30.0, total=100):
     return VideoClip(np.zeros((frames, 64, 64, 3), np.uint8), fps, total, tuple(range(frames)))
 
 
+@pytest.mark.parametrize(("size", "indices", "total"), [((64, 64), (0,), 1), ((90, 150), (37,), 80),
+                                                     ((20, 30), (0,), 1)])
+def test_one_frame_video_is_the_reference_on_it_padded(procs, size, indices, total):
+    """Issue 60 item 6: a 1-frame video (or clip) is captioned. The reference's resize refuses fewer
+    frames than the temporal patch size; its patchify pads a short group by repeating the last frame:
+    ours on the 1-frame clip equals the reference on the clip padded so (ids, grid, pixels, positions;
+    the uint8 and shipped-frames modes too, `check_uint8_mode` on the 1-frame clip)."""
+    ref, ours = procs
+    frame = np.random.default_rng(sum(size)).integers(0, 256, (1, *size, 3), dtype=np.uint8)
+    one = VideoClip(frame, 10.0, total, indices)
+    padded = VideoClip(np.concatenate([frame, frame]), 10.0, total, indices * 2)
+    text = ours.apply_chat_template(messages(0, 1))
+    want = compare(ref, ours, [text], clips=[padded])  # ours == the reference on the padded clip
+    got = ours(text, videos=[one])
+    assert got.keys() == want.keys() and got["video_grid_thw"][0, 0] == 1
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    check_uint8_mode(ours, got, [], [one])
+    assert ours.plan_media(VideoPlan(10.0, total, indices, *size))[1].arrays["video_grid_thw"].tolist() == \
+        got["video_grid_thw"].tolist()  # the deferred decode's plan sizes it the same
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [
@@ -306,7 +328,6 @@ def _clip(frames=4, fps=30.0, total=100):
         (dict(images=[np.zeros((20, 20, 4), np.uint8)]), "uint8 RGB"),
         (dict(videos=[_clip(fps=0.0)]), "frame rate must be positive"),
         (dict(videos=[_clip(total=0)]), "no frames"),
-        (dict(videos=[_clip(frames=1)]), "at least 2 sampled frames"),
         (dict(videos=[VideoClip(np.zeros((0, 64, 64, 3), np.uint8), 30.0, 10, ())]), "no pixels"),
         (dict(images=[np.zeros((64, 64, 3), np.uint8)] * 2), "1 image and 0 video placeholders but 2 images"),
     ],

@@ -3,7 +3,7 @@
 `decode_clips(data, rule, sampling)` decodes every picture once, in presentation order (PyAV),
 and yields `(Clip, VideoClip | VlbatchError)` per clip as soon as its last frame has decoded:
 
-- scenes: each picture, subsampled to about `DETECT_WIDTH` wide BGR (`small_bgr`), feeds PySceneDetect's
+- scenes: each picture, area-averaged to `DETECT_WIDTH` wide BGR (`small_bgr`), feeds PySceneDetect's
   detector (`clips.CutDetector`); its cuts close shots in `clips.ScenePlanner`. A detector that
   fails (to start or on a frame) falls back to fixed windows from the first frame not yet in a
   clip; those clips say `source == "fixed"`.
@@ -13,9 +13,9 @@ and yields `(Clip, VideoClip | VlbatchError)` per clip as soon as its last frame
   at the clip's start, as the reference processor gives them for a video of that length.
 
 Memory: the decoded pictures (YUV, as the codec made them: 1.5 B per pixel for 4:2:0) from the
-planner's `keep_from` on, so a few windows (scenes: the open shot <= window_s plus one held piece
-<= 2 window_s; fixed: one window plus the overlap), plus one clip's sampled RGB frames; never the
-whole video. Only sampled frames are converted to RGB.
+planner's `keep_from` on, so a few windows (scenes: one held clip and the open piece, each <= window_s,
+plus the frames whose cut is still open, <= 2 min_clip_s; fixed: one window plus the overlap), plus one
+clip's sampled RGB frames; never the whole video. Only sampled frames are converted to RGB.
 
 Where it runs: in the killable decoder child (`worker.DecodeWorker.decode_clips`: the child serves
 `stream_clips`, each clip's header and sampled frames go through the parent's frame ring as they are
@@ -24,9 +24,10 @@ between two clips, and a hang or crash ends that video's clips there). In-proces
 `timeout_s` bounds the time between two clips too, checked between pictures (cooperative only).
 
 Clip files (`output.clip_files`): `stream_clips`' `on_clip(clip, frames, stream)`, when given, is called once
-per clip just before it is yielded, with an iterator over the held pictures of frames [start, end) (PyAV
-frames of the input `stream`, in order) and the video's display rotation as `rotation=`: the decoder
-child's `clip_files.write_clip` encodes them one by one into the parent's local folder (no second decode).
+per clip that samples (a clip that is its own error row gets no file) just before it is yielded, with an
+iterator over the held pictures of frames [start, end) (PyAV frames of the input `stream`, in order) and
+the video's display rotation as `rotation=`: the decoder child's `clip_files.write_clip` encodes them one
+by one into the parent's local folder (no second decode).
 """
 from __future__ import annotations
 
@@ -59,28 +60,11 @@ def _detect_size(width: int, height: int) -> tuple[int, int]:
     return max(2, w - w % 2), max(2, round(height * w / width / 2) * 2)
 
 
-def _plane(frame, k: int, rows: int, cols: int, step: int) -> np.ndarray:
-    """Every `step`-th sample of plane `k` (`[rows, cols]` of it), a view of the codec's buffer."""
-    p = frame.planes[k]
-    return np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:rows:step, :cols:step]
-
-
 def small_bgr(frame, reformatter) -> np.ndarray:
-    """The detector's picture `[h, w, 3]` BGR uint8, about `DETECT_WIDTH` wide: for 4:2:0 pictures
-    every n-th sample of the Y, U and V planes (a view, no full-size conversion) made BGR by OpenCV at
-    the small size (0.08 ms for 720p, 5x less than swscale's area average); others by swscale."""
-    import cv2
-
-    step = max(1, frame.width // DETECT_WIDTH)
-    if frame.format.name in ("yuv420p", "yuvj420p") and step > 1:
-        y = _plane(frame, 0, frame.height, frame.width, step)
-        h, w = y.shape[0] - y.shape[0] % 2, y.shape[1] - y.shape[1] % 2
-        if h >= 2 and w >= 2:
-            u = _plane(frame, 1, frame.height // 2, frame.width // 2, step)[: h // 2, : w // 2]
-            v = _plane(frame, 2, frame.height // 2, frame.width // 2, step)[: h // 2, : w // 2]
-            if u.shape == v.shape == (h // 2, w // 2):
-                i420 = np.concatenate([y[:h, :w].ravel(), u.ravel(), v.ravel()]).reshape(h * 3 // 2, w)
-                return cv2.cvtColor(i420, cv2.COLOR_YUV2BGR_I420)
+    """The detector's picture `[h, w, 3]` BGR uint8, `DETECT_WIDTH` wide (`_detect_size`), each pixel the
+    average of the source pixels it covers (swscale's area filter). Never every n-th sample: fine texture
+    in motion (scrolling stripes) then aliases into a different picture each frame, the detector's false
+    cuts (issue 60: 34 on 5 s of stripes)."""
     size = _detect_size(frame.width, frame.height)
     return reformatter.reformat(frame, width=size[0], height=size[1], format="bgr24",
                                 interpolation="AREA").to_ndarray()
@@ -163,7 +147,7 @@ class _State:
         self.detector = None
         from av.video.reformatter import VideoReformatter
 
-        self.small = VideoReformatter()  # one swscale context for pictures not 4:2:0 (`small_bgr`)
+        self.small = VideoReformatter()  # one swscale context for the detector's pictures (`small_bgr`)
         if rule.mode == "scenes":
             self.planner = ScenePlanner(rule, self.fps)
             try:
@@ -214,10 +198,12 @@ class _State:
             yield self._emit(clip)
 
     def _emit(self, clip: Clip) -> tuple[Clip, VideoClip | VlbatchError]:
-        if self.on_clip is not None:
+        """The clip and its sampling; its file (`on_clip`) only when it samples: an error row has none."""
+        sampled = self._sample(clip)
+        if self.on_clip is not None and not isinstance(sampled, VlbatchError):
             pictures = (self.held.get(j) for j in range(clip.start, clip.end))
             self.on_clip(clip, pictures, self.video.stream, rotation=self.video.info.rotation)
-        return clip, self._sample(clip)
+        return clip, sampled
 
     def _deadline(self) -> float | None:
         return None if self.timeout_s is None else time.monotonic() + self.timeout_s

@@ -137,9 +137,13 @@ def _check_clip(i: int, clip: VideoClip) -> None:
 
 
 def video_size(i: int, clip: VideoClip | VideoPlan, cfg: VideoConfig) -> tuple[int, int]:
-    """Resized (h, w) of a validated clip (or of a plan's frames, `plan_video`)."""
+    """Resized (h, w) of a validated clip (or of a plan's frames, `plan_video`). A clip of fewer frames
+    than the temporal patch size (one frame) is sized as the clip padded to it: patchify repeats its last
+    frame as it does for any count not a multiple (the reference's `patchify`), so its tensors are the
+    reference's for that padded clip (the reference's own resize refuses fewer frames)."""
     f, h, w = ((len(clip.indices), clip.height, clip.width) if isinstance(clip, VideoPlan)
                else clip.frames.shape[:3])
+    f = max(f, cfg.temporal_patch_size)
     if not cfg.do_resize:
         return h, w
     budget = video_max_pixels(f, factor=cfg.factor, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels,

@@ -13,8 +13,8 @@ Clips (`video.clips`): the scan cuts each video as the run will, by the run's ow
 (`DecodeStage.decode_rows`: one decode, the detector on small frames for scenes, each clip sampled
 and preprocessed) and writes one scan row per clip and prompt (`clip_index`, `clip_start_s`,
 `clip_end_s`, `clip_source`, `clip_last`, its prompt and visual tokens). Why not estimate from the
-header: (1) scenes need the detector's pass anyway, and it is a small share of the decode (DETECT_WIDTH
-frames, `benchmarks/bench_clips.py`); (2) a header's duration may lie (a truncated upload, a wrong
+header: (1) scenes need the detector's pass anyway, about a quarter of the scenes CPU stage (area-averaged
+DETECT_WIDTH frames, `benchmarks/bench_clips.py`); (2) a header's duration may lie (a truncated upload, a wrong
 `moov`): the run's clips come from the frames that really decode, so a count from the header would be
 wrong exactly for the files a scan is meant to find; (3) the scan's CPU cost per request is then the
 run's. So the scan reports what the run will do, never an estimate: a video whose header claims more
