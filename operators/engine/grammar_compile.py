@@ -76,6 +76,7 @@ class ChildCompiler:
         proc = self._started()
         answer, killed = self._exchange(proc, {"kind": fmt.kind, "spec": fmt.spec}, self.budget.compile_s)
         if killed:
+            self._reap()
             raise InputError(timeout_problem(fmt, self.budget))
         if answer is None:  # the child died on this format (xgrammar aborts when memory runs out)
             code = self._reap()
