@@ -175,7 +175,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
 
     from vlbatch.jobs.failures import describe
     from vlbatch.jobs.reaper import reaped_ray
-    from vlbatch.jobs.stops import Interrupted
+    from vlbatch.jobs.stops import Interrupted, interruption
     from vlbatch.pipeline.graph import run_job
     from vlbatch.pipeline.stages.nothing_to_do import open_run
 
@@ -212,6 +212,8 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     except Interrupted as stop:
         return stopped(config, stop, writers_gone=new_local)
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
+        if (stop := interruption(e)) is not None:  # raised while a signal unwound the run: the run was stopped
+            return stopped(config, stop, writers_gone=new_local)
         if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch.") \
                 and not isinstance(e, ActorStartError):  # a stage's actors could not start: described below
             raise  # ours, raised here (ConfigError, ClusterUnreachableError): one line in jobs/commands.py

@@ -43,6 +43,20 @@ class Interrupted(BaseException):  # noqa: N818 - like KeyboardInterrupt, a way 
         return 128 + self.signum
 
 
+def interruption(exc: BaseException) -> Interrupted | None:
+    """The `Interrupted` that `exc` was raised while handling (its context or cause, at any depth): a
+    library's cleanup that failed while the signal unwound the run (Ray's, as a model actor was compiling a
+    grammar, said "the run failed: Interrupted: SIGTERM"). The run was stopped: it ends as a stop does."""
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and all(e is not s for s in seen):
+        if isinstance(e, Interrupted):
+            return e
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _raise(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 

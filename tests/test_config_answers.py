@@ -108,8 +108,9 @@ def test_formats_the_grammar_engine_refuses_are_named_by_validate(tmp_path, tiny
     cfg = _task(caption=True, questions=[{"prompt": "p?", "response_format": {"type": "regex", "pattern": r"(a)\1"}}],
                 response_format={"type": "json_schema", "schema": {"$ref": "#/defs/none"}})
     problems = response_format_problems(cfg)
-    assert len(problems) == 2 and problems[0].startswith("task.questions.0.response_format: ") \
-        and "Backreference" in problems[0] and problems[1].startswith("task.response_format: "), problems
+    assert len(problems) == 2 and problems[0].startswith("task.questions.0.response_format (question 'q0'): ") \
+        and "Backreference" in problems[0] \
+        and problems[1].startswith("task.response_format (question 'caption'): "), problems
     assert response_format_problems(_task(questions=["a?"])) == []
     job = _job(tmp_path, tiny_ckpt("dense"), "task:\n  mode: questions\n  questions:\n    - {prompt: 'p?', "
                                              "response_format: {type: regex, pattern: '(a)\\1'}}\n")
@@ -117,3 +118,30 @@ def test_formats_the_grammar_engine_refuses_are_named_by_validate(tmp_path, tiny
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.strip().splitlines() if "response_format" in ln]
     assert len(lines) == 1 and "task.questions.0.response_format" in lines[0] and "Backreference" in lines[0], r.stderr
+
+
+def test_validate_refuses_a_format_over_the_grammar_budget_naming_the_question(tmp_path, tiny_ckpt):
+    """A schema of a 60,000-value enum (valid, about ten seconds to compile even at the tiny checkpoint's
+    vocabulary; minutes at a real one's): `vlbatch validate` compiles each distinct format once against the
+    checkpoint's vocabulary in a child process killed at `model.engine.grammar.compile_s`, and refuses it in
+    one line per question naming the field, the question and the budget; over `max_bytes` (the default 128 KiB)
+    it is refused before compiling. The quick format beside it passes."""
+    from test_preflight import _job, _validate
+
+    (tmp_path / "big.json").write_text(json.dumps({"enum": [f"v{i:06d}x" for i in range(60_000)]}))
+    job = _job(tmp_path, tiny_ckpt("dense"), "task:\n  mode: questions\n  questions:\n"
+               "    - {name: tags, prompt: 'p?', response_format: {type: json_schema, schema_file: big.json}}\n"
+               "    - {name: year, prompt: 'y?', response_format: {type: regex, pattern: '[12][0-9]{3}'}}\n"
+               "    - {name: labels, prompt: 'l?', response_format: {type: json_schema, schema_file: big.json}}\n")
+    r = _validate(job, "--set", "model.engine.grammar.compile_s=1", "--set", "model.engine.grammar.max_bytes=1000000")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln.strip() for ln in r.stderr.splitlines() if "response_format" in ln]
+    assert [ln.split(":")[0] for ln in lines] == ["task.questions.0.response_format (question 'tags')",
+                                                  "task.questions.2.response_format (question 'labels')"], r.stderr
+    assert all("did not compile within the grammar budget of 1 s (model.engine.grammar.compile_s)" in ln
+               for ln in lines), r.stderr
+    r = _validate(job)  # the default max_bytes: refused by its size, nothing compiled
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln.strip() for ln in r.stderr.splitlines() if "response_format" in ln]
+    assert len(lines) == 2 and all("over the grammar budget of 131072 bytes (model.engine.grammar.max_bytes)" in ln
+                                   for ln in lines), r.stderr

@@ -28,14 +28,17 @@ from vlbatch.operators.engine.caches.prefix_cache import KeyCodec, NoPrefixCache
 from vlbatch.operators.engine.caches.vision_cache import LRUVisionCache, NoVisionCache
 from vlbatch.operators.engine.config import EngineConfig
 from vlbatch.operators.engine.grammar import GrammarBook, parse_answer
+from vlbatch.operators.engine.grammar_compile import GrammarBudget
 from vlbatch.operators.engine.request import Request, Result, Timings, split_thinking
 from vlbatch.operators.engine.runner.model_runner import ModelRunner
 from vlbatch.operators.engine.sampler import make_generator, sample
 from vlbatch.operators.engine.scheduling.prefix_planner import PrefixPlanner
 from vlbatch.operators.engine.scheduling.scheduler import Scheduler
 from vlbatch.operators.engine.scheduling.sequence import Sequence
-from vlbatch.operators.errors import EngineError, InputError
+from vlbatch.operators.errors import EngineError, InputError, VlbatchError
 from vlbatch.operators.kernels.attention import select_attention
+
+COMPILE_POLL_S = 0.1  # a step with nothing but requests waiting for their grammar waits this long at most
 
 
 class Engine:
@@ -59,8 +62,11 @@ class Engine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    chunk_size=config.chunk_size)
         self.codec = KeyCodec()
-        # constrained decoding: the compiler and compiled grammars, made on the first constrained request
-        self.grammars = GrammarBook(tokenizer, text.vocab_size, eos_ids)
+        # constrained decoding: each format compiled once, off this thread, under the grammar budget; a
+        # constrained request waits in `compiling` (not yet in the scheduler) until its format is compiled
+        self.grammars = GrammarBook(tokenizer, text.vocab_size, eos_ids,
+                                    GrammarBudget(config.grammar_compile_s, config.grammar_max_bytes))
+        self.compiling: list[Sequence] = []
 
     def _runner(self, model, num_blocks: int, vcache) -> ModelRunner:
         """The model runner over `num_blocks` KV blocks (a tensor-parallel leader builds its own)."""
@@ -95,17 +101,17 @@ class Engine:
             while self.has_work:
                 yield from self.step()
         finally:
-            self.scheduler.abort_all()
+            self.abort()
 
     @property
     def has_work(self) -> bool:
-        """Whether submitted requests are still running or waiting."""
-        return self.scheduler.has_work
+        """Whether submitted requests are still running or waiting (for the scheduler or their grammar)."""
+        return self.scheduler.has_work or bool(self.compiling)
 
     @property
     def num_waiting(self) -> int:
         """Submitted requests not yet admitted to the running batch."""
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self.compiling)
 
     def submit(self, requests: Iterable[Request]) -> list[Result]:
         """Queue requests beside those already running (the incremental half of `generate`:
@@ -119,12 +125,15 @@ class Engine:
         plans = self.planner.branch_points(reqs, keys)
         for r, k, bp in zip(reqs, keys, plans, strict=False):
             seq = Sequence(r, k, bp, make_generator(r.sampling, "cpu"), arrival=t0)
-            problem = self._check(seq) or self._attach_grammar(seq)
+            problem = self._check(seq)
             if problem:
                 rejected.append(self._error(seq, problem))
+            elif seq.request.response_format is not None:  # scheduled once its format is compiled
+                self.grammars.start(seq.request.response_format)
+                self.compiling.append(seq)
             else:
                 self.scheduler.add(seq)
-        return rejected
+        return rejected + self._admit_compiled()
 
     def step(self) -> list[Result]:
         """One scheduler step over everything submitted; the results that finished in it."""
@@ -133,6 +142,7 @@ class Engine:
     def abort(self) -> None:
         """Drop every submitted request (after a failed `step`: the caller reports them)."""
         self.scheduler.abort_all()
+        self.compiling.clear()
 
     def _check(self, seq: Sequence) -> str | None:
         merge2 = self.runner.merge ** 2
@@ -152,18 +162,36 @@ class Engine:
         sp = seq.request.sampling
         return sp.stop_token_ids if sp.stop_token_ids is not None else self.eos_ids
 
-    def _attach_grammar(self, seq: Sequence) -> str | None:
-        """A constrained request's matcher (its format compiled once per engine); the problem when refused."""
-        fmt = seq.request.response_format
-        if fmt is None:
-            return None
-        try:
-            seq.grammar = self.grammars.state(fmt, self._stops(seq), seq.request.thinking)
-        except InputError as e:
-            return str(e)
-        return None
+    def _admit_compiled(self) -> list[Result]:
+        """Requests whose format is compiled go to the scheduler (in their order) with their matcher; those
+        whose format failed (refused, over the grammar budget) are error results, naming their question."""
+        out, held = [], []
+        for seq in self.compiling:
+            job = self.grammars.start(seq.request.response_format)
+            if not job.done():
+                held.append(seq)
+            elif job.exception() is not None:
+                out.append(self._grammar_error(seq, job.exception()))
+            else:
+                seq.grammar = self.grammars.state(seq.request.response_format, self._stops(seq),
+                                                  seq.request.thinking)
+                self.scheduler.add(seq)
+        self.compiling = held
+        return out
+
+    def _grammar_error(self, seq: Sequence, exc: BaseException) -> Result:
+        name = seq.request.response_format.name
+        message = f"question {name!r}: {exc}" if name else str(exc)
+        kind = type(exc).__name__ if isinstance(exc, VlbatchError) else "EngineError"
+        now = time.perf_counter() - seq.arrival
+        return Result.failed(seq.request, message, kind, Timings(now, now, now))
 
     def _step(self) -> Iterator[Result]:
+        yield from self._admit_compiled()
+        if not self.scheduler.has_work:
+            if self.compiling:  # only requests waiting for their grammar: wait a moment for a compile
+                self.grammars.wait(COMPILE_POLL_S)
+            return
         plan = self.scheduler.schedule()
         for seq, msg in self.scheduler.failed:
             yield self._error(seq, msg)

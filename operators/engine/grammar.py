@@ -7,8 +7,11 @@ packed bitmask to torch logits in one call on the CPU (its own C++ kernel) as we
 (Triton), which our CPU-first engine needs. llguidance computes masks lazily per step (more
 flexible grammars, no precompilation) and its torch apply path is CUDA-first.
 
-Per engine: one `GrammarBook` (the compiler over the checkpoint's vocabulary, made on the first
-constrained request; compiled grammars cached by the format's `key`, `compilations` counts them).
+Per engine: one `GrammarBook`: each distinct format (its `key`) compiled once, off the engine loop's
+thread (one daemon compile thread, in a child process killed at the budget's deadline:
+`grammar_compile.py`); `start(fmt)` hands back the compile's `Future` (a second request for the format
+gets the same one, never a second compile), the engine holds the format's requests until it is done
+while the others decode; `compilations` counts the compiled grammars.
 Per sequence: one `GrammarState` (an xgrammar `GrammarMatcher` whose stop tokens are the request's).
 Per step: `mask_logits` fills one bitmask `[n, ceil(V / 32)]` int32 for the constrained rows only
 and applies it to the logits `[n, V]` in one call; a batch with no constrained row costs nothing.
@@ -20,15 +23,21 @@ only (`operators/parallel/replica.py`), where the matchers live.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 import torch
 
+from vlbatch.operators.engine.grammar_compile import ChildCompiler, GrammarBudget, size_problem
 from vlbatch.operators.engine.request import ResponseFormat
 from vlbatch.operators.errors import InputError
 
 THINK_END = "</think>"
+CHILD_IDLE_S = 5.0  # the compile child is stopped after this long without a format to compile
 
 
 def grammar_source(fmt: ResponseFormat):
@@ -53,6 +62,11 @@ def choice_ebnf(choices: list[str]) -> str:
     if not choices:
         raise InputError("a choice response format needs at least one choice")
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def compile_problem(fmt: ResponseFormat, e: BaseException) -> str:
+    """The message of a format xgrammar's compiler refuses."""
+    return f"the {fmt.kind} response format cannot be compiled: {_last_line(e)}"
 
 
 def _last_line(e: BaseException) -> str:
@@ -108,47 +122,101 @@ class GrammarState:
 
 @dataclass
 class GrammarBook:
-    """The engine's compiler and compiled grammars (one per distinct format, by `ResponseFormat.key`)."""
+    """The engine's compiled grammars (one per distinct format, by `ResponseFormat.key`), compiled under
+    `budget` by `compile_fn` (default `compile_in_child`) on one daemon thread (module docstring)."""
 
     tokenizer: object
     vocab_size: int
     stop_ids: tuple[int, ...]
+    budget: GrammarBudget = field(default_factory=GrammarBudget)
+    compile_fn: Callable[[ResponseFormat], object] | None = None  # fmt -> xgrammar CompiledGrammar
     compilations: int = 0
     fill_s: float = 0.0  # seconds filling bitmasks (the matchers' CPU work), over the engine's life
     apply_s: float = 0.0  # seconds applying them to the logits
-    _compiler: object = None
-    _compiled: dict = field(default_factory=dict)
-    _think_end: int | None = None
+    _info: object = None  # xgrammar TokenizerInfo of the checkpoint's vocabulary
+    _child: ChildCompiler | None = None
+    _jobs: dict = field(default_factory=dict)  # format key -> its compile's Future
+    _queue: queue.Queue = field(default_factory=queue.Queue)
+    _worker: threading.Thread | None = None
     _bitmask: torch.Tensor | None = None
 
+    def start(self, fmt: ResponseFormat) -> Future:
+        """The compile of `fmt` (started now unless it was before): its result the compiled grammar, its
+        exception an InputError (refused, over the budget) or EngineError (the compiler could not start)."""
+        job = self._jobs.get(fmt.key)
+        if job is not None:
+            return job
+        job = self._jobs[fmt.key] = Future()
+        if (why := size_problem(fmt, self.budget)) is not None:  # refused before anything compiles it
+            job.set_exception(InputError(why))
+            return job
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="grammar-compile", daemon=True)
+            self._worker.start()
+        self._queue.put((fmt, job))
+        return job
+
+    def wait(self, timeout: float) -> None:
+        """Until a compile in flight finishes, or `timeout` seconds."""
+        running = [j for j in self._jobs.values() if not j.done()]
+        if running:
+            wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+
     def compiled(self, fmt: ResponseFormat):
-        """The compiled grammar of `fmt` (compiled on first use; InputError when refused)."""
-        hit = self._compiled.get(fmt.key)
-        if hit is not None:
-            return hit
+        """The compiled grammar of `fmt`, waiting for its compile (InputError when refused)."""
+        return self.start(fmt).result()
+
+    def compile_in_child(self, fmt: ResponseFormat):
+        """`fmt` compiled in the killable child under `budget` (`grammar_compile.ChildCompiler`)."""
         import xgrammar as xgr
 
-        if self._compiler is None:
-            self._compiler = xgr.GrammarCompiler(tokenizer_info(self.tokenizer, self.vocab_size, self.stop_ids),
-                                                 cache_enabled=False)
-            self._think_end = _token_id(self.tokenizer, THINK_END)
-        try:
-            out = self._compiler.compile_grammar(grammar_source(fmt))
-        except RuntimeError as e:
-            raise InputError(f"the {fmt.kind} response format cannot be compiled: {_last_line(e)}") from None
-        self._compiled[fmt.key] = out
-        self.compilations += 1
-        return out
+        info = self._tokenizer_info()
+        if self._child is None:
+            self._child = ChildCompiler({"info": info.serialize_json()}, self.budget)
+        return xgr.CompiledGrammar.deserialize_json(self._child.compile(fmt), info)
+
+    def close(self) -> None:
+        """Stop the compile thread and kill the child (a compile in flight fails)."""
+        self._queue.put((None, None))
+        if self._child is not None:
+            self._child.close()
+
+    def _work(self) -> None:
+        """The compile thread: one format at a time, in order; the child is stopped once no format came
+        for `CHILD_IDLE_S` (formats come with the first requests: one child start for them all)."""
+        while True:
+            try:
+                fmt, job = self._queue.get(timeout=CHILD_IDLE_S)
+            except queue.Empty:
+                if self._child is not None:
+                    self._child.close()
+                fmt, job = self._queue.get()
+            if fmt is None:
+                return
+            try:
+                out = (self.compile_fn or self.compile_in_child)(fmt)
+            except Exception as e:  # noqa: BLE001 - the format's requests get it as their error
+                job.set_exception(e)
+                continue
+            self.compilations += 1
+            job.set_result(out)
+
+    def _tokenizer_info(self):
+        if self._info is None:
+            self._info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_ids)
+        return self._info
 
     def state(self, fmt: ResponseFormat, stop_ids: tuple[int, ...], thinking: bool) -> GrammarState:
-        """A fresh matcher for one sequence; `stop_ids` end the value (the request's stop tokens)."""
+        """A fresh matcher for one sequence; `stop_ids` end the value (the request's stop tokens). Waits
+        for the format's compile (the engine calls it once `start(fmt)` is done)."""
         import xgrammar as xgr
 
         compiled = self.compiled(fmt)
+        think_end = _token_id(self.tokenizer, THINK_END)
         # no stop token (stop_token_ids=()): xgrammar needs one to override with, so the value ends itself
         matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_ids) or None,
                                      terminate_without_stop_token=not stop_ids)
-        return GrammarState(matcher, active=not thinking or self._think_end is None, think_end=self._think_end)
+        return GrammarState(matcher, active=not thinking or think_end is None, think_end=think_end)
 
     def mask_logits(self, logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
         """logits [n, V'] (V' >= vocab_size) -> float32 logits with every token the grammar of row i

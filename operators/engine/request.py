@@ -60,10 +60,12 @@ class ResponseFormat:
 
     kind: "json_schema" (spec: the schema as JSON text), "choice" (spec: a JSON list of the
     strings) or "regex" (spec: the pattern). Two equal formats share one compiled grammar (`key`).
+    name: the question (prompt name) it constrains, named in its errors; not part of the format.
     """
 
     kind: Literal["json_schema", "choice", "regex"]
     spec: str
+    name: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.kind not in ("json_schema", "choice", "regex"):

@@ -110,6 +110,20 @@ def check_json_schema(schema: dict) -> None:
         raise ValueError(f"schema: not a valid JSON Schema at {where}: {e.message}") from None
 
 
+class GrammarBudgetSection(Section):
+    """`model.engine.grammar`: what compiling one response format may cost (`operators/engine/grammar_compile.py`).
+    Beside the engine's other budgets, as it limits each model actor's grammar engine; a limit, not part of the
+    run id or the fingerprint."""
+
+    compile_s: float = Field(10.0, gt=0.0, le=3600.0, description=(
+        "seconds one response format's grammar may take to compile (against the checkpoint's vocabulary, in a "
+        "child process killed at the deadline): validate refuses a format past it, naming its question; at run "
+        "time such a format is an InputError row for its question only"))
+    max_bytes: int = Field(128 << 10, ge=1, description=(
+        "the largest response format source compiled at all (a schema's JSON text, a pattern, the choices' "
+        "JSON), in bytes: a larger one is refused before compiling"))
+
+
 class QuestionSection(Section):
     name: str | None = Field(None, pattern=NAME_PATTERN, description="the answer's prompt_name (a column name); "
                                                                      "None = q<index>")

@@ -27,7 +27,14 @@ from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.media import decoders as decoders_pkg
 from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import model_backends as model_backends_pkg
-from vlbatch.pipeline.config.answers import CAPTION_NAME, Format, Questions, question_names, questions_json_schema
+from vlbatch.pipeline.config.answers import (
+    CAPTION_NAME,
+    Format,
+    GrammarBudgetSection,
+    Questions,
+    question_names,
+    questions_json_schema,
+)
 from vlbatch.pipeline.config.choices import registry_choice
 from vlbatch.pipeline.config.resources import ResourcesSection
 from vlbatch.pipeline.config.section import Section as _Section
@@ -60,12 +67,14 @@ class EngineBudgets(_Section):
     attention: AttentionChoice = attention_pkg.ATTENTION.default
     delta_rule: DeltaRuleChoice = delta_rule_pkg.DELTA_RULE.default
     moe: MoeChoice = moe_pkg.MOE.default
+    grammar: GrammarBudgetSection = Field(GrammarBudgetSection(), description=GrammarBudgetSection.__doc__)
 
     def engine_kwargs(self) -> dict:
         out = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                "kv_budget_bytes": self.kv_cache_mb << 20, "prefix_cache_bytes": self.prefix_cache_mb << 20,
                "vision_cache_bytes": self.vision_cache_mb << 20, "static_decode": self.static_decode,
-               "attention": self.attention, "delta_rule": self.delta_rule, "moe": self.moe}
+               "attention": self.attention, "delta_rule": self.delta_rule, "moe": self.moe,
+               "grammar_compile_s": self.grammar.compile_s, "grammar_max_bytes": self.grammar.max_bytes}
         if self.memory_fraction is not None:  # MB budgets only as explicit overrides
             out["memory_fraction"] = self.memory_fraction
             for name, field in (("kv_budget_bytes", "kv_cache_mb"), ("prefix_cache_bytes", "prefix_cache_mb")):

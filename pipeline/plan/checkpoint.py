@@ -13,8 +13,10 @@ second, one line per problem naming the field (a step of `plan/preflight.py`):
   linear-head, vocabulary, width and expert counts (`operators/parallel/plan.py`);
 - every tensor's name and shape against config.json (safetensors headers only, no weight is
   read: `operators/model/loader.check_checkpoint`), so an edited head count is refused;
-- every task response format compiles in the grammar engine (`response_format_problems`: xgrammar,
-  tokenizer-free; imported only when a format is configured);
+- every task response format compiles in the grammar engine within `model.engine.grammar`'s budget
+  (`response_format_problems`: each distinct format once, in a child process killed at `compile_s`, against
+  the checkpoint's vocabulary when it is local and sound, else tokenizer-free; a source over `max_bytes` is
+  refused uncompiled; the refusal names the field and the question);
 - (`model.engine.attention: triton` and `model.engine.delta_rule: fla` need CUDA: `plan/fit.device_problems`,
   against the cluster.)
 
@@ -167,26 +169,60 @@ def check_model(config: JobConfig, storage=None, formats: dict | None = None) ->
             check_tensors(config.model.path.removeprefix("file://"))
         except ConfigError as e:
             problems.append(f"model.path: {e}")
-    problems += response_format_problems(config, formats)
+    vocabulary = _vocabulary(config.model.path) if local and not problems else None
+    problems += response_format_problems(config, formats, vocabulary)
     if problems:
         raise problems_error(problems)
 
 
-def response_format_problems(config: JobConfig, formats: dict | None = None) -> list[str]:
-    """One line per task response format the grammar engine refuses (a JSON Schema feature or regex
-    syntax xgrammar lacks), naming its field; compiled tokenizer-free. xgrammar (and torch) are
-    imported only when the config has a format. `formats`: {field: (kind, spec)} (None:
+def response_format_problems(config: JobConfig, formats: dict | None = None,
+                            vocabulary: dict | None = None) -> list[str]:
+    """One line per task response format the grammar engine refuses (a JSON Schema feature or regex syntax
+    xgrammar lacks) or that is over `model.engine.grammar`'s budget, naming its field and its question.
+    Each distinct format is compiled once, in a child process the deadline kills
+    (`operators/engine/grammar_compile.py`), against `vocabulary` ({"dir", "vocab_size", "stop_ids"}: the
+    checkpoint's tokenizer; None: tokenizer-free). `formats`: {field: (kind, spec)} (None:
     `TaskSection.format_specs()` made here)."""
     fields = config.task.format_specs() if formats is None else formats
     if not fields:
         return []
-    from vlbatch.operators.engine.grammar import grammar_source
+    from vlbatch.operators.engine.grammar_compile import ChildCompiler, GrammarBudget
     from vlbatch.operators.engine.request import ResponseFormat
 
+    limits = config.model.engine.grammar
+    names = _question_names(config)
+    compiler = ChildCompiler(vocabulary, GrammarBudget(limits.compile_s, limits.max_bytes))
+    refused: dict[str, str | None] = {}  # format key -> its problem
     out = []
-    for where, spec in fields.items():
-        try:
-            grammar_source(ResponseFormat(*spec))
-        except VlbatchError as e:
-            out.append(f"{where}: {e}")
+    try:
+        for where, spec in fields.items():
+            fmt = ResponseFormat(*spec)
+            if fmt.key not in refused:
+                try:
+                    compiler.compile(fmt)
+                    refused[fmt.key] = None
+                except VlbatchError as e:
+                    refused[fmt.key] = str(e)
+            if refused[fmt.key] is not None:
+                out.append(f"{where} (question {names.get(where, '?')!r}): {refused[fmt.key]}")
+    finally:
+        compiler.close()
     return out
+
+
+def _question_names(config: JobConfig) -> dict[str, str]:
+    """{field: prompt_name} of the task's response format fields."""
+    from vlbatch.pipeline.config.answers import CAPTION_NAME, question_names
+
+    names = {f"task.questions.{i}.response_format": n for i, n in enumerate(question_names(config.task.questions))}
+    return {**names, "task.response_format": CAPTION_NAME}
+
+
+def _vocabulary(path: str) -> dict | None:
+    """What the grammar child compiles against for the local checkpoint at `path`: its tokenizer folder and
+    vocabulary size (config.json); None when there is no size to read. No stop ids: they do not change what
+    compiling costs."""
+    root = Path(path.removeprefix("file://"))
+    raw, _ = _read_json(root / "config.json", "config.json")
+    size = (raw or {}).get("text_config", raw or {}).get("vocab_size")
+    return {"dir": str(root), "vocab_size": size, "stop_ids": []} if isinstance(size, int) else None

@@ -136,7 +136,7 @@ def response_formats(cfg: JobConfig) -> dict:
     """{prompt_name: engine `ResponseFormat`} of the task's constrained prompts (questions, caption)."""
     from vlbatch.operators.engine.request import ResponseFormat
 
-    return {name: ResponseFormat(kind, spec) for name, (kind, spec) in cfg.task.prompt_formats().items()}
+    return {name: ResponseFormat(kind, spec, name) for name, (kind, spec) in cfg.task.prompt_formats().items()}
 
 
 def decode_device(cfg: JobConfig) -> str:
