@@ -28,6 +28,7 @@ from pydantic import AfterValidator, Field, PlainSerializer, field_serializer, m
 
 from vlbatch.operators.storage.named_file import SCHEMA_FILE, NamedFileError, read_named_file
 from vlbatch.pipeline.config.bounds import MAX_DEPTH, size_problem
+from vlbatch.pipeline.config.types import Float, Int
 from vlbatch.pipeline.config.section import Section
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a column name in every format (export's media layout)
@@ -115,11 +116,11 @@ class GrammarBudgetSection(Section):
     Beside the engine's other budgets, as it limits each model actor's grammar engine; a limit, not part of the
     run id or the fingerprint."""
 
-    compile_s: float = Field(10.0, gt=0.0, le=3600.0, description=(
+    compile_s: Float = Field(10.0, gt=0.0, le=3600.0, description=(
         "seconds one response format's grammar may take to compile (against the checkpoint's vocabulary, in a "
         "child process killed at the deadline): validate refuses a format past it, naming its question; at run "
         "time such a format is an InputError row for its question only"))
-    max_bytes: int = Field(128 << 10, ge=1, description=(
+    max_bytes: Int = Field(128 << 10, ge=1, le=64 << 20, description=(
         "the largest response format source compiled at all (a schema's JSON text, a pattern, the choices' "
         "JSON), in bytes: a larger one is refused before compiling"))
 
