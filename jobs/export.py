@@ -196,7 +196,7 @@ def _dest_storage(dest: str, ref: RunRef, endpoint_url: str | None) -> StorageOp
 def run_task(ref: RunRef, target: str, config: str | None):
     """The task config the run's answers were made with (module docstring); ConfigError when unknown."""
     from vlbatch.pipeline.config import load_config
-    from vlbatch.pipeline.plan.fingerprint import changed_fields
+    from vlbatch.pipeline.plan.fingerprint import changed_fields, task_fields
 
     recorded = _recorded_flat(ref)
     given = None
@@ -208,7 +208,7 @@ def run_task(ref: RunRef, target: str, config: str | None):
     elif ref.from_config:
         given = load_config(target).task
     if given is not None and recorded is not None:
-        differ = changed_fields(recorded, _flatten("task", given.model_dump(mode="json")))
+        differ = changed_fields(recorded, task_fields(given.model_dump(mode="json")))
         if differ:
             raise ConfigError(f"--config {config or target}: its task differs from the run's ({', '.join(differ)}, "
                               f"recorded in {ref.uri}/_fingerprint.json); give the config the run was made with")
@@ -220,24 +220,16 @@ def run_task(ref: RunRef, target: str, config: str | None):
     return _task_of(recorded, ref)
 
 
-def _flatten(prefix: str, values: dict) -> dict:
-    """{dotted field: value}, as the fingerprint records a section (`pipeline/plan/fingerprint.py`)."""
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flatten(f"{prefix}.{key}", value))
-        else:
-            out[f"{prefix}.{key}"] = value
-    return out
-
-
 def _recorded_flat(ref: RunRef) -> dict | None:
-    """The fingerprint's `task.*` fields, None when it records none."""
+    """The fingerprint's `task.*` fields as `fingerprint.task_fields` makes them (a fingerprint written before
+    `answer_fields` holds a `schema_file` beside its schema too), None when it records none."""
+    from vlbatch.pipeline.plan.fingerprint import answer_fields
+
     flat = (read_fingerprint(ref) or {}).get("fingerprint")
     if not isinstance(flat, dict):
         return None
     task = {k: v for k, v in flat.items() if k.startswith("task.")}
-    return task or None
+    return answer_fields(task) or None
 
 
 def _task_of(flat: dict, ref: RunRef):
