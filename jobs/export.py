@@ -14,8 +14,9 @@ How nested values look in JSONL and CSV, and how DEST is written whole or not at
 What is read, in both layouts (`jobs/export_parts.py` checks it; docs/troubleshooting.md says it for users):
 - the run's parts are the files the sink commits, `part-<24 hex>.parquet` in the run folder
   (`ParquetSink.parts`); any other file there (a foreign Parquet file, `part-x.parquet`, `_clips/`) is ignored;
-- a part that is not Parquet, or has no `id` / `status` text column, or a null in either: one line naming the
-  file, exit 1, nothing written;
+- a part that is not Parquet, lacks a column every part has (`id`, `status`, `request_index`, `prompt`, ...) or
+  holds a null there, has an `id` / `status` that is not text, or a value that does not cast to the run's column
+  type: one line naming the file (and the column), exit 1, nothing written;
 - ids are unique in every export: a row whose id an earlier row holds is dropped, by the rule the run's own
   seal keeps (`sink/dedupe.py`: a done row before a transient error row, then the first part in name order,
   then the first row), so a copied part or an unsealed run's copies count once;

@@ -1,12 +1,14 @@
 """The parts `vlbatch export` reads, checked against the rules `jobs/export.py` states (its docstring).
 
 `scan_parts` reads every part's footer (its columns, its row count) and then its `id`, `status` and
-`error_type` columns, one part at a time: a part whose `id` or `status` is missing, not text, or null is a
-`BadPart` naming the file; the rows that repeat an id are found by the rule the run's own `seal` keeps
+`error_type` columns, one part at a time: a part without a column every part has (`REQUIRED`: `id`, `status`,
+`request_index`, `prompt`, ...), or whose `id` / `status` is not text or null, is a `BadPart` naming the file;
+the rows that repeat an id are found by the rule the run's own `seal` keeps
 (`operators/sink/dedupe.duplicate_rows`: a done row before a transient one, then the first part in name
 order, then the first row), 25 B per row held while it decides, as `seal` holds. `read_part` then gives a
-part's rows less those repeats, its `parsed` values checked as JSON text (not JSON: a `BadPart` naming the
-file and the row's id).
+part's rows less those repeats, each column in the run's type (one that does not cast: a `BadPart` naming the
+file and the column), its `parsed` values checked as JSON text (not JSON: a `BadPart` naming the file and the
+row's id).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 
 KEY_COLUMNS = ["id", "status", "error_type"]  # what decides which row of an id is exported
-REQUIRED = ("id", "status")  # a part without them (or with a null one) is not a part of a run
+# every part of a run has these, never null (`id`, `status`, `request_index`, `prompt`, ...): else not a part
+REQUIRED = tuple(f.name for f in OUTPUT_SCHEMA if not f.nullable)
 
 
 class BadPart(ValueError):
@@ -51,6 +54,7 @@ def scan_parts(sink: ParquetSink, paths: list[str]) -> RunParts:
         for name in REQUIRED:
             if name not in schema.names:
                 raise BadPart(f"{p}: no {name!r} column: not a part of a vlbatch run (move it out of the run folder)")
+        for name in ("id", "status"):
             if not pa.types.is_string(schema.field(name).type) and not pa.types.is_large_string(
                     schema.field(name).type):
                 raise BadPart(f"{p}: its {name!r} column is {schema.field(name).type}, not text: not a part of a "
@@ -77,25 +81,46 @@ def _footer(sink: ParquetSink, path: str) -> tuple[pa.Schema, int]:
 
 def _keys(sink: ParquetSink, path: str) -> pa.Table:
     t = sink.read_part(path, KEY_COLUMNS)
-    for name in REQUIRED:
-        nulls = t[name].null_count
-        if nulls:
-            raise BadPart(f"{path}: {nulls} row(s) with a null {name!r}: not a part of a vlbatch run")
+    _no_nulls(path, t)
     if "error_type" not in t.column_names:
         t = t.append_column("error_type", pa.nulls(t.num_rows, pa.string()))
     return t
+
+
+def _no_nulls(path: str, t: pa.Table) -> None:
+    for name in REQUIRED:
+        nulls = t[name].null_count if name in t.column_names else 0
+        if nulls:
+            raise BadPart(f"{path}: {nulls} row(s) with a null {name!r}: not a part of a vlbatch run")
 
 
 def read_part(sink: ParquetSink, parts: RunParts, path: str, columns: list[str] | None = None) -> pa.Table:
     """The part's `columns` (None: all) less the rows `scan_parts` dropped, its `parsed` checked (module
     docstring)."""
     want = None if columns is None else list(dict.fromkeys([*columns, "id"]))
-    t = sink.read_part(path, want)
+    t = _typed(path, sink.read_part(path, want), parts.schema)
+    _no_nulls(path, t)
     drop = parts.dropped.get(path)
     if drop is not None:
         t = t.filter(pa.array(~drop))
     if "parsed" in t.column_names:
         _check_parsed(path, t)
+    return t
+
+
+def _typed(path: str, t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`t`'s columns in the run schema's types (a part of an older run: a column cast, as a reader would);
+    a value that does not cast is a `BadPart` naming the file and the column."""
+    for i, f in enumerate(t.schema):
+        want = schema.field(f.name).type if f.name in schema.names else f.type
+        if f.type == want:
+            continue
+        if f.name == "parsed" and not (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
+            raise BadPart(f"{path}: its 'parsed' column is {f.type}, not JSON text")
+        try:
+            t = t.set_column(i, pa.field(f.name, want), t.column(i).cast(want))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise BadPart(f"{path}: its {f.name!r} column is {f.type}, not {want} ({_first_line(e)})") from None
     return t
 
 

@@ -132,12 +132,8 @@ class ExportFile:
             os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
-        for w in (self.pq, self.csv):  # closed into the temp file, which goes: never left to close it at exit
-            try:
-                if w is not None:
-                    w.close()
-            except (OSError, ValueError, pa.ArrowException):
-                pass
+        if self.pq is not None:  # no footer: the temp file goes (else its __del__ writes to the closed file)
+            self.pq.is_open = False
         try:
             if self.remote:
                 self.f.discard()  # s3fs: abort the multipart upload; nothing appears

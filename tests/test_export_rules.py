@@ -1,7 +1,8 @@
 """`vlbatch export` and hostile run folders (issue 60, item 9): the rules of `jobs/export.py`'s docstring, each
 through the CLI in both layouts, on the run folder `test_export.make_run` writes with the real sink. Which
 files are parts (foreign ones are ignored), a part without `id` / `status` (one line, exit 1, nothing
-written), ids unique in every export (a copied part counts once; a done row wins over a transient copy), a
+written; so is a column every part has, or one whose values do not cast to the run's type), ids unique in
+every export (a copied part counts once; a done row wins over a transient copy), a
 `parsed` value that is not JSON (one line, exit 1)."""
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ def _damaged(part: Path, how: str) -> None:
         t = t.set_column(0, pa.field("id", pa.string()), pa.array([None, *ids[1:]], pa.string()))
     elif how == "int id":
         t = t.set_column(0, "id", pa.array(range(t.num_rows)))
+    elif how == "no prompt":
+        t = t.drop_columns(["prompt"])
+    elif how == "text request_index":
+        t = t.set_column(t.schema.get_field_index("request_index"), "request_index", pa.array(["x"] * t.num_rows))
     else:
         part.parent.joinpath(HEX_PART).write_bytes(b"PAR1 not really")
         return
@@ -78,6 +83,8 @@ def _damaged(part: Path, how: str) -> None:
     ("null id", "1 row(s) with a null 'id': not a part of a vlbatch run"),
     ("int id", "its 'id' column is int64, not text"),
     ("not parquet", "not a Parquet file"),
+    ("no prompt", "no 'prompt' column: not a part of a vlbatch run"),
+    ("text request_index", "its 'request_index' column is string, not int32 (Failed to parse string: 'x'"),
 ])
 def test_a_part_without_a_usable_id_or_status_is_one_line_and_exit_1(run, tmp_path, capsys, layout, how, says):
     _damaged(_parts(run)[0], how)
@@ -120,18 +127,23 @@ def test_a_done_row_wins_over_an_earlier_transient_copy_of_its_id(run, tmp_path,
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_parsed_value_that_is_not_json_is_one_line_and_exit_1(run, tmp_path, capsys, layout):
+@pytest.mark.parametrize("bad", ["text", "type"])
+def test_a_parsed_value_that_is_not_json_is_one_line_and_exit_1(run, tmp_path, capsys, layout, bad):
     part = next(p for p in _parts(run) if pq.read_table(p)["parsed"].null_count < pq.read_table(p).num_rows)
     t = pq.read_table(part)
     i = t.schema.get_field_index("parsed")
     values = t["parsed"].to_pylist()
     k = next(j for j, v in enumerate(values) if v is not None)
-    values[k] = '{"count": 2, "te'
-    t = t.set_column(i, t.schema.field(i), pa.array(values, pa.string()).cast(t.schema.field(i).type))
+    if bad == "text":
+        values[k] = '{"count": 2, "te'
+        t = t.set_column(i, t.schema.field(i), pa.array(values, pa.string()).cast(t.schema.field(i).type))
+        says = f"{part}: row {t['id'][k].as_py()}: its parsed value is not JSON ("
+    else:
+        t = t.set_column(i, "parsed", pa.array([None if v is None else 7 for v in values], pa.int64()))
+        says = f"{part}: its 'parsed' column is int64, not JSON text"
     pq.write_table(t, part)
     dest = tmp_path / "x.parquet"
     code, out, err = _export(capsys, run, dest, layout)
     assert code == 1 and out == "" and err.count("\n") == 1
-    assert err.startswith(f"vlbatch export: nothing written to {dest}: {part}: row {t['id'][k].as_py()}: "
-                          "its parsed value is not JSON (")
+    assert err.startswith(f"vlbatch export: nothing written to {dest}: {says}")
     assert not dest.exists()
