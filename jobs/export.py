@@ -9,8 +9,18 @@ job config). Layouts:
   the run's `_fingerprint.json` (it records every `task.*` field), else RUN given as a job config, else
   `--config JOB.yaml`; with both, they must agree (a different task would type the columns wrongly).
 How nested values look in JSONL and CSV, and how DEST is written whole or not at all (local or s3://):
-`jobs/export_write.py`. DEST must lie outside the run folder (its readers take every part file there
-as the run's rows).
+`jobs/export_write.py`. DEST must lie outside the run folder.
+
+What is read, in both layouts (`jobs/export_parts.py` checks it; docs/troubleshooting.md says it for users):
+- the run's parts are the files the sink commits, `part-<24 hex>.parquet` in the run folder
+  (`ParquetSink.parts`); any other file there (a foreign Parquet file, `part-x.parquet`, `_clips/`) is ignored;
+- a part that is not Parquet, lacks a column every part has (`id`, `status`, `request_index`, `prompt`, ...) or
+  holds a null there, has an `id` / `status` that is not text, or a value that does not cast to the run's column
+  type: one line naming the file (and the column), exit 1, nothing written;
+- ids are unique in every export: a row whose id an earlier row holds is dropped, by the rule the run's own
+  seal keeps (`sink/dedupe.py`: a done row before a transient error row, then the first part in name order,
+  then the first row), so a copied part or an unsealed run's copies count once;
+- a `parsed` value that is not JSON text: one line naming the file and the row's id, exit 1, nothing written.
 """
 from __future__ import annotations
 
@@ -20,7 +30,6 @@ import tempfile
 from collections.abc import Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vlbatch.jobs.export_media import (
     DEFAULT_BUCKET_ROWS,
@@ -31,6 +40,7 @@ from vlbatch.jobs.export_media import (
     named,
     pivot,
 )
+from vlbatch.jobs.export_parts import BadPart, RunParts, read_part, scan_parts
 from vlbatch.jobs.export_write import FORMATS, ExportFile
 from vlbatch.jobs.inspect_run import RunRef, read_fingerprint, reading, resolve_run
 from vlbatch.operators.errors import ConfigError, VlbatchError
@@ -45,7 +55,8 @@ def run_export(target: str, *, layout: str, fmt: str, dest: str, config: str | N
                endpoint_url: str | None = None, bucket_rows: int = DEFAULT_BUCKET_ROWS,
                tmp_dir: str | None = None) -> int:
     """The command: exit 0 and one line `exported N rows (M media) to DEST`; 2 with one line on stderr
-    for bad usage or a RUN that is not a run; 1 for a storage failure."""
+    for bad usage or a RUN that is not a run; 1 for a storage failure or a part that breaks the rules
+    (module docstring)."""
     try:
         rows, media = export(target, layout=layout, fmt=fmt, dest=dest, config=config, endpoint_url=endpoint_url,
                              bucket_rows=bucket_rows, tmp_dir=tmp_dir)
@@ -55,7 +66,10 @@ def run_export(target: str, *, layout: str, fmt: str, dest: str, config: str | N
     except VlbatchError as e:
         print(f"vlbatch export: {e.error_type}: {e}", file=sys.stderr)
         return 1
-    except (pa.ArrowException, OSError) as e:  # a part that is not Parquet, a full disk: one line, DEST untouched
+    except BadPart as e:
+        print(f"vlbatch export: nothing written to {dest}: {e}", file=sys.stderr)
+        return 1
+    except (pa.ArrowException, OSError) as e:  # a full disk: one line, DEST untouched
         from vlbatch.operators.storage.retry import describe
 
         print(f"vlbatch export: nothing written to {dest}: {describe(e)}", file=sys.stderr)
@@ -78,11 +92,11 @@ def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None 
     ref = resolve_run(target, endpoint_url)
     _check_dest(dest, ref)
     sink = ParquetSink(ref.uri, ref.storage)
-    parts = reading(ref.uri, ref.storage, sink.parts)
-    schema, total = _scan(sink, parts)
+    parts = scan_parts(sink, reading(ref.uri, ref.storage, sink.parts))
+    schema, total = parts.schema, parts.rows
     storage = _dest_storage(dest, ref, endpoint_url)
     if layout == "rows":
-        _write(dest, fmt, schema, storage, _rows(sink, parts, schema))
+        _write(dest, fmt, schema, storage, _rows(sink, parts))
         return total, None
     keep = pa.schema([f for f in schema if f.name not in OUTPUT_SCHEMA.names])
     task = run_task(ref, target, config)
@@ -90,7 +104,7 @@ def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None 
         seen: set[str] = set()
         caption_mode = task.mode == "caption"
         columns = [*READ_COLUMNS, *keep.names]  # only what the layout reads
-        tables = (_seen(named(sink.read_part(p, columns), caption_mode, keep), seen) for p in parts)
+        tables = (_seen(named(read_part(sink, parts, p, columns), caption_mode, keep), seen) for p in parts.paths)
         buckets = bucket_tables(tables, total, bucket_rows, folder)
         first = next(buckets, None)  # pass 1 is done once the first bucket comes: every name is seen
         spec = make_spec(task, seen, keep)
@@ -120,9 +134,10 @@ def _counted(table: pa.Table, count: list[int]) -> pa.Table:
     return table
 
 
-def _rows(sink: ParquetSink, parts: list[str], schema: pa.Schema) -> Iterator[pa.Table]:
-    for p in parts:
-        t = sink.read_part(p)
+def _rows(sink: ParquetSink, parts: RunParts) -> Iterator[pa.Table]:
+    schema = parts.schema
+    for p in parts.paths:
+        t = read_part(sink, parts, p)
         missing = [f for f in schema if f.name not in t.column_names]
         for f in missing:  # a part from before the column existed
             t = t.append_column(f, pa.nulls(t.num_rows, f.type))
@@ -143,26 +158,6 @@ def _write(dest: str, fmt: str, schema: pa.Schema, storage: StorageOptions, tabl
     except OSError as e:
         out.abort()
         raise ConfigError(f"-o {dest}: cannot write it: {e}") from e
-
-
-def _scan(sink: ParquetSink, parts: list[str]) -> tuple[pa.Schema, int]:
-    """(the run's schema: OUTPUT_SCHEMA then every kept column any part has, its row count) from the
-    parts' footers (one small read each)."""
-    extra: dict[str, pa.Field] = {}
-    total = 0
-
-    def footer(path):
-        with sink.fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
-            return pf.schema_arrow, pf.metadata.num_rows
-
-    for p in parts:
-        schema, n = sink._retry(lambda p=p: footer(p), f"reading {p}")
-        total += n
-        for f in schema:
-            if f.name not in OUTPUT_SCHEMA.names:
-                extra.setdefault(f.name, f.with_nullable(True))
-    return pa.schema(list(OUTPUT_SCHEMA) + list(extra.values())), total
 
 
 def _check_dest(dest: str, ref: RunRef) -> None:
@@ -196,7 +191,7 @@ def _dest_storage(dest: str, ref: RunRef, endpoint_url: str | None) -> StorageOp
 def run_task(ref: RunRef, target: str, config: str | None):
     """The task config the run's answers were made with (module docstring); ConfigError when unknown."""
     from vlbatch.pipeline.config import load_config
-    from vlbatch.pipeline.plan.fingerprint import changed_fields
+    from vlbatch.pipeline.plan.fingerprint import changed_fields, task_fields
 
     recorded = _recorded_flat(ref)
     given = None
@@ -208,7 +203,7 @@ def run_task(ref: RunRef, target: str, config: str | None):
     elif ref.from_config:
         given = load_config(target).task
     if given is not None and recorded is not None:
-        differ = changed_fields(recorded, _flatten("task", given.model_dump(mode="json")))
+        differ = changed_fields(recorded, task_fields(given.model_dump(mode="json")))
         if differ:
             raise ConfigError(f"--config {config or target}: its task differs from the run's ({', '.join(differ)}, "
                               f"recorded in {ref.uri}/_fingerprint.json); give the config the run was made with")
@@ -220,24 +215,16 @@ def run_task(ref: RunRef, target: str, config: str | None):
     return _task_of(recorded, ref)
 
 
-def _flatten(prefix: str, values: dict) -> dict:
-    """{dotted field: value}, as the fingerprint records a section (`pipeline/plan/fingerprint.py`)."""
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flatten(f"{prefix}.{key}", value))
-        else:
-            out[f"{prefix}.{key}"] = value
-    return out
-
-
 def _recorded_flat(ref: RunRef) -> dict | None:
-    """The fingerprint's `task.*` fields, None when it records none."""
+    """The fingerprint's `task.*` fields as `fingerprint.task_fields` makes them (a fingerprint written before
+    `answer_fields` holds a `schema_file` beside its schema too), None when it records none."""
+    from vlbatch.pipeline.plan.fingerprint import answer_fields
+
     flat = (read_fingerprint(ref) or {}).get("fingerprint")
     if not isinstance(flat, dict):
         return None
     task = {k: v for k, v in flat.items() if k.startswith("task.")}
-    return task or None
+    return answer_fields(task) or None
 
 
 def _task_of(flat: dict, ref: RunRef):

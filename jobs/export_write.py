@@ -132,6 +132,8 @@ class ExportFile:
             os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
+        if self.pq is not None:  # no footer: the temp file goes (else its __del__ writes to the closed file)
+            self.pq.is_open = False
         try:
             if self.remote:
                 self.f.discard()  # s3fs: abort the multipart upload; nothing appears

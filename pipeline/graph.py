@@ -148,9 +148,10 @@ def _open_run(plan: RunPlan, opened=None):
     note is written once the sink's folder is prepared."""
     cfg, run = plan.cfg, plan.run
     if cfg.output.clip_files is not None:  # a killed clip writer's temp files (no worker writes yet)
-        from vlbatch.operators.media.clip_files import clean_debris
+        from vlbatch.operators.media.clip_files import clean_debris, clip_folders
 
-        clean_debris(f"{run.run_uri.rstrip('/')}/clips", run.storage)
+        for folder in clip_folders(run.run_uri):
+            clean_debris(folder, run.storage)
     if opened is not None and opened.sink is not None:
         sink, index = opened.sink, opened.index
         sink.prepare()

@@ -1,7 +1,7 @@
 """Video clips end to end (issue 51): `vlbatch run` with `video.clips` fixed windows writes one row
 per (clip, prompt) with its clip columns; Ctrl-C mid-run and the rerun redoes no committed clip
 and loses none (ids are per clip, stable across runs); a third run finds nothing to do and starts no Ray.
-With `output.clip_files` each clip row's `clip_uri` names its file under `<run>/clips/`, and the rerun
+With `output.clip_files` each clip row's `clip_uri` names its file under `<run>/_clips/`, and the rerun
 leaves the files already there as they are.
 
 Mid-run is an event the test controls: the media come from a loopback HTTP server that holds the
@@ -132,8 +132,8 @@ def test_clip_rows_and_resume_after_sigint_redo_no_committed_clip(tmp_path, tiny
     assert (img["clip_index"], img["clip_start_s"], img["clip_end_s"], img["clip_source"], img["clip_uri"],
             img["clip_last"]) == (None,) * 6
     uris = [r["clip_uri"] for r in clips]
-    assert len(set(uris)) == N_CLIPS and all(u.startswith(f"{run_dir}/clips/") and u.endswith(".mp4") for u in uris)
-    assert sorted(p.name for p in (run_dir / "clips").iterdir()) == sorted(u.rsplit("/", 1)[1] for u in uris)
+    assert len(set(uris)) == N_CLIPS and all(u.startswith(f"{run_dir}/_clips/") and u.endswith(".mp4") for u in uris)
+    assert sorted(p.name for p in (run_dir / "_clips").iterdir()) == sorted(u.rsplit("/", 1)[1] for u in uris)
 
 
 def _stat(path: str) -> tuple[int, int] | None:

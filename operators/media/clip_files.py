@@ -5,9 +5,13 @@ already holds (`clip_decode.py`; no second decode), Ray-free.
   (`DecodeWorker.decode_clips(clip_files=)`; the child never sees the output or its credentials); the
   parent checks the name the child gives and stores the finished file (`store_clip`), then deletes it.
 
-- Where: `<run>/clips/<clip_file_name(media_uri, clip index)>.<format>`, local or s3:// (fsspec, the
-  output's storage options). The name hashes the media's URI and the clip's index, so it is the same on
-  every run of the job (the clip rule is in the run id) and shared by rows of one video.
+- Where: `<run>/_clips/<clip_file_name(media_uri, clip index)>.<format>` (`clips_folder`), local or s3://
+  (fsspec, the output's storage options). The folder's `_` keeps it out of a Parquet reader's view of the
+  run folder (pyarrow's dataset discovery, Spark, DuckDB skip `_` and `.` names), so the README's
+  `ds.dataset(run, format="parquet")` reads the rows only. Runs written before kept them in `<run>/clips/`
+  (`LEGACY_CLIPS_DIR`): their rows' `clip_uri` still names those files, and a start cleans debris in both.
+  The name hashes the media's URI and the clip's index, so it is the same on every run of the job (the
+  clip rule is in the run id) and shared by rows of one video.
 - What: every decoded picture of the clip, frames [start, end) of the source in presentation order, so
   the cut is frame-exact. The source's frame rate and time base are kept; timestamps are *relative*: the
   file's first frame is at 0 s, frame j at its source timestamp minus the clip's first (the row's
@@ -18,7 +22,8 @@ already holds (`clip_decode.py`; no second decode), Ray-free.
   `storage.put_atomic`). A failure deletes the temporary file: never a half file under the final name.
 - Resume: a file already under the final name is not rewritten (`ClipTarget.exists`): a clip whose rows
   were not committed when a run stopped gets the file the earlier run finished. A killed writer's
-  temporary file is deleted when the next run opens (`clean_debris`, from `pipeline/graph.py`).
+  temporary file is deleted when the next run opens (`clean_debris` of each of `clip_folders`, from
+  `pipeline/graph.py`).
 
 Failures (the decision): the clip's caption does not depend on its file. An encode the codec refuses (a
 `MediaError`: e.g. a size the codec cannot take) leaves the clip's rows ok with `clip_uri` null and logs
@@ -49,6 +54,8 @@ from vlbatch.operators.storage.io import TMP_MARK, put_atomic
 _TUNED = ("libx264", "libx265")  # encoders that take `crf` and `preset` (others: their own defaults)
 # a killed writer's temporary file beside the final names (local output): `<32 hex>.<format>.<32 hex>.vlbatch-tmp`
 _DEBRIS = re.compile(r"^[0-9a-f]{32}\.[a-z0-9]+\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
+CLIPS_DIR = "_clips"  # the run's clip files, under the run folder (module docstring: why `_`)
+LEGACY_CLIPS_DIR = "clips"  # where runs written before `CLIPS_DIR` kept them
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,16 @@ def codec_problem(name: str) -> str | None:
     return None
 
 
+def clips_folder(run_dir: str) -> str:
+    """Where a run's clip files go: `<run>/_clips` (`run_dir`: the run folder, local or s3://)."""
+    return join(run_dir.rstrip("/"), CLIPS_DIR)
+
+
+def clip_folders(run_dir: str) -> tuple[str, str]:
+    """Every folder of `run_dir` that may hold its clip files: `clips_folder`, then the legacy one."""
+    return clips_folder(run_dir), join(run_dir.rstrip("/"), LEGACY_CLIPS_DIR)
+
+
 def clip_file_name(media_uri: str, clip_index: int) -> str:
     """32 hex chars of sha256 over the media's URI and the clip's index: stable across runs."""
     return hashlib.sha256(f"{media_uri}\x1fclipfile\x1f{clip_index}".encode()).hexdigest()[:32]
@@ -83,7 +100,7 @@ def clip_file_name(media_uri: str, clip_index: int) -> str:
 
 @dataclass(frozen=True)
 class ClipTarget:
-    """Where a run's clip files go: `folder` (`<run>/clips`, local path or s3:// URI), how they are
+    """Where a run's clip files go: `folder` (`clips_folder(run)`, local path or s3:// URI), how they are
     encoded and the storage options of the output."""
 
     folder: str

@@ -1,7 +1,9 @@
 """`ParquetSink`: a run's output as deterministic, atomically committed Parquet part files.
 
 Layout: `<run uri>/part-<hash>.parquet` (zstd), `_summary.json` beside them, temp files under
-`_tmp/`. The part name is a hash of the sorted request ids in the file, so a retried write of
+`_tmp/`. The run's parts are exactly the files of that name (`PART_NAME`, what `part_name` makes): another
+file in the run folder, even `part-x.parquet`, is no part (resume, inspect and export never read it).
+The part name is a hash of the sorted request ids in the file, so a retried write of
 the same rows lands on the same name (an idempotent overwrite, never a second copy). A part
 appears whole or not at all (`vlbatch.operators.storage.put_atomic`: one PUT on S3; temp file
 + `os.replace` locally); leftover `_tmp` files of a killed writer are ignored by readers and
@@ -91,7 +93,8 @@ SUMMARY_NAME = "_summary.json"
 
 # What this sink writes under `_tmp/` (relative to it), and so all that `prepare` / `seal` delete there:
 # staged batches `staged/<group>/part-<24 hex>.parquet` and `put_atomic`'s temp files (`TMP_MARK`).
-STAGED_NAME = re.compile(r"^[^/]+/part-[0-9a-f]{24}\.parquet$")
+PART_NAME = re.compile(r"^part-[0-9a-f]{24}\.parquet$")  # a committed part, directly in the run folder
+STAGED_NAME = re.compile(r"^[^/]+/" + PART_NAME.pattern[1:])
 _OWN_TMP = re.compile(r"^part-[0-9a-f]{24}\.parquet\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
 
 _SUMMARY_TMP = re.compile(r"^" + re.escape(SUMMARY_NAME) + r"\.[0-9a-f]{32}" + re.escape(TMP_MARK) + "$")
@@ -189,12 +192,11 @@ class ParquetSink(Sink):
                 self._retry(lambda d=d: self.fs.rmdir(d), f"deleting {d}")
 
     def parts(self) -> list[str]:
-        """Paths of the committed part files, sorted."""
+        """Paths of the committed part files (`PART_NAME`; any other file is not the run's), sorted."""
         if not self._retry(lambda: self.fs.exists(self.root), f"listing {self.root}"):
             return []
         names = self._retry(lambda: self.fs.ls(self.root, detail=False), f"listing {self.root}")
-        return sorted(n for n in names
-                      if n.rsplit("/", 1)[-1].startswith(PART_PREFIX) and n.endswith(PART_SUFFIX))
+        return sorted(n for n in names if PART_NAME.match(n.rstrip("/").rsplit("/", 1)[-1]))
 
     def read_part(self, path: str, columns: list[str] | None = None) -> pa.Table:
         """The part's `columns` (None: all) that it has: a part written before a column existed

@@ -17,7 +17,7 @@ SinkChoice = registry_choice(sink_pkg, "SINKS")
 
 
 class ClipFilesSection(_Section):
-    """`output.clip_files`: each clip of `video.clips` written as its own file under `<run>/clips/`
+    """`output.clip_files`: each clip of `video.clips` written as its own file under `<run>/_clips/`
     (`operators/media/clip_files.py`); off when absent."""
 
     format: Literal["mp4"] = Field("mp4", description="the clip files' container")
@@ -63,7 +63,7 @@ class OutputSection(_Section):
         description="... or once its oldest row is this old: a crash loses at most this window")
     format: SinkChoice = sink_pkg.SINKS.default
     clip_files: ClipFilesSection | None = Field(None, description="write each clip (video.clips) as a file under "
-                                                                   "<run>/clips/ and its URI in clip_uri; null: off")
+                                                                   "<run>/_clips/ and its URI in clip_uri; null: off")
 
     def roll_policy(self):
         """The writers' `RollPolicy` (vlbatch.operators.sink.rolling)."""

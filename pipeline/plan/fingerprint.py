@@ -16,7 +16,9 @@ are stale answers. So the run folder holds `_fingerprint.json` (`FINGERPRINT_NAM
   `model.backend`; a local checkpoint's path counts only when its identity differs too (a
   moved or copied checkpoint is the same one);
 - every `sampling.*` field except `max_prompt_tokens` (a limit: it decides error rows, not answers);
-- every `task.*` field;
+- every `task.*` field, a response format's schema inlined (a `schema_file` is where the schema came from, not
+  what it is: `answer_fields` leaves it out, of a stored fingerprint too, so the recorded task reads back as a task
+  config: `vlbatch export` types its columns from it);
 - `image.min_pixels` / `max_pixels`, and every `video.*` field except `decode_timeout_s` and
   `max_bytes` (limits, as above) and `decoder` / `decode_device` (every decoder returns the same frames:
   tests/test_media_torchcodec.py; the run id leaves them out too).
@@ -121,7 +123,30 @@ def fingerprint(cfg: JobConfig, sections: dict | None = None) -> dict:
         if section == "image":
             keep = {k: v for k, v in keep.items() if k in ("min_pixels", "max_pixels")}
         out.update(_flat(section, keep, NOT_ANSWERS.get(section, set())))
+    return answer_fields(out)
+
+
+def task_fields(task: dict) -> dict:
+    """A task section's JSON values (`TaskSection.model_dump(mode="json")`) as the fingerprint records them."""
+    return answer_fields(_flat("task", task))
+
+
+def answer_fields(flat: dict) -> dict:
+    """`flat` (a fingerprint, or its `task.*` fields) without the response formats' `schema_file`: the schema
+    is recorded inlined beside it, and a task config takes one of the two, not both. A fingerprint stored
+    before this rule reads the same through it (`stored`), so its run resumes unchanged."""
+    out = {k: v for k, v in flat.items() if k != "task.response_format.schema_file"}
+    questions = out.get("task.questions")
+    if isinstance(questions, list):
+        out["task.questions"] = [_without_file(q) for q in questions]
     return out
+
+
+def _without_file(question):
+    fmt = question.get("response_format") if isinstance(question, dict) else None
+    if not isinstance(fmt, dict) or "schema_file" not in fmt:
+        return question
+    return {**question, "response_format": {k: v for k, v in fmt.items() if k != "schema_file"}}
 
 
 def _default(key: str):
@@ -165,14 +190,16 @@ class FingerprintNote:
 
 
 def stored(uri: str, storage) -> dict | None:
-    """The run folder's `_fingerprint.json` at `uri` (None: there is none)."""
+    """The run folder's `_fingerprint.json` at `uri`, its fields read through `answer_fields` (None: there is none)."""
     try:
         raw = read_bytes(uri, storage)
     except MediaError:  # not there: a new run (or one from before fingerprints)
         return None
     try:
         data = json.loads(raw)
-        return data if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict) else None
+        if not (isinstance(data, dict) and isinstance(data.get("fingerprint"), dict)):
+            return None
+        return {**data, "fingerprint": answer_fields(data["fingerprint"])}
     except ValueError:
         log.warning("%s is not valid JSON; it is written again", uri)
         return None

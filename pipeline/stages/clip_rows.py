@@ -48,16 +48,16 @@ CLIP_BLOCK = 4  # clips per output block: bounds the frames a long video holds i
 
 
 def clip_target(cfg):
-    """The run's `ClipTarget` (`<output.uri>/<run id>/clips`, the output's storage options), None when
-    `output.clip_files` is off."""
+    """The run's `ClipTarget` (`clips_folder` of `<output.uri>/<run id>`, the output's storage options), None
+    when `output.clip_files` is off."""
     files = cfg.output.clip_files
     if files is None:
         return None
-    from vlbatch.operators.media.clip_files import ClipTarget
+    from vlbatch.operators.media.clip_files import ClipTarget, clips_folder
     from vlbatch.operators.storage import join
 
     run_dir = join(cfg.output.uri.rstrip("/"), cfg.resolved_run_id())  # as pipeline/graph.py names the run
-    return ClipTarget(folder=join(run_dir, "clips"), settings=files.settings(), storage=cfg.storage.options())
+    return ClipTarget(folder=clips_folder(run_dir), settings=files.settings(), storage=cfg.storage.options())
 
 
 def resolve_done(done):
