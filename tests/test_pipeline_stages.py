@@ -305,3 +305,37 @@ def test_media_key_hashes_the_frames_and_tells_media_apart(proc):
     changed[35, 45] = 255 - changed[35, 45]  # one pixel, far from its old value (survives the resize)
     m2 = proc.encode_media([changed], None, frames=True)
     assert media_key(proc, "image", m2.arrays["pixel_values"], grid) != key
+
+
+def test_a_clip_refused_by_preprocess_loses_its_stored_clip_file(tmp_path, tiny_ckpt):
+    """Issue 60 item 6: a clip whose file was stored at decode but whose every request then fails in
+    preprocess (a 300:1 frame) ends as error rows that name no clip file, and the file is deleted; an ok
+    clip keeps its file and its `clip_uri`."""
+    from vlbatch.pipeline.stages.clip_rows import clip_target
+    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.stages.rows import Decoded
+
+    job = _job(tmp_path, tiny_ckpt("dense"))
+    job["video"] = {"clips": {"mode": "fixed", "window_s": 2.0}}
+    job["output"]["clip_files"] = {"format": "mp4"}
+    cfg = validate_config(job)
+    target = clip_target(cfg)
+    folder = tmp_path / "out" / cfg.resolved_run_id() / "_clips"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(5)
+
+    def clip_row(index: int, shape: tuple[int, int]) -> Decoded:
+        uri = target.uri_of(f"clip{index}")
+        (folder / uri.rsplit("/", 1)[1]).write_bytes(b"mp4")  # as store_clip leaves it
+        return Decoded("v.mp4", "video", (f"i{index}",), (0,), ("Describe.",), clip_index=index,
+                       clip_start_s=2.0 * index, clip_end_s=2.0 * index + 2, clip_source="fixed", clip_uri=uri,
+                       frames=rng.integers(0, 256, (2, *shape, 3), dtype=np.uint8), source_fps=2.0,
+                       total_frames=8, frame_indices=(0, 1))
+
+    stage = PreprocessStage(cfg)
+    bad, good = stage.prepare_rows(clip_row(0, (2, 600))), stage.prepare_rows(clip_row(1, (48, 64)))
+    assert [(r.status, r.error_type, r.clip_uri) for r in bad] == [("error", "InputError", None)]
+    assert [(r.status, r.clip_uri) for r in good] == [("ok", target.uri_of("clip1"))]
+    assert sorted(p.name for p in folder.iterdir()) == ["clip1.mp4"]
+    with pytest.raises(Exception, match="not a clip file"):
+        target.remove(str(tmp_path / "elsewhere.mp4"))  # only files of the clips folder

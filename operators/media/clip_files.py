@@ -114,6 +114,19 @@ class ClipTarget:
         fs, path = filesystem(uri, self.storage)
         return fs.exists(path)
 
+    def remove(self, uri: str) -> None:
+        """Delete the stored clip file `uri` (its clip ended as an error row); only a file of this folder,
+        and one already gone is fine. `StorageError` when the output cannot be reached."""
+        if not uri.startswith(self.folder.rstrip("/") + "/"):
+            raise MediaError(f"{uri!r} is not a clip file of {self.folder}")
+        fs, path = filesystem(uri, self.storage)
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(f"cannot delete the clip file {uri}: {e}") from e
+
 
 def clean_debris(folder: str, storage: StorageOptions) -> int:
     """Delete the temporary files a killed writer left in the local clips `folder` (only names of that

@@ -28,8 +28,8 @@ from pydantic import AfterValidator, Field, PlainSerializer, field_serializer, m
 
 from vlbatch.operators.storage.named_file import SCHEMA_FILE, NamedFileError, read_named_file
 from vlbatch.pipeline.config.bounds import MAX_DEPTH, size_problem
-from vlbatch.pipeline.config.types import Float, Int
 from vlbatch.pipeline.config.section import Section
+from vlbatch.pipeline.config.types import Float, Int
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a column name in every format (export's media layout)
 CAPTION_NAME = "caption"  # the caption request's prompt_name

@@ -60,6 +60,21 @@ def clip_target(cfg):
     return ClipTarget(folder=clips_folder(run_dir), settings=files.settings(), storage=cfg.storage.options())
 
 
+def without_clip_file(target, row, out: list) -> list:
+    """`out`, the Prepared rows of the clip `row`: when none is ok (the clip ended as error rows after
+    decode, e.g. refused by preprocess), its stored clip file is deleted and no row names it, so a clip
+    file always belongs to a clip with an answer."""
+    if target is None or row.clip_uri is None or any(p.status == "ok" for p in out):
+        return out
+    from dataclasses import replace
+
+    try:
+        target.remove(row.clip_uri)
+    except VlbatchError as e:  # the rows stand; the file stays, named by none of them
+        LOG.warning("clip file %s of an error clip not deleted: %s", row.clip_uri, e)
+    return [replace(p, clip_uri=None) for p in out]
+
+
 def resolve_done(done):
     """The committed ids (`IdIndex`) from the graph's ObjectRef (None: a fresh run, nothing to drop)."""
     if done is None:

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.stages.clip_rows import clip_target, without_clip_file
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, Prepared, clip_fields, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 
@@ -218,6 +219,7 @@ class PreprocessStage:
 
         self.cfg = cfg
         self.lock = threading.Lock()
+        self.clip_target = clip_target(cfg) if cfg.video.clips.mode != "none" else None  # an error clip's file: deleted
         model_dir = local_model_path(cfg)
         require_processor_files(model_dir)
         self.processor = Processor.from_pretrained(model_dir)
@@ -245,7 +247,7 @@ class PreprocessStage:
         if row.status != "ok":
             return [Prepared(**_base(row), decode_s=row.decode_s)]
         out = _catch(row, lambda: self._prepare_rows(row), Prepared)
-        return out if isinstance(out, list) else [out]
+        return without_clip_file(self.clip_target, row, out if isinstance(out, list) else [out])
 
     def prepare_one(self, row: Decoded) -> Prepared:
         """`prepare_rows(row)`'s first row: the media's row (its prompts that preprocess, or its error)."""
