@@ -89,6 +89,52 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
     assert "in __init__" in (tmp_path / "err.log").read_text()  # the actor's own traceback, in the file
 
 
+@pytest.mark.timeout(300)  # a hang guard: before, Ray restarted the actor in place for ever ("0/1 model actors ready")
+def test_an_actor_killed_while_starting_ends_the_run_in_one_line(tmp_path):
+    """Issue 60 item 16: the actor's process dies in its constructor (a real SIGKILL); Ray restarts it in place,
+    the restart finds its start unfinished and fails at once, so the node counts as failed and with no node
+    left the run stops: `ActorStartError`, one line, exit 8, naming the node and that the process died."""
+    import os
+    import signal
+
+    import ray
+
+    from vlbatch.jobs.failures import describe
+    from vlbatch.pipeline.stages.placement import (
+        INIT_DEATHS,
+        failed_lines,
+        node_options,
+        reporting,
+        start_failures,
+    )
+
+    class ModelStage:  # named as the product's stage; SIGKILLed while it starts, as by the OOM killer
+        def __init__(self):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        def __call__(self, batch):
+            return batch
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.data.DataContext.get_current().max_consecutive_actor_init_deaths = INIT_DEATHS
+        failures = start_failures()
+        kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
+        ds = ray.data.range(4).map_batches(reporting(ModelStage, failures),
+                                           ray_remote_args_fn=node_options(failures, "ModelStage", kw), **kw)
+        with pytest.raises(ActorStartError) as info:
+            ds.materialize()
+        lines = failed_lines(failures)
+    finally:
+        ray.shutdown()
+    assert len(lines) == 1 and lines[0].startswith("ModelStage on node ") and "process died" in lines[0], lines
+    failure = describe(info.value, None, tmp_path / "err.log")
+    assert failure.exit_code == 8 and "\n" not in failure.line
+    assert failure.line.startswith("vlbatch: the model stage could not start: ActorStartError: ModelStage failed "
+                                   "to start on every node that can hold it: ModelStage on node "), failure.line
+    assert "its process died while the actor started (killed by the OOM killer" in failure.line, failure.line
+
+
 # Nodes lost mid-run (pipeline/stages/placement.py: watch_nodes, watching_nodes). The real cluster run is
 # tests/test_multinode_faults.py::test_every_model_node_lost_mid_run_ends_the_run_in_one_line.
 

@@ -9,7 +9,11 @@ to `INIT_DEATHS` in a row, `DataContext.max_consecutive_actor_init_deaths`, set 
 and asks the pool's `node_options` for each new actor's options: they keep it off every node
 where an actor of that stage failed (a `label_selector` on Ray's `ray.io/node-id` label), so the
 run goes on on the nodes that work (a model replica on another GPU node), and
-`RunSummary.failed_starts` names each failed stage, node and cause.
+`RunSummary.failed_starts` names each failed stage, node and cause. An actor whose process dies while
+it starts (the OOM killer, a signal, a crash: no exception to report) is restarted by Ray in place, and
+would die again: `StartFailures` holds each start under way (`begin`, `end`), so the restart finds its
+earlier start unfinished, records that node as failed (`DIED_STARTING`) and raises, and the pool goes
+on as above instead of restarting it there for ever.
 
 The run stops instead (`ActorStartError` naming the stage, chained from the actor's own error:
 one line and a non-zero exit, jobs/failures.py) when
@@ -51,6 +55,8 @@ log = logging.getLogger("vlbatch.pipeline")
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label on every node
 INIT_DEATHS = 8  # actors of one pool that may die while starting in a row before Ray Data fails the run
 REPORT_TIMEOUT_S = 30.0  # an actor's report of its failed start (its own error fails the run if it is lost)
+DIED_STARTING = ("its process died while the actor started (killed by the OOM killer or a signal, or it crashed; "
+                 "see dmesg on that node)")
 
 
 @dataclass(frozen=True)
@@ -71,13 +77,29 @@ class StartFailure:
 
 
 class StartFailures:
-    """Ray actor: the run's failed actor starts, in order."""
+    """Ray actor: the run's failed actor starts, in order, and the starts under way (by actor id)."""
 
     def __init__(self):
         self.failures: list[StartFailure] = []
+        self.starting: dict[str, tuple[str, str, str]] = {}  # actor id -> (stage, node id, node IP)
 
     def record(self, failure: StartFailure) -> None:
         self.failures.append(failure)
+
+    def begin(self, actor_id: str, stage: str, node_id: str, node_ip: str) -> StartFailure | None:
+        """An actor's start begins. None, or (a start of that actor never ended: its process died, Ray restarted
+        it) that start's failure, recorded; the caller then fails its own start."""
+        died = self.starting.pop(actor_id, None)
+        if died is None:
+            self.starting[actor_id] = (stage, node_id, node_ip)
+            return None
+        failure = StartFailure(*died, DIED_STARTING, fatal=False)
+        self.failures.append(failure)
+        return failure
+
+    def end(self, actor_id: str) -> None:
+        """An actor's start ended (it started, or it raised: `record`)."""
+        self.starting.pop(actor_id, None)
 
     def get(self) -> list[StartFailure]:
         return list(self.failures)
@@ -109,6 +131,30 @@ def report_start_failure(handle, stage: str, exc: BaseException) -> None:
             log.warning("could not report a failed start: %s: %s", type(e).__name__, e)
 
 
+def begin_start(handle, stage: str) -> StartFailure | None:
+    """Called first in an actor's start: `StartFailures.begin` for this actor (None where the call fails: the
+    start goes on unwatched)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    try:
+        return ray.get(handle.begin.remote(ctx.get_actor_id(), stage, ctx.get_node_id(),
+                                           ray.util.get_node_ip_address()), timeout=REPORT_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - never keep an actor from starting
+        log.warning("could not note an actor's start: %s: %s", type(e).__name__, e)
+        return None
+
+
+def end_start(handle) -> None:
+    """Called when an actor's start ended, however it ended."""
+    import ray
+
+    try:
+        ray.get(handle.end.remote(ray.get_runtime_context().get_actor_id()), timeout=REPORT_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - a later restart of this actor would count it as died starting
+        log.warning("could not note an actor's start: %s: %s", type(e).__name__, e)
+
+
 def _bare(exc: BaseException) -> BaseException:
     """`exc` without its traceback and chain (what it holds may not pickle), for the run's failure chain."""
     try:
@@ -118,15 +164,21 @@ def _bare(exc: BaseException) -> BaseException:
 
 
 def reporting(cls: type, handle) -> type:
-    """`cls` (an actor pool's UDF class) whose constructor reports a failure to `handle` first."""
+    """`cls` (an actor pool's UDF class) whose constructor reports a failure to `handle` first, and whose
+    restart after its process died while starting fails at once (module docstring)."""
 
     class Reporting(cls):
         def __init__(self, *args, **kwargs):
+            died = begin_start(handle, cls.__name__)
+            if died is not None:  # this actor's last start died with its process: no new try on that node
+                raise ActorStartError(cls.__name__, died.line())
             try:
                 super().__init__(*args, **kwargs)
             except Exception as e:
                 report_start_failure(handle, cls.__name__, e)
                 raise
+            finally:
+                end_start(handle)
 
     # Ray Data names the operator (and its actors' processes) after the class: MapBatches(ModelStage)
     Reporting.__name__, Reporting.__qualname__ = cls.__name__, cls.__qualname__
