@@ -64,7 +64,7 @@ def _add_export(sub) -> None:
                     "media (per clip), the caption and each named prompt its own column typed from its\n"
                     "response format (JSON schema objects: structs; arrays: lists; enums and choices: dictionary\n"
                     "strings), <name>_status, and the kept input columns. JSONL nests structured values; CSV\n"
-                    "cells hold them as JSON text. Prints `exported N rows (M media) to DEST`.")
+                    "cells hold them as JSON text. Prints `exported N rows (M media, C clips) to DEST`.")
     exp.add_argument("run", help="run directory (<output.uri>/<run_id>, local or s3://) or a job config")
     exp.add_argument("--layout", choices=["media", "rows"], default="media", help="media (default) or rows")
     exp.add_argument("--format", choices=["parquet", "jsonl", "csv"], default="parquet",

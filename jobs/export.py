@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -37,6 +38,7 @@ from vlbatch.jobs.export_media import (
     MediaSpec,
     bucket_tables,
     make_spec,
+    media_count,
     named,
     pivot,
 )
@@ -51,15 +53,33 @@ from vlbatch.operators.storage import StorageOptions
 LAYOUTS = ("media", "rows")
 
 
+@dataclass(frozen=True)
+class Exported:
+    """What an export read and wrote: the run's request `rows`; for the media layout its distinct `media` and
+    the `clips` among its rows (a media row is a media, or one clip of a clipped video); None: rows layout."""
+
+    rows: int
+    media: int | None = None
+    clips: int = 0
+
+    def text(self) -> str:
+        """'16 rows (13 media, 16 clips)', '13 rows (6 media)', '13 rows'."""
+        rows = f"{self.rows} row{'' if self.rows == 1 else 's'}"
+        if self.media is None:
+            return rows
+        clips = f", {self.clips} clip{'' if self.clips == 1 else 's'}" if self.clips else ""
+        return f"{rows} ({self.media} media{clips})"
+
+
 def run_export(target: str, *, layout: str, fmt: str, dest: str, config: str | None = None,
                endpoint_url: str | None = None, bucket_rows: int = DEFAULT_BUCKET_ROWS,
                tmp_dir: str | None = None) -> int:
-    """The command: exit 0 and one line `exported N rows (M media) to DEST`; 2 with one line on stderr
-    for bad usage or a RUN that is not a run; 1 for a storage failure or a part that breaks the rules
+    """The command: exit 0 and one line `exported N rows (M media[, C clips]) to DEST`; 2 with one line on
+    stderr for bad usage or a RUN that is not a run; 1 for a storage failure or a part that breaks the rules
     (module docstring)."""
     try:
-        rows, media = export(target, layout=layout, fmt=fmt, dest=dest, config=config, endpoint_url=endpoint_url,
-                             bucket_rows=bucket_rows, tmp_dir=tmp_dir)
+        done = export(target, layout=layout, fmt=fmt, dest=dest, config=config, endpoint_url=endpoint_url,
+                      bucket_rows=bucket_rows, tmp_dir=tmp_dir)
     except ConfigError as e:
         print(f"vlbatch export: {e}", file=sys.stderr)
         return 2
@@ -74,15 +94,14 @@ def run_export(target: str, *, layout: str, fmt: str, dest: str, config: str | N
 
         print(f"vlbatch export: nothing written to {dest}: {describe(e)}", file=sys.stderr)
         return 1
-    what = f"{rows} rows ({media} media)" if media is not None else f"{rows} rows"
-    print(f"exported {what} to {dest}")
+    print(f"exported {done.text()} to {dest}")
     return 0
 
 
 def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None = None,
            endpoint_url: str | None = None, bucket_rows: int = DEFAULT_BUCKET_ROWS,
-           tmp_dir: str | None = None) -> tuple[int, int | None]:
-    """Export (module docstring) -> (request rows read, media rows written; None for the rows layout)."""
+           tmp_dir: str | None = None) -> Exported:
+    """Export (module docstring) -> what was read and written (`Exported`)."""
     if layout not in LAYOUTS:
         raise ConfigError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     if fmt not in FORMATS:
@@ -97,7 +116,7 @@ def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None 
     storage = _dest_storage(dest, ref, endpoint_url)
     if layout == "rows":
         _write(dest, fmt, schema, storage, _rows(sink, parts))
-        return total, None
+        return Exported(total)
     keep = pa.schema([f for f in schema if f.name not in OUTPUT_SCHEMA.names])
     task = run_task(ref, target, config)
     with tempfile.TemporaryDirectory(prefix="vlbatch-export-", dir=tmp_dir) as folder:
@@ -108,9 +127,9 @@ def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None 
         buckets = bucket_tables(tables, total, bucket_rows, folder)
         first = next(buckets, None)  # pass 1 is done once the first bucket comes: every name is seen
         spec = make_spec(task, seen, keep)
-        media = [0]
-        _write(dest, fmt, spec.schema(), storage, _media(first, buckets, spec, media))
-    return total, media[0]
+        counts = [0, 0]
+        _write(dest, fmt, spec.schema(), storage, _media(first, buckets, spec, counts))
+    return Exported(total, counts[0], counts[1])
 
 
 def _seen(table: pa.Table, seen: set[str]) -> pa.Table:
@@ -123,14 +142,17 @@ def _seen(table: pa.Table, seen: set[str]) -> pa.Table:
 
 def _media(first, buckets, spec: MediaSpec, count: list[int]) -> Iterator[pa.Table]:
     for bucket in ([first] if first is not None else []):
-        yield _counted(pivot(bucket, spec), count)
+        yield _counted(pivot(bucket, spec), spec, count)
     for bucket in buckets:
-        yield _counted(pivot(bucket, spec), count)
+        yield _counted(pivot(bucket, spec), spec, count)
         release_arrow_memory()
 
 
-def _counted(table: pa.Table, count: list[int]) -> pa.Table:
-    count[0] += table.num_rows
+def _counted(table: pa.Table, spec: MediaSpec, counts: list[int]) -> pa.Table:
+    """`table` (one bucket's media rows), its media and clips added to `counts`."""
+    media, clips = media_count(table, spec.keep)
+    counts[0] += media
+    counts[1] += clips
     return table
 
 

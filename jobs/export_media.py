@@ -163,11 +163,25 @@ def _nested(t: pa.DataType) -> bool:
     return pa.types.is_nested(t) or isinstance(t, pa.BaseExtensionType)
 
 
-def _with_keys(t: pa.Table, keep: pa.Schema) -> pa.Table:
+def _with_text_keys(t: pa.Table, keep: pa.Schema) -> pa.Table:
+    """`t` with a `_key_<name>` JSON text column per nested kept column (`_key_columns`)."""
     for f in keep:
         if _nested(f.type):
             text = [None if v is None else json.dumps(v, sort_keys=True, default=str) for v in t[f.name].to_pylist()]
             t = t.append_column(f"_key_{f.name}", pa.array(text, pa.string()))
+    return t
+
+
+def media_count(media_rows: pa.Table, keep: pa.Schema) -> tuple[int, int]:
+    """(media, clips) among one bucket's pivoted rows: a media is its key less `clip_index` (a video's clips
+    are one media), a clip a row with a `clip_index`. A media_uri's rows are all in one bucket."""
+    keys = [k for k in _key_columns(media_rows, keep) if k != "clip_index"]
+    media = _with_text_keys(media_rows, keep).select(keys).group_by(keys, use_threads=False).aggregate([])
+    return media.num_rows, media_rows.num_rows - media_rows["clip_index"].null_count
+
+
+def _with_keys(t: pa.Table, keep: pa.Schema) -> pa.Table:
+    t = _with_text_keys(t, keep)
     rank = pc.if_else(pc.equal(t["status"], "ok"), 0, 1)  # an ok copy before an error one
     return t.append_column("_rank", rank)
 

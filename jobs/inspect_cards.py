@@ -131,11 +131,12 @@ def _flatten(obj: dict, prefix: str):
 
 
 def _text(v) -> str:
-    """A JSON value as shown: strings as they are, lists joined, null / booleans / numbers as JSON writes them."""
+    """A JSON value as shown: strings as they are, lists joined (an empty one `[]`, never a blank cell), null /
+    booleans / numbers as JSON writes them."""
     if isinstance(v, str):
         return v
     if isinstance(v, list):
-        return ", ".join(_text(x) for x in v)
+        return ", ".join(_text(x) for x in v) if v else "[]"
     return json.dumps(v, ensure_ascii=False)
 
 

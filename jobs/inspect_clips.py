@@ -43,6 +43,10 @@ class VideoTimeline:
     complete: bool  # its last clip is committed (a row says clip_last)
     visual_tokens: int  # over all its clips (each clip once)
 
+    def count_text(self) -> str:
+        """'1 clip' / '3 clips'."""
+        return f"{self.count} clip{'' if self.count == 1 else 's'}"
+
 
 class Timelines:
     """The streamed state (module docstring): {uri: {clip index: (request index, visual, last, part, row)}}."""
@@ -118,6 +122,6 @@ def print_timelines(timelines: list[VideoTimeline], w, one_line) -> None:
     for v in timelines:
         more = f", the first {len(v.clips)} shown" if len(v.clips) < v.count else ""
         state = "complete" if v.complete else "last clip not committed"
-        w(f"  {v.uri}: {v.count} clips ({state}{more}), {v.visual_tokens} visual tokens\n")
+        w(f"  {v.uri}: {v.count_text()} ({state}{more}), {v.visual_tokens} visual tokens\n")
         for c in v.clips:
             w(f"    {c.index:>4}  {span(c):>17}  {c.source or '-':<6}  {one_line(c.text, 100)}\n")

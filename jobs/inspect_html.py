@@ -158,7 +158,7 @@ def _timelines(timelines, frames: dict) -> str:
                          f'<span class="muted">{e(c.source or "")}</span><div class="{cls}">{e(c.text)}</div>'
                          '</figcaption></figure>')
         state = "complete" if v.complete else "last clip not committed"
-        blocks.append(f'<div class="panel"><div class="uri">{e(v.uri)}</div><div class="meta">{v.count} clips '
+        blocks.append(f'<div class="panel"><div class="uri">{e(v.uri)}</div><div class="meta">{v.count_text()} '
                       f'({state}), {v.visual_tokens} visual tokens</div>'
                       f'<div class="timeline">{"".join(cells)}</div></div>')
     return f'<h2>Clips</h2><section id="clips">{"".join(blocks)}</section>'

@@ -99,7 +99,7 @@ class ActorStartError(VlbatchError):
 
 class NodesLostError(ActorStartError):
     """Every node that could hold a stage's actor was lost mid-run and none came back within the
-    grace period (`ray.node_loss_timeout_s`, pipeline/stages/placement.py): the run stops (exit 8)."""
+    grace period (`ray.node_loss_timeout_s`, pipeline/stages/node_loss.py): the run stops (exit 8)."""
 
 
 class SetupError(ConfigError):

@@ -117,11 +117,13 @@ def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, 
 
 
 def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress, tally,
-                  known: int | None, timeline: Timeline, job: str, done_ref=None) -> list[str]:
+                  known: int | None, timeline: Timeline, job: str, done_ref=None) -> tuple[list[str], str | None]:
     """Run the graph, feeding its stats rows to `progress`; a `Ticker` thread reads the meter (and the
-    tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> the
-    start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
-    from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures, watching_nodes
+    tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> (the
+    start failures the run went on without (`placement.failed_lines`), the line naming the nodes it lost
+    and went on without, or None); a pool's nodes all lost: `watching_nodes` stops the run."""
+    from vlbatch.pipeline.stages.node_loss import watching_nodes
+    from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures
     from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
     from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts
 
@@ -133,13 +135,14 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
     progress.set_phase("starting the actors and loading the model" if cfg.task.mode != "scan" else
                        "starting the actors", sticky=cfg.task.mode != "scan")
     every = 0.2 if progress.tty else min(1.0, cfg.ray.progress_interval_s)
-    with Ticker(progress, meter, tally, known, every_s=every, timeline=timeline), watching_nodes(placement, cfg.ray):
+    with (Ticker(progress, meter, tally, known, every_s=every, timeline=timeline),
+          watching_nodes(placement, cfg.ray) as watch):
         # prefetch_batches=0: each stats block as soon as it exists (prefetching holds one back)
         for stats in graph.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
             meter.add.remote(committed_counts(stats))  # committed rows, errors, tokens: the meter's metrics
             progress.update(stats)
             timeline.update(stats)
-    return failed_lines(placement.failures)
+    return failed_lines(placement.failures), watch.seen.line()
 
 
 def _open_run(plan: RunPlan, opened=None):
@@ -218,12 +221,14 @@ def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None, o
     progress = Progress(total=None if clipped else pending_n if pending_n is not None else plan.requests,
                         stream=stream, interval_s=cfg.ray.progress_interval_s, expect_models=models,
                         clipped=clipped, media_total=media_total)
-    timeline, failed = Timeline(), []
+    timeline, failed, lost = Timeline(), [], None
     if pending_n is None or pending_n:
-        failed = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, None if clipped else known, timeline,
-                               name or run_id, done_ref)
+        failed, lost = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, None if clipped else known,
+                                     timeline, name or run_id, done_ref)
     for line in failed:
         _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
+    if lost:
+        _say(stream, lost)
     return _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, timeline, failed, stream,
                    t0=t0, expand_s=t_graph - t_expand, graph_at=t_graph - t0)
 

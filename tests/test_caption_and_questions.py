@@ -56,6 +56,18 @@ def test_caption_rides_after_the_questions_with_the_questions_ids_unchanged():
     assert scan.prompts == (*qs, "Describe.")
 
 
+def test_a_video_gets_a_video_caption_prompt_unless_the_config_sets_one():
+    """Issue 60 item 13: neither prompt set, a video was captioned "Describe this image in detail."."""
+    for task in (TaskSection(mode="questions", questions=("Why?",), caption=True), TaskSection()):
+        video, image = expand("a/v.mp4", None, None, task), expand("a/x.png", None, None, task)
+        assert video.prompts[-1] == "Describe this video in detail.", task
+        assert image.prompts[-1] == "Describe this image in detail.", task
+    asked = TaskSection(mode="questions", questions=("Why?",), caption=True, prompt="Describe.")
+    assert expand("a/v.mp4", None, None, asked).prompts == ("Why?", "Describe.")  # task.prompt set: every media's
+    assert expand("a/v.mp4", None, None, validate_config({**MIN, "task": {"prompt": None}}).task).prompts == \
+        ("Describe this video in detail.",)  # `prompt: null` is not set
+
+
 def test_one_decode_one_preprocess_and_the_prefix_for_caption_and_questions(tmp_path, tiny_ckpt):
     from PIL import Image
 

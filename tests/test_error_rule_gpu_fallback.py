@@ -85,6 +85,21 @@ def test_a_gpu_less_machine_says_the_model_runs_on_the_cpu(tmp_path):
     assert plan(_gpu_cfg(tmp_path / "c", device="cpu"), here).device_line() is None  # the CPU was asked for
 
 
+def test_a_model_asking_no_gpu_says_it_runs_on_the_cpu(tmp_path):
+    """Issue 60 item 13: `num_gpus: 0` (the default) with `device: auto` planned `+ 0 GPU` and said nothing."""
+    from vlbatch.pipeline.plan.spec import plan
+
+    here = _cluster(True, False, where="this machine")
+    cfg = _gpu_cfg(tmp_path)
+    cpu = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={
+        "model": cfg.resources.model.model_copy(update={"num_gpus": 0.0})})})
+    assert plan(cpu, here).device_line() == (
+        "the model will run on the CPU: resources.model.num_gpus=0 (set it to 1 to give each model actor a GPU, "
+        "or model.device=cpu to say the CPU is meant)")
+    said = cpu.model_copy(update={"model": cpu.model.model_copy(update={"device": "cpu"})})
+    assert plan(said, here).device_line() is None
+
+
 def test_a_joined_cluster_that_can_never_get_a_gpu_is_refused(tmp_path):
     from vlbatch.pipeline.plan.fit import check_plan
     from vlbatch.pipeline.plan.spec import plan

@@ -100,7 +100,7 @@ def test_media_layout_is_one_typed_row_per_media_or_clip(run_dir, tmp_path, caps
     dest = tmp_path / "media.parquet"
     code, out, err = _cli(capsys, run_dir, "--layout", "media", "--format", "parquet", "-o", dest)
     assert code == 0, err
-    assert out == f"exported 13 rows (6 media) to {dest}\n"
+    assert out == f"exported 13 rows (5 media, 2 clips) to {dest}\n"  # 6 media rows: v.mp4's 2 clips are one media
     t = pq.read_table(dest)
     assert t.schema.field("tags").type == pa.struct([
         ("count", pa.int64()), ("labels", pa.list_(pa.string())),
@@ -177,7 +177,7 @@ def test_bad_usage_is_exit_2_naming_the_option(run_dir, tmp_path, capsys):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(json.dumps(_config(str(tmp_path / "bare")).model_dump(mode="json", by_alias=True)))
     code, out, err = _cli(capsys, bare, "--config", cfg, "-o", tmp_path / "x.parquet")
-    assert code == 0 and "(6 media)" in out, err
+    assert code == 0 and "(5 media, 2 clips)" in out, err
     other = tmp_path / "other.yaml"
     other.write_text(json.dumps(_config(str(tmp_path / "bare"), mode="caption").model_dump(mode="json")))
     code, _, err = _cli(capsys, run_dir, "--config", other, "-o", tmp_path / "y.parquet")
@@ -209,14 +209,14 @@ def test_export_to_s3_appears_whole(s3_server, tmp_path, capsys):
     run = make_run(f"s3://{bucket}/out", storage)
     code, out, err = _cli(capsys, run, "--endpoint-url", s3_server.endpoint_url, "--bucket-rows", "4",
                           "-o", f"s3://{bucket}/exports/media.parquet")
-    assert code == 0 and out.startswith("exported 13 rows (6 media)"), err
+    assert code == 0 and out.startswith("exported 13 rows (5 media, 2 clips)"), err
     body = s3_server.client().get_object(Bucket=bucket, Key="exports/media.parquet")["Body"].read()
     t = pq.read_table(io.BytesIO(body))
     assert t.num_rows == 6 and t.schema.field("tags").type.num_fields == 4
-    rows, media = export(run, layout="rows", fmt="jsonl", dest=f"s3://{bucket}/exports/rows.jsonl",
-                         endpoint_url=s3_server.endpoint_url)
+    done = export(run, layout="rows", fmt="jsonl", dest=f"s3://{bucket}/exports/rows.jsonl",
+                  endpoint_url=s3_server.endpoint_url)
     body = s3_server.client().get_object(Bucket=bucket, Key="exports/rows.jsonl")["Body"].read()
-    assert (rows, media, len(body.splitlines())) == (13, None, 13)
+    assert (done.rows, done.media, len(body.splitlines())) == (13, None, 13)
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket, Prefix="exports/")["Contents"]]
     assert sorted(keys) == ["exports/media.parquet", "exports/rows.jsonl"]
 

@@ -128,3 +128,19 @@ def test_page_shows_one_card_per_media_with_parsed_tables_escaped(run_dir):
         i = cells.index(k)
         assert cells[i + 1] == v, cells
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in first and "TruncatedError: cut at 2 tokens" in first
+
+
+def test_an_empty_json_list_shows_as_brackets_not_a_blank_cell(tmp_path):
+    """Issue 60 item 13: `[]` (a list answer, or a key's) was an empty string in the terminal and the page."""
+    d = tmp_path / RUN_ID
+    make_run(str(d), [_row("c.png", 0, "tags", "Tag it.", answer="[]", parsed="[]"),
+                      _row("c.png", 1, "box", "Box?", answer='{"labels": []}', parsed='{"labels": []}')])
+    assert parsed_items("[]", "tags") == (("tags", "[]"),)
+    rep = read_run(resolve_run(str(d)), sample=8)
+    out = io.StringIO()
+    print_report(rep, out)
+    assert "      tags: []\n" in out.getvalue() and "      labels: []\n" in out.getvalue(), out.getvalue()
+    parser = _Page()
+    parser.feed(render(rep, {}))
+    cells = parser.cells
+    assert cells[cells.index("tags") + 1] == "[]" and cells[cells.index("labels") + 1] == "[]", cells

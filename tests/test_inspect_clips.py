@@ -81,3 +81,15 @@ def test_inspect_shows_each_clipped_video_as_a_timeline(tmp_path):
         rgb = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), float)
         corner = rgb[: rgb.shape[0] // 4, : rgb.shape[1] // 4].reshape(-1, 3).mean(0)  # the background
         assert np.abs(corner - COLOURS[k]).max() < 40, (k, corner)  # a frame of this clip's own scene
+
+
+def test_a_one_clip_video_says_1_clip_in_the_terminal_and_the_page():
+    """Issue 60 item 13: "1 clips"."""
+    from vlbatch.jobs.inspect_clips import ClipLine, VideoTimeline, print_timelines
+    from vlbatch.jobs.inspect_html import _timelines
+
+    one = VideoTimeline("v.mp4", (ClipLine(0, 0.0, 2.0, "fixed", "ok", "a square", 16),), 1, True, 16)
+    out = io.StringIO()
+    print_timelines([one], out.write, lambda text, n=100: text)
+    assert "  v.mp4: 1 clip (complete), 16 visual tokens\n" in out.getvalue(), out.getvalue()
+    assert '<div class="meta">1 clip (complete), 16 visual tokens</div>' in _timelines([one], {})

@@ -51,6 +51,75 @@ def test_rank_0_actor_reserves_the_whole_replica():
     assert model_args({"tensor_parallel_size": 4}, gpus=0.0, cpus=0.5)["num_cpus"] == 2.0
 
 
+def test_rank_0s_store_listens_on_loopback_when_the_ranks_share_a_node_else_on_the_nodes_address():
+    """Issue 60 item 14: the store's port was opened on every interface (free_port bound ("", 0), and
+    torch's TCPStore binds every interface for a port of its own)."""
+    from vlbatch.pipeline.stages.followers import rendezvous_host
+
+    assert rendezvous_host(["node-a"], "node-a", "10.0.0.5") == "127.0.0.1"
+    assert rendezvous_host(["node-a", "node-a", "node-a"], "node-a", "10.0.0.5") == "127.0.0.1"
+    assert rendezvous_host(["node-a", "node-b"], "node-a", "10.0.0.5") == "10.0.0.5"
+
+
+def _listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of each TCP socket process `pid` listens on (/proc: its socket inodes in net/tcp, tcp6)."""
+    import ipaddress
+    import os
+
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+              if os.path.exists(f"/proc/{pid}/fd/{fd}") and os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # 0A: LISTEN
+                host, port = f[1].split(":")
+                raw = b"".join(int(host[i:i + 8], 16).to_bytes(4, "little") for i in range(0, len(host), 8))
+                out.append((str(ipaddress.ip_address(raw)), int(port, 16)))
+    return out
+
+
+def _follower_rank(port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from vlbatch.pipeline.stages.followers import LOOPBACK, join_group, store_client
+
+    join_group("gloo", store_client(LOOPBACK, port, 2), 1, 2)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.barrier()  # rank 0 has looked at its sockets
+    dist.destroy_process_group()
+
+
+def test_a_real_2_rank_group_joins_through_a_store_listening_on_loopback_only():
+    """The product's rendezvous (`rendezvous_store`, `join_group`, `store_client`) with a follower in its own
+    process: the group works, and while it is up rank 0's store port is open on 127.0.0.1 alone."""
+    import multiprocessing
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from vlbatch.pipeline.stages.followers import LOOPBACK, join_group, rendezvous_store
+
+    store = rendezvous_store(LOOPBACK, 2)
+    child = multiprocessing.get_context("spawn").Process(target=_follower_rank, args=(store.port,))
+    child.start()
+    try:
+        join_group("gloo", store, 0, 2)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 2.0
+        assert [host for host, port in _listening(os.getpid()) if port == store.port] == ["127.0.0.1"]
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        child.join(timeout=120)  # a hang guard only
+    assert child.exitcode == 0
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray

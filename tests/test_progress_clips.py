@@ -50,3 +50,9 @@ def test_clipped_progress_with_no_media_count_and_a_plain_run():
     plain = Progress(total=7, stream=io.StringIO(), tty=False)
     plain.observe({"decoded": 2, "media_cut": 1})
     assert "committed 0/7 rows  " in plain.line() and "cut" not in plain.line()
+
+
+def test_one_clip_so_far_is_singular():
+    p = Progress(total=None, stream=io.StringIO(), tty=False, clipped=True, media_total=2)
+    p.observe({"decoded": 1, "clips": 1})
+    assert "committed 0/? rows (media 0/2 cut, 1 clip so far)" in p.line(), p.line()

@@ -12,6 +12,7 @@ from vlbatch.operators.sink.ids import IdIndex, id_keys
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.rolling import PartRoller, RollPolicy
 from vlbatch.operators.sink.schema import OutputRow, rows_to_table
+from vlbatch.pipeline.config import TaskSection
 from vlbatch.pipeline.stages.requests import expand_all, request_id
 
 
@@ -46,9 +47,8 @@ def test_resume_index_of_1e5_committed_ids_in_bounded_memory():
     probe = ids[:10] + [request_id("s3://b/new.jpg", 0, "question")]
     assert idx.done_ids.contains_many(probe).tolist() == [True] * 10 + [False]
     # expansion against it: committed requests dropped, the rest kept
-    class Task:
-        mode, prompt, video_prompt, questions, caption = "caption", "question", None, (), False
-    rows, dropped = expand_all([("s3://b/0.jpg", None, None), ("s3://b/new.jpg", None, None)], Task, idx.done_ids)
+    task = TaskSection(mode="caption", prompt="question")
+    rows, dropped = expand_all([("s3://b/0.jpg", None, None), ("s3://b/new.jpg", None, None)], task, idx.done_ids)
     assert [r.media_uri for r in rows] == ["s3://b/new.jpg"] and dropped == 0
 
 

@@ -33,6 +33,8 @@ from vlbatch.pipeline.config.types import Float, Int
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # a column name in every format (export's media layout)
 CAPTION_NAME = "caption"  # the caption request's prompt_name
+IMAGE_PROMPT = "Describe this image in detail."  # task.prompt's default
+VIDEO_PROMPT = "Describe this video in detail."  # a video's caption prompt when neither prompt is set
 
 
 class ResponseFormatSection(Section):

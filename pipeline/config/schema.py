@@ -25,6 +25,7 @@ from vlbatch.operators.kernels import attention as attention_pkg
 from vlbatch.operators.kernels import delta_rule as delta_rule_pkg
 from vlbatch.operators.kernels import moe as moe_pkg
 from vlbatch.operators.media import decoders as decoders_pkg
+from vlbatch.pipeline.config import answers as answers_pkg
 from vlbatch.pipeline.config import formats as formats_pkg
 from vlbatch.pipeline.config import model_backends as model_backends_pkg
 from vlbatch.pipeline.config.answers import (
@@ -139,9 +140,10 @@ class TaskSection(_Section):
                                "would and gets its row (status, error, token counts; answer null): broken files "
                                "and the job's token cost. Its requests: the questions where there are any, "
                                "else the caption prompt (with task.caption: the questions and the caption)")
-    prompt: str = Field("Describe this image in detail.", min_length=1,
+    prompt: str = Field(answers_pkg.IMAGE_PROMPT, min_length=1,
                         description="caption prompt (mode=caption, or task.caption=true)")
-    video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt`")
+    video_prompt: str | None = Field(None, description="caption prompt for videos; None = `prompt` where it is set, "
+                                                       f"else {answers_pkg.VIDEO_PROMPT!r}")
     questions: Questions = Field(
         (), description="questions asked of every media when the manifest has no questions column (mode=questions): "
                         "a string, or {name, prompt, response_format} (pipeline/config/answers.py)",

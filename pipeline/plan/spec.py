@@ -222,9 +222,15 @@ class RunPlan:
         return f"pools: {', '.join(parts)}; reserves {cpus:.2f} CPUs, {gpus:g} GPUs"
 
     def device_line(self) -> str | None:
-        """The one line saying the model was planned on the CPU though it asked GPUs (None: it was not)."""
-        c = self.cluster
-        if self.cfg.task.mode == "scan" or not cpu_fallback(self.cfg, c):
+        """The one line saying the model will run on the CPU though `model.device` is `auto`: it asked no GPU
+        (`resources.model.num_gpus: 0`), or asked GPUs and there are none (None: a GPU, `device: cpu`, scan)."""
+        c, cfg = self.cluster, self.cfg
+        if cfg.task.mode == "scan" or cfg.model.device != "auto":
+            return None
+        if cfg.resources.model.num_gpus == 0:
+            return ("the model will run on the CPU: resources.model.num_gpus=0 (set it to 1 to give each model "
+                    "actor a GPU, or model.device=cpu to say the CPU is meant)")
+        if not cpu_fallback(cfg, c):
             return None
         return (f"the model will run on the CPU: no GPU {'here' if c.fixed_size else 'on ' + c.where} "
                 f"(resources.model.num_gpus={self.cfg.resources.model.num_gpus:g}, model.device=auto; set "

@@ -20,9 +20,12 @@ actor ends without running its UDF's teardown (seen with Ray 2.60: the group sta
 CREATED after the pool released the actor), so every replica the pool retires (autoscaling
 down, the end of a job on a long-lived driver) would keep its N bundles reserved.
 
-Rendezvous: rank 0's node IP and a free port there (`tcp://`); all N ranks join one
-torch.distributed group, gloo on the CPU, NCCL on CUDA. Rank 0 runs the scheduler
-(`load_engine(..., tensor_parallel_size=N)`: a `LeaderEngine`) and broadcasts
+Rendezvous: rank 0 holds the group's store (torch's TCPStore) on a socket it binds itself, on
+loopback when every rank is on its node (always, as placed above) and on the node's address only
+when one is not (`rendezvous_host`), never on all interfaces (the store binds every interface when
+it opens its own port); the port is taken by that bind, so no other process can take it first. All
+N ranks join one torch.distributed group through it (`join_group`), gloo on the CPU, NCCL on CUDA.
+Rank 0 runs the scheduler (`load_engine(..., tensor_parallel_size=N)`: a `LeaderEngine`) and broadcasts
 each step's plan; each follower runs `follow_pretrained` with the same arguments (its
 budgets are rank 0's, broadcast: `operators/parallel/replica.py`).
 
@@ -48,10 +51,43 @@ COLLECTIVE_TIMEOUT = timedelta(hours=12)
 CLOSE_WAIT_S = 60.0  # for the followers to leave their loop after rank 0's close
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+LOOPBACK = "127.0.0.1"
+
+
+def rendezvous_host(rank_nodes: list[str], here: str, node_ip: str) -> str:
+    """Where rank 0's store listens: loopback when every rank's node (`rank_nodes`, Ray node ids) is `here`
+    (rank 0's), else this node's address `node_ip`, which the other nodes' ranks can reach."""
+    return LOOPBACK if all(n == here for n in rank_nodes) else node_ip
+
+
+def rendezvous_store(host: str, world: int):
+    """Rank 0's store: a TCPStore serving on a socket listening on `host` alone, at a free port (`.port`)."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    return dist.TCPStore(host, port, world, True, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False,
+                         master_listen_fd=sock.detach())  # the store owns (and closes) the socket
+
+
+def join_group(backend: str, store, rank: int, world: int) -> None:
+    """Join the replica's group through `store` (rank 0's own; a follower's: a client of `host`:`port`)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+
+
+def store_client(host: str, port: int, world: int):
+    """A follower's client of rank 0's store."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, world, False, timeout=COLLECTIVE_TIMEOUT)
 
 
 class Follower:
@@ -65,13 +101,13 @@ class Follower:
 
         torch.set_num_threads(num_threads)
 
-    def run(self, address: str, rank: int, world: int, backend: str, model_dir: str, expert_parallel: bool,
+    def run(self, host: str, port: int, rank: int, world: int, backend: str, model_dir: str, expert_parallel: bool,
             engine_kw: dict) -> int:
         import torch.distributed as dist
 
         from vlbatch.operators.parallel.replica import follow_pretrained
 
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+        join_group(backend, store_client(host, port, world), rank, world)
         try:
             return follow_pretrained(model_dir, world, expert_parallel, **engine_kw)
         finally:
@@ -86,7 +122,6 @@ class Followers:
 
     def __init__(self, cfg: JobConfig, model_dir: str, engine_kw: dict):
         import ray
-        import torch.distributed as dist
 
         from vlbatch.operators.factory import load_engine
 
@@ -94,16 +129,19 @@ class Followers:
         self.engine = None
         self.followers: list = []
         self.runs: list = []
+        self.store = None
         backend = "nccl" if str(engine_kw.get("device", "cpu")).startswith("cuda") else "gloo"
-        address = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        node = ray.get_runtime_context().get_node_id()  # every follower is pinned to it (`follower_actor`)
+        host = rendezvous_host([node] * (n - 1), node, ray.util.get_node_ip_address())
         threads = max(1, int(cfg.resources.model.num_cpus))
         try:
+            self.store = rendezvous_store(host, n)
             gpus = rank_gpus(n)
             for rank in range(1, n):
-                actor = follower_actor().remote(threads, gpus[rank])
+                actor = follower_actor(node).remote(threads, gpus[rank])
                 self.followers.append(actor)
-                self.runs.append(actor.run.remote(address, rank, n, backend, model_dir, ep, engine_kw))
-            dist.init_process_group(backend, init_method=address, rank=0, world_size=n, timeout=COLLECTIVE_TIMEOUT)
+                self.runs.append(actor.run.remote(host, self.store.port, rank, n, backend, model_dir, ep, engine_kw))
+            join_group(backend, self.store, 0, n)
             self.engine = load_engine(model_dir, tensor_parallel_size=n, expert_parallel=ep,
                                                  **engine_kw)
         except BaseException:
@@ -127,6 +165,7 @@ class Followers:
         self.followers, self.runs = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.store = None  # its socket closes with it
 
 
 def rank_gpus(n: int) -> list[str | None]:
@@ -143,12 +182,11 @@ def rank_gpus(n: int) -> list[str | None]:
     return [",".join(ids[i * k:(i + 1) * k]) for i in range(n)]
 
 
-def follower_actor():
-    """The `Follower` actor class for this actor's node: no resources of its own (rank 0's
+def follower_actor(node: str):
+    """The `Follower` actor class for `node` (rank 0's): no resources of its own (rank 0's
     reservation covers the replica), never placed on another node."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = ray.get_runtime_context().get_node_id()
     return ray.remote(Follower).options(num_cpus=0, num_gpus=0,
                                         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))

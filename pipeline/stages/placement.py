@@ -9,7 +9,11 @@ to `INIT_DEATHS` in a row, `DataContext.max_consecutive_actor_init_deaths`, set 
 and asks the pool's `node_options` for each new actor's options: they keep it off every node
 where an actor of that stage failed (a `label_selector` on Ray's `ray.io/node-id` label), so the
 run goes on on the nodes that work (a model replica on another GPU node), and
-`RunSummary.failed_starts` names each failed stage, node and cause.
+`RunSummary.failed_starts` names each failed stage, node and cause. An actor whose process dies while
+it starts (the OOM killer, a signal, a crash: no exception to report) is restarted by Ray in place, and
+would die again: `StartFailures` holds each start under way (`begin`, `end`), so the restart finds its
+earlier start unfinished, records that node as failed (`DIED_STARTING`) and raises, and the pool goes
+on as above instead of restarting it there for ever.
 
 The run stops instead (`ActorStartError` naming the stage, chained from the actor's own error:
 one line and a non-zero exit, jobs/failures.py) when
@@ -18,39 +22,24 @@ one line and a non-zero exit, jobs/failures.py) when
 - no live node that could hold the stage's actor (its CPUs, GPUs, memory as Ray counts them, in
   total) is left where that stage has not failed: nothing could ever start (exit 8). A cluster
   that might add nodes later (an autoscaler) is not waited for.
-
-Nodes lost mid-run (not a failed start): Ray restarts an actor whose node died, and with no node
-left that could hold it the restart waits forever. `watching_nodes` runs a daemon thread beside
-the driver's loop over the stream (public Ray APIs only) that reads `ray.nodes()` every `every_s`
-and asks `watch_nodes`, per pool, whether a live node that fits its actor is left. When none has
-been for `ray.node_loss_timeout_s` (the grace that lets a node come back or an autoscaler add one)
-it interrupts the main thread as Ctrl-C would (SIGINT to that thread: the stream's iterator
-closes and Ray Data shuts its executor down, the path every stop already takes) and the block
-raises `NodesLostError` in place of the interrupt (an `ActorStartError`: one line, exit 8); the
-rows committed so far stay and a rerun resumes. A caller off the main thread cannot be
-interrupted: there the watch is off (logged). No live node that fits
-means no live actor of that pool either (an actor lives on a node that holds its resources). A
-pool is watched only once such a node was seen: a cluster that starts without one may be
-waiting for an autoscaler, as before.
+Nodes lost mid-run: `pipeline/stages/node_loss.py`.
 """
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-import time
 import traceback
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from vlbatch.operators.errors import ActorStartError, ConfigError, NodesLostError, stable_message
+from vlbatch.operators.errors import ActorStartError, ConfigError, stable_message
 
 log = logging.getLogger("vlbatch.pipeline")
 
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label on every node
 INIT_DEATHS = 8  # actors of one pool that may die while starting in a row before Ray Data fails the run
 REPORT_TIMEOUT_S = 30.0  # an actor's report of its failed start (its own error fails the run if it is lost)
+DIED_STARTING = ("its process died while the actor started (killed by the OOM killer or a signal, or it crashed; "
+                 "see dmesg on that node)")
 
 
 @dataclass(frozen=True)
@@ -71,13 +60,29 @@ class StartFailure:
 
 
 class StartFailures:
-    """Ray actor: the run's failed actor starts, in order."""
+    """Ray actor: the run's failed actor starts, in order, and the starts under way (by actor id)."""
 
     def __init__(self):
         self.failures: list[StartFailure] = []
+        self.starting: dict[str, tuple[str, str, str]] = {}  # actor id -> (stage, node id, node IP)
 
     def record(self, failure: StartFailure) -> None:
         self.failures.append(failure)
+
+    def begin(self, actor_id: str, stage: str, node_id: str, node_ip: str) -> StartFailure | None:
+        """An actor's start begins. None, or (a start of that actor never ended: its process died, Ray restarted
+        it) that start's failure, recorded; the caller then fails its own start."""
+        died = self.starting.pop(actor_id, None)
+        if died is None:
+            self.starting[actor_id] = (stage, node_id, node_ip)
+            return None
+        failure = StartFailure(*died, DIED_STARTING, fatal=False)
+        self.failures.append(failure)
+        return failure
+
+    def end(self, actor_id: str) -> None:
+        """An actor's start ended (it started, or it raised: `record`)."""
+        self.starting.pop(actor_id, None)
 
     def get(self) -> list[StartFailure]:
         return list(self.failures)
@@ -109,6 +114,30 @@ def report_start_failure(handle, stage: str, exc: BaseException) -> None:
             log.warning("could not report a failed start: %s: %s", type(e).__name__, e)
 
 
+def begin_start(handle, stage: str) -> StartFailure | None:
+    """Called first in an actor's start: `StartFailures.begin` for this actor (None where the call fails: the
+    start goes on unwatched)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    try:
+        return ray.get(handle.begin.remote(ctx.get_actor_id(), stage, ctx.get_node_id(),
+                                           ray.util.get_node_ip_address()), timeout=REPORT_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - never keep an actor from starting
+        log.warning("could not note an actor's start: %s: %s", type(e).__name__, e)
+        return None
+
+
+def end_start(handle) -> None:
+    """Called when an actor's start ended, however it ended."""
+    import ray
+
+    try:
+        ray.get(handle.end.remote(ray.get_runtime_context().get_actor_id()), timeout=REPORT_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - a later restart of this actor would count it as died starting
+        log.warning("could not note an actor's start: %s: %s", type(e).__name__, e)
+
+
 def _bare(exc: BaseException) -> BaseException:
     """`exc` without its traceback and chain (what it holds may not pickle), for the run's failure chain."""
     try:
@@ -118,15 +147,21 @@ def _bare(exc: BaseException) -> BaseException:
 
 
 def reporting(cls: type, handle) -> type:
-    """`cls` (an actor pool's UDF class) whose constructor reports a failure to `handle` first."""
+    """`cls` (an actor pool's UDF class) whose constructor reports a failure to `handle` first, and whose
+    restart after its process died while starting fails at once (module docstring)."""
 
     class Reporting(cls):
         def __init__(self, *args, **kwargs):
+            died = begin_start(handle, cls.__name__)
+            if died is not None:  # this actor's last start died with its process: no new try on that node
+                raise ActorStartError(cls.__name__, died.line())
             try:
                 super().__init__(*args, **kwargs)
             except Exception as e:
                 report_start_failure(handle, cls.__name__, e)
                 raise
+            finally:
+                end_start(handle)
 
     # Ray Data names the operator (and its actors' processes) after the class: MapBatches(ModelStage)
     Reporting.__name__, Reporting.__qualname__ = cls.__name__, cls.__qualname__
@@ -136,7 +171,7 @@ def reporting(cls: type, handle) -> type:
 RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}  # map_batches' keyword -> Ray's resource
 
 
-def _fits(total: dict, need: dict) -> bool:
+def fits(total: dict, need: dict) -> bool:
     """Whether a node with `total` resources (Ray's names) could hold one actor asking `need`
     (map_batches' num_cpus / num_gpus / memory)."""
     return all(total.get(RAY_NAMES[k], 0.0) >= v for k, v in need.items() if k in RAY_NAMES and v)
@@ -149,7 +184,7 @@ def check_left(stage: str, failures: list[StartFailure], need: dict, nodes: list
     if fatal is not None:
         raise ActorStartError(stage, fatal.line(), fatal.trace, config=True) from fatal.error
     failed = {f.node_id for f in failures}
-    if not any(n.get("Alive") and n["NodeID"] not in failed and _fits(n.get("Resources", {}), need) for n in nodes):
+    if not any(n.get("Alive") and n["NodeID"] not in failed and fits(n.get("Resources", {}), need) for n in nodes):
         raise ActorStartError(stage, f"{stage} failed to start on every node that can hold it: "
                               + "; ".join(f.line() for f in failures),
                               "\n".join(f.trace for f in failures)) from failures[-1].error
@@ -175,7 +210,7 @@ def node_options(handle, stage: str, need: dict) -> Callable[[], dict]:
 class RunPlacement:
     """One run's placement on the driver: its `StartFailures` actor (`failures`) and each pool's actor
     resources by stage (`needs`: {"ModelStage": {"num_cpus": 0.25, "num_gpus": 1}}, filled by
-    `map_stage` as the graph is built, watched by `watching_nodes`)."""
+    `map_stage` as the graph is built, watched by `node_loss.watching_nodes`)."""
 
     failures: object
     needs: dict = field(default_factory=dict)
@@ -184,7 +219,7 @@ class RunPlacement:
 def map_stage(ds, cls: type, placement: RunPlacement | None, **kw):
     """`ds.map_batches(cls, **kw)`; with the run's `placement`, the class reports a failed start, the
     pool keeps new actors off the nodes where one failed (`reporting`, `node_options`) and its
-    resources are recorded for the node-loss watch."""
+    resources are recorded for the node-loss watch (`node_loss.py`)."""
     if placement is None:
         return ds.map_batches(cls, **kw)
     import warnings
@@ -202,118 +237,3 @@ def failed_lines(handle) -> list[str]:
     import ray
 
     return [f.line() for f in ray.get(handle.get.remote(), timeout=60)]
-
-
-def _need_text(need: dict) -> str:
-    """`{"num_gpus": 1, "num_cpus": 0.25}` -> "1 GPU, 0.25 CPU" (memory in GiB)."""
-    parts = [f"{need['num_gpus']:g} GPU" if need.get("num_gpus") else "",
-             f"{need['num_cpus']:g} CPU" if need.get("num_cpus") else "",
-             f"{need['memory'] / 2**30:g} GiB memory" if need.get("memory") else ""]
-    return ", ".join(p for p in parts if p) or "no resources"
-
-
-@dataclass(frozen=True)
-class NodeWatch:
-    """The node-loss watch of one pool between checks: `held` the live nodes ("IP (id8)") that could
-    hold its actor at the last check that found any (empty: none seen yet, so nothing is watched);
-    `lost_since` the check (monotonic s) that first found none of them left (None: one is alive)."""
-
-    held: tuple[str, ...] = ()
-    lost_since: float | None = None
-
-
-def watch_nodes(stage: str, need: dict, nodes: list[dict], watch: NodeWatch, now: float,
-                timeout_s: float) -> NodeWatch:
-    """One check of `stage`'s pool (actors asking `need`) against `nodes` (`ray.nodes()` now): the
-    next `NodeWatch`; `NodesLostError` when no live node that fits has been left for `timeout_s`."""
-    held = tuple(f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})" for n in nodes
-                 if n.get("Alive") and _fits(n.get("Resources", {}), need))
-    if held:
-        return NodeWatch(held)
-    if not watch.held:
-        return watch
-    since = now if watch.lost_since is None else watch.lost_since
-    if now - since >= timeout_s:
-        raise NodesLostError(stage, f"{stage} lost every node that can hold its actor ({_need_text(need)}): "
-                             f"{', '.join(watch.held)} gone and none came back within "
-                             f"ray.node_loss_timeout_s={timeout_s:g}s; committed rows are kept, rerun to resume")
-    return NodeWatch(watch.held, since)
-
-
-class _NodeLossThread(threading.Thread):
-    """Every `every_s`: `watch_nodes` for each pool in `needs`; on a loss, `lost` is set and the main
-    thread interrupted (once; never after `stop`). `nodes` lists the cluster's nodes (`ray.nodes`)."""
-
-    def __init__(self, needs: dict, timeout_s: float, every_s: float, nodes):
-        super().__init__(name="vlbatch-node-watch", daemon=True)
-        self.needs, self.timeout_s, self.every_s, self.nodes = needs, timeout_s, every_s, nodes
-        self.lost: NodesLostError | None = None
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
-
-    def run(self) -> None:
-        watches = {stage: NodeWatch() for stage in self.needs}
-        while not self._stopped.wait(self.every_s):
-            try:
-                found = self.nodes()
-            except Exception as e:  # noqa: BLE001 - the GCS briefly unreachable: the next check decides
-                log.debug("node-loss check: listing the nodes failed: %s", e)
-                continue
-            try:
-                for stage, need in list(self.needs.items()):
-                    watches[stage] = watch_nodes(stage, need, found, watches.get(stage, NodeWatch()),
-                                                 time.monotonic(), self.timeout_s)
-            except NodesLostError as e:
-                with self._lock:
-                    if not self._stopped.is_set():
-                        self.lost = e
-                        # a real SIGINT to the main thread (its handler: KeyboardInterrupt, or the CLI's Interrupted):
-                        # it also wakes a wait blocked in a lock, which `_thread.interrupt_main` would not
-                        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-                return
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped.set()
-
-
-@contextmanager
-def watching_nodes(placement: RunPlacement, ray_cfg, nodes=None):
-    """`with watching_nodes(placement, cfg.ray):` around the main thread's loop over the stream: the
-    node-loss watch (module docstring) over `placement.needs`, with the grace
-    `ray.node_loss_timeout_s`, checked every `ray.progress_interval_s` (or the grace, if shorter);
-    `nodes` lists the nodes (default `ray.nodes`; a test's list where no node can be lost)."""
-    if threading.current_thread() is not threading.main_thread():
-        log.warning("run_job off the main thread: the node-loss watch is off (it stops the run by interrupting "
-                    "the main thread)")
-        yield
-        return
-    import ray
-
-    timeout_s = ray_cfg.node_loss_timeout_s
-    watch = _NodeLossThread(placement.needs, timeout_s, min(ray_cfg.progress_interval_s, timeout_s),
-                            nodes or ray.nodes)
-    # A background job of a non-interactive shell (`... &` in a script, cron) starts with SIGINT ignored, so the
-    # watch's SIGINT would be lost and the run would hang: take the watch's own, keep ignoring everyone else's.
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, _only_the_watch(watch))
-    watch.start()
-    try:
-        yield
-    except BaseException:  # the interrupt (KeyboardInterrupt, or the CLI's Interrupted): the loss, if it was ours
-        if watch.lost is not None:
-            raise watch.lost from None
-        raise
-    finally:
-        watch.stop()
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _only_the_watch(watch: _NodeLossThread):
-    """A SIGINT handler that acts only on the watch's own signal (it sets `lost` before it sends it)."""
-    def handler(signum, frame) -> None:
-        if watch.lost is not None:
-            raise KeyboardInterrupt
-    return handler

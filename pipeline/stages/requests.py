@@ -37,7 +37,7 @@ from vlbatch.operators.errors import InputError, source_error
 from vlbatch.operators.media.load import AUDIO_EXTENSIONS, extension, media_type_from_extension
 from vlbatch.operators.sink.ids import IdIndex
 from vlbatch.pipeline.config import TaskSection
-from vlbatch.pipeline.config.answers import CAPTION_NAME, question_names
+from vlbatch.pipeline.config.answers import CAPTION_NAME, VIDEO_PROMPT, question_names
 from vlbatch.pipeline.stages.rows import MediaTask
 
 MEDIA_TYPES = ("image", "video")
@@ -89,6 +89,17 @@ def _questions(raw, task: TaskSection) -> list[str]:
     return ["" if q is None else str(q) for q in raw]  # blanks kept: each is an error row (`expand_rows`)
 
 
+def caption_prompt(task: TaskSection, kind: str) -> str:
+    """The caption prompt of a media of `kind`: a video's is `task.video_prompt`, else `task.prompt` where
+    the config sets it, else `VIDEO_PROMPT` (the default prompt speaks of an image)."""
+    if kind == "video":
+        if task.video_prompt:
+            return task.video_prompt
+        if "prompt" not in task.model_fields_set:
+            return VIDEO_PROMPT
+    return task.prompt
+
+
 def _media_kind(media_uri: str | None, media_type: str | None) -> tuple[str, InputError | None]:
     if media_uri is None or not media_uri.strip():
         what = "null" if media_uri is None else "empty"
@@ -116,7 +127,7 @@ def expand_rows(media_uri: str | None, media_type: str | None, questions, task: 
     kind, err = _media_kind(media_uri, media_type)
     if error is not None:
         kind, err = (kind if err is None else "unknown"), source_error(error)
-    caption = task.video_prompt if (kind == "video" and task.video_prompt) else task.prompt
+    caption = caption_prompt(task, kind)
     asked = [] if task.mode == "caption" else _questions(questions, task)
     names = _names(task, questions is None, len(asked))
     blank = [i for i, q in enumerate(asked) if not q.strip()]

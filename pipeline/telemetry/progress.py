@@ -214,7 +214,8 @@ class Progress:
         c = self.counts
         if self.clipped and self.total is None:  # what is known before the decode: media, clips so far
             media = "?" if self.media_total is None else self.media_total
-            total += f" rows (media {c.get(MEDIA_CUT, 0)}/{media} cut, {c.get(CLIPS, 0)} clips so far)"
+            clips = c.get(CLIPS, 0)
+            total += f" rows (media {c.get(MEDIA_CUT, 0)}/{media} cut, {clips} clip{'' if clips == 1 else 's'} so far)"
         else:
             total += " rows"
         stages = (f"decoded {c.get('decoded', 0)}  preprocessed {c.get('preprocessed', 0)}  "
