@@ -43,7 +43,7 @@ def _export_tags(capsys, run: Path, dest: Path) -> dict:
     code = main(["export", str(run), "-o", str(dest)])  # no --config: the fingerprint's task
     got = capsys.readouterr()
     assert code == 0, got.err
-    assert got.out == f"exported 13 rows (6 media) to {dest}\n"
+    assert got.out == f"exported 13 rows (5 media, 2 clips) to {dest}\n"
     rows = {r["media_uri"]: r for r in pq.read_table(dest).to_pylist() if r["clip_index"] is None}
     return rows
 

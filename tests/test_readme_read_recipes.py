@@ -104,7 +104,7 @@ def test_export_reads_a_schema_file_run_with_no_config(run_dir, tmp_path):
     dest = tmp_path / "media.parquet"
     r = vlbatch("export", str(run_dir), "-o", str(dest), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.strip() == f"exported 6 rows (3 media) to {dest}"
+    assert r.stdout.strip() == f"exported 6 rows (2 media, 2 clips) to {dest}"
     t = pq.read_table(dest)
     assert str(t.schema.field("moving").type) == "bool"
     want = {(r["media_uri"], r["clip_index"]): (json.loads(r["parsed"]) if r["status"] == "ok" else None)
