@@ -123,7 +123,7 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
     start failures the run went on without (`placement.failed_lines`); a pool's nodes lost: `watching_nodes`."""
     from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures, watching_nodes
     from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
-    from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts
+    from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts, wait_exported
 
     cfg = plan.cfg
     metrics = MetricTags(job, run_id) if cfg.ray.metrics else None
@@ -139,6 +139,8 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
             meter.add.remote(committed_counts(stats))  # committed rows, errors, tokens: the meter's metrics
             progress.update(stats)
             timeline.update(stats)
+    if metrics is not None:  # the final values on the endpoint before the run lets go of Ray (metrics.py)
+        log.debug("final metrics exported after %.1f s", wait_exported(meter, metrics))
     return failed_lines(placement.failures)
 
 
