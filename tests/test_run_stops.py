@@ -19,6 +19,7 @@ import time
 import pytest
 from held_http import held_manifest
 from test_jobs_support import REPO, TEST_ENV, read_output
+from test_metrics_busy import Lines
 
 N_FREE = 10  # images served at once; the held one comes after them in the manifest
 
@@ -70,12 +71,17 @@ def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, 
     home.mkdir()
     proc = _start(cfg, home)
     try:
+        err = Lines(proc.stderr)
         _first_part(out_dir, proc)
+        # and the driver has counted committed rows (its progress line): the stopped attempt's rows (item 12)
+        assert err.wait_for(lambda line: re.search(r"committed [1-9]\d*/", line) is not None), "".join(err.lines)
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)  # Ctrl-C at a terminal: the whole foreground process group
         else:
             os.kill(proc.pid, signum)  # a scheduler: the main process
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, _ = proc.communicate(timeout=300)
+        err.wait_for(lambda line: False)  # to its end
+        stderr = "".join(err.lines)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
