@@ -43,6 +43,9 @@ JOIN_CONNECT_TRIES = 10  # Ray's connect attempts (about 1 s each) once the prob
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _H2_SETTINGS = 0x04
 _RUNTIME_ENV = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+# a new local Ray's processes export their metrics every 2 s (Ray's default: 10 s): its endpoint ends with the
+# run, which waits for its final values to be exported first (pipeline/telemetry/metrics.py `wait_exported`)
+LOCAL_SYSTEM_CONFIG = {"metrics_report_interval_ms": 2000}
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,12 @@ def connect(target: RayTarget, *, verbose: bool = False) -> str:
     level = logging.INFO if verbose else logging.ERROR
     kwargs = {"log_to_driver": verbose, "logging_level": level}
     if target.address is None:
-        _init(ray, runtime_env=_RUNTIME_ENV, **kwargs)
-        return f"new local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+        from vlbatch.pipeline.telemetry.metrics import node_endpoint
+
+        _init(ray, runtime_env=_RUNTIME_ENV, _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
+        where = node_endpoint()
+        metrics = f"; metrics: {where}" if where else ""
+        return f"new local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs{metrics})"
     hp = target.gcs_host_port()
     if hp is not None:
         probe(*hp)

@@ -3,8 +3,8 @@
 No server and nothing fetched: thumbnails are inlined as small JPEGs (`data:` URIs,
 `vlbatch.jobs.thumbnails`), plots are inline SVG, the style is inline CSS. Sections: the run's
 headline (rows, ok / error, attempts, rows/s over the whole run, model, when), its fingerprint folded
-away (`<details>`), counts; its attempts (each call of `vlbatch run`) and the last call's rows/s and
-tokens/s over time (`inspect_run.rates`); token histograms;
+away (`<details>`), counts; its attempts (each call of `vlbatch run`, an interrupted one marked) and
+rows/s and tokens/s over time, every attempt one after another (`inspect_run.rates`); token histograms;
 the sampled media as cards (`#sample .card`, one per media, `inspect_cards`: an image thumbnail or a
 video's frame strip beside its caption, then each prompt and its answer, a parsed value as a small
 table); the errors grouped by type, each with one example message and a few of its media; a clipped run's
@@ -208,7 +208,8 @@ def _attempts(attempts: list[Attempt]) -> str:
         return (f'<tr class="{cls}">' + "".join(f"<td{left if k < 2 else ''}>{c}</td>" for k, c in enumerate(cells))
                 + "</tr>")
 
-    rows = [row(a, "attempt", str(a.number), when(a.started), str(a.skipped)) for a in attempts]
+    rows = [row(a, "attempt", str(a.number) + ("" if a.ended in (None, "finished") else f" ({a.ended})"),
+                when(a.started), str(a.skipped)) for a in attempts]
     rows.append(row(whole_run(attempts), "total", "", "whole run", ""))
     return f'<table class="attempts"><tr>{head}</tr>{"".join(rows)}</table>'
 
@@ -308,7 +309,7 @@ def _histograms(rep: RunReport) -> str:
 
 
 def _throughput(summary: dict | None) -> str:
-    """The attempts' table, then the last call's rows/s and tokens/s over time."""
+    """The attempts' table, then rows/s and tokens/s over time, every attempt one after another."""
     attempts = run_attempts(summary)
     table = _attempts(attempts) if attempts else '<p class="muted">no _summary.json: no call has finished</p>'
     series = rates(summary)

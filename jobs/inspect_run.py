@@ -317,20 +317,22 @@ class Attempt:
     skipped: int | None  # already committed before the call (None: the whole run)
     seconds: float
     rows_per_s: float
+    ended: str | None = None  # "finished", "interrupted", "failed" (None: not recorded, or the whole run)
 
 
 def run_attempts(summary: dict | None) -> list[Attempt]:
     """The run's attempts, oldest first, from `_summary.json` (its `attempts`; a summary without them
     is its own call, of unknown time); [] without a summary. Values that are not what the runner
     writes read as 0 / not recorded (the file is read, not trusted)."""
-    from vlbatch.pipeline.telemetry.attempts import attempts_of
+    from vlbatch.pipeline.telemetry.attempts import ENDINGS, attempts_of
 
     out = []
     for i, a in enumerate(attempts_of(summary) if summary else [], 1):
         n = _num(a.get("attempt"))
         out.append(Attempt(int(n) if n else i, _time(a.get("started_at")), _time(a.get("finished_at")),
                            int(_num(a.get("rows"))), int(_num(a.get("ok"))), int(_num(a.get("error"))),
-                           int(_num(a.get("skipped"))), _num(a.get("elapsed_s")), _num(a.get("rows_per_s"))))
+                           int(_num(a.get("skipped"))), _num(a.get("elapsed_s")), _num(a.get("rows_per_s")),
+                           a.get("ended") if a.get("ended") in ENDINGS else None))
     return out
 
 
@@ -361,8 +363,12 @@ def _time(v) -> datetime | None:
 
 
 def rates(summary: dict | None) -> list[tuple[float, float, float, float]]:
-    """The timeline as [(t_mid_s, rows/s, generated tok/s, visual tok/s)] (empty when not recorded)."""
-    tl = (summary or {}).get("timeline") or {}
+    """The run's timeline, every attempt one after another (`run_timeline`; a summary older than it: its last
+    call's), as [(t_mid_s, rows/s, generated tok/s, visual tok/s)] (empty when not recorded)."""
+    from vlbatch.pipeline.telemetry.attempts import run_timeline_of
+
+    tl = run_timeline_of(summary or {}) or {}
+    tl = tl if isinstance(tl, dict) else {}
     w, buckets, names = tl.get("bucket_s"), tl.get("buckets") or [], tl.get("fields") or []
     if not w or not buckets or not {"rows", "generated_tokens", "visual_tokens"} <= set(names):
         return []

@@ -3,7 +3,7 @@
 Sections: the run's identity (its fingerprint, else run id and model), counts by status, error types
 with one example message each, token histograms (power-of-two buckets), throughput over the run
 (each attempt: a call of `vlbatch run`, a resume; then the whole run; sparklines of rows/s and
-tokens/s from the last call's timeline), a clipped run's video timelines
+tokens/s over every attempt, one after another: `run_timeline`), a clipped run's video timelines
 (`inspect_clips.print_timelines`: one line per clip), then the sampled media, a card each (`inspect_cards`: the
 caption, then each prompt with its answer, parsed value or error). The data comes from
 `vlbatch.jobs.inspect_run.read_run`; `--html` adds the page (`vlbatch.jobs.inspect_html`). Answers are
@@ -132,6 +132,8 @@ def _print_throughput(summary: dict | None, w) -> None:
         w("  no timeline recorded\n")
         return
     span = series[-1][0] + series[0][0]
+    if len(attempts) > 1 and summary.get("run_timeline"):
+        w(f"  over the whole run ({len(attempts)} attempts, one after another):\n")
     for label, col in (("rows/s", 1), ("generated tok/s", 2), ("visual tok/s", 3)):
         vals = [s[col] for s in series]
         w(f"  {label:>15} {sparkline(vals)}  peak {max(vals):.1f}\n")
@@ -146,8 +148,9 @@ def _print_attempts(attempts: list[Attempt], w) -> None:
     w(f"  {'#':>4}  {'started (UTC)':<19}  {'rows':>7} {'ok':>7} {'error':>7} {'skipped':>8} {'seconds':>8} "
       f"{'rows/s':>7}\n")
     for a in attempts:
+        ended = f"  {a.ended}" if a.ended not in (None, "finished") else ""
         w(f"  {a.number:>4}  {when(a.started):<19}  {a.rows:>7} {a.ok:>7} {a.error:>7} {a.skipped:>8} "
-          f"{a.seconds:>8.1f} {a.rows_per_s:>7.2f}\n")
+          f"{a.seconds:>8.1f} {a.rows_per_s:>7.2f}{ended}\n")
     w(f"  {'':>4}  {'whole run':<19}  {total.rows:>7} {total.ok:>7} {total.error:>7} {'':>8} {total.seconds:>8.1f} "
       f"{total.rows_per_s:>7.2f}\n")
 

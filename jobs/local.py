@@ -12,7 +12,8 @@ machine is joined only with ``--address auto``). The first line printed is the r
 starts, then ``[vlbatch] starting Ray``, unless the input's every request is committed already
 (`pipeline/stages/nothing_to_do.py`: ``[vlbatch] nothing to do: all N requests of <run dir>/ are committed``,
 exit 0, no Ray started, `_summary.json` kept); the next names the cluster, e.g.
-``[vlbatch] ray: new local cluster (2 CPUs)`` or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
+``[vlbatch] ray: new local cluster (2 CPUs; metrics: http://10.0.0.5:51234/metrics)`` (its metrics endpoint)
+or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
 that cannot be reached or refuses us is exit 5 (`ClusterUnreachableError`), one line.
 Ray's console noise stays in its log files unless ``verbose``.
 

@@ -125,7 +125,7 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
     from vlbatch.pipeline.stages.node_loss import watching_nodes
     from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures
     from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
-    from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts
+    from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts, wait_exported
 
     cfg = plan.cfg
     metrics = MetricTags(job, run_id) if cfg.ray.metrics else None
@@ -142,6 +142,8 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
             meter.add.remote(committed_counts(stats))  # committed rows, errors, tokens: the meter's metrics
             progress.update(stats)
             timeline.update(stats)
+    if metrics is not None:  # the final values on the endpoint before the run lets go of Ray (metrics.py)
+        log.debug("final metrics exported after %.1f s", wait_exported(meter, metrics))
     return failed_lines(placement.failures), watch.seen.line()
 
 
@@ -223,8 +225,13 @@ def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None, o
                         clipped=clipped, media_total=media_total)
     timeline, failed, lost = Timeline(), [], None
     if pending_n is None or pending_n:
-        failed, lost = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, None if clipped else known,
-                                     timeline, name or run_id, done_ref)
+        try:
+            failed, lost = _stream_graph(plan, tasks_ds, sink, run_id, progress, tally, None if clipped else known,
+                                         timeline, name or run_id, done_ref)
+        except BaseException as stop:  # Ctrl-C / SIGTERM (jobs/stops.py), a failure: an attempt all the same
+            _record_stopped(plan, sink, progress, index, purged, pending_n, timeline, stop, t0=t0,
+                            expand_s=t_graph - t_expand, graph_at=t_graph - t0)
+            raise
     for line in failed:
         _say(stream, f"[vlbatch] an actor failed to start: {line}; the run went on without that node")
     if lost:
@@ -261,6 +268,25 @@ def _finish(plan, sink, progress, index, purged, dropped, pending_n, tally, time
     if cfg.task.mode == "scan":
         stream.write(scan_line(summary, progress.counts, scan_busy(cfg, summary, cpu_s_per_request(summary))) + "\n")
     return summary
+
+
+def _record_stopped(plan, sink, progress, index, purged, pending_n, timeline, stop, *, t0, expand_s,
+                    graph_at) -> None:
+    """A call stopped mid-run (`stop`: `Interrupted`, KeyboardInterrupt, a failure) writes `_summary.json`
+    too, its attempt marked "interrupted" / "failed" (`telemetry/attempts.py`): the rows its writers took
+    (staged, published by the stop's tidy-up or the next start), its seconds and its timeline, so a resume
+    lists it. Best effort: a summary that cannot be written leaves the stop as it was."""
+    cfg = plan.cfg
+    try:
+        progress.set_phase(None)
+        total = pending_n if pending_n is not None else max(progress.total or 0, progress.done)
+        summary = summarize(cfg, plan.run.run_id, plan.run.run_uri, progress, index, sink.index(), purged, None,
+                            total, elapsed=time.monotonic() - t0, expand_s=expand_s, graph_at=graph_at,
+                            timeline=timeline)
+        ended = "failed" if isinstance(stop, Exception) else "interrupted"
+        sink.write_summary(with_attempts(summary, sink.read_summary(), ended=ended).to_json())
+    except Exception as e:  # noqa: BLE001 - the stop is what the caller reports
+        log.warning("the stopped call's attempt was not recorded in _summary.json: %s", e)
 
 
 def _expansion(plan: RunPlan, done, stream):

@@ -49,7 +49,8 @@ def test_run_names_its_cluster_reports_its_output_and_hides_ray_noise(tmp_path, 
     assert re.fullmatch(r"\[vlbatch\] plan: 2 media from .*manifest\.jsonl; pools: .*; reserves [\d.]+ CPUs, 0 GPUs",
                         lines[0]), lines
     assert lines[1] == "[vlbatch] starting Ray", lines
-    assert re.fullmatch(r"\[vlbatch\] ray: new local cluster \(\d+ CPUs\)", lines[2]), lines
+    assert re.fullmatch(r"\[vlbatch\] ray: new local cluster \(\d+ CPUs; metrics: http://[\d.]+:\d+/metrics\)",
+                        lines[2]), lines
     assert "[vlbatch] starting the actors and loading the model" in first.stderr  # the runner's phases: stderr
     assert re.fullmatch(rf"\[vlbatch\] done: 2 ok, 0 error, 0 skipped \(already committed\) -> "
                         rf"{re.escape(run_dir)} in \d+\.\ds", lines[-1]), lines

@@ -8,6 +8,7 @@ that holds the last image until the test lets it go, so the run is certainly sti
 in that read) when the test, having seen a first part file committed, sends the signal."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import time
 import pytest
 from held_http import held_manifest
 from test_jobs_support import REPO, TEST_ENV, read_output
+from test_metrics_busy import Lines
 
 N_FREE = 10  # images served at once; the held one comes after them in the manifest
 
@@ -69,12 +71,17 @@ def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, 
     home.mkdir()
     proc = _start(cfg, home)
     try:
+        err = Lines(proc.stderr)
         _first_part(out_dir, proc)
+        # and the driver has counted committed rows (its progress line): the stopped attempt's rows (item 12)
+        assert err.wait_for(lambda line: re.search(r"committed [1-9]\d*/", line) is not None), "".join(err.lines)
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)  # Ctrl-C at a terminal: the whole foreground process group
         else:
             os.kill(proc.pid, signum)  # a scheduler: the main process
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, _ = proc.communicate(timeout=300)
+        err.wait_for(lambda line: False)  # to its end
+        stderr = "".join(err.lines)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -84,10 +91,14 @@ def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, 
                      stdout.splitlines()[-1])
     assert m, stdout
     run_dir = out_dir / os.path.basename(m.group(2))
-    assert run_dir.is_dir() and sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("part-")) == ["_fingerprint.json"]
+    assert run_dir.is_dir() and sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("part-")) == [
+        "_fingerprint.json", "_summary.json"]
     before = read_output(run_dir)
     n = int(m.group(1))
     assert 1 <= n == len(before) < N_FREE + 1  # the held image was never read
+    # issue 60 item 12: the stopped call is an attempt of its own, its rows those its writers took
+    [a1] = json.loads((run_dir / "_summary.json").read_text())["attempts"]
+    assert a1["ended"] == "interrupted" and 1 <= a1["rows"] == a1["ok"] <= n and a1["skipped"] == 0, a1
     parts = {p.name: p.read_bytes() for p in run_dir.glob("part-*.parquet")}
 
     server.release.set()  # the rerun reads everything
@@ -99,3 +110,13 @@ def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, 
     assert len(rows) == len({r["id"] for r in rows}) == N_FREE + 1
     assert all(r["status"] == "ok" for r in rows)
     assert all((run_dir / name).read_bytes() == data for name, data in parts.items())  # kept as they were
+    summary = json.loads((run_dir / "_summary.json").read_text())
+    assert [a["attempt"] for a in summary["attempts"]] == [1, 2] and summary["attempts"][0] == a1, summary
+    a2 = summary["attempts"][1]
+    assert (a2["ended"], a2["rows"], a2["skipped"]) == ("finished", N_FREE + 1 - n, n), a2
+    tl = summary["run_timeline"]  # the throughput plot's: both calls, one after the other
+    assert sum(b[tl["fields"].index("rows")] for b in tl["buckets"]) == a1["rows"] + a2["rows"], tl
+    shown = subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", "inspect", str(run_dir), "--sample", "0"],
+                           capture_output=True, text=True, env=dict(os.environ, **TEST_ENV), cwd=REPO, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert "2 attempts" in shown.stdout and re.search(r"^\s+1  .*  interrupted$", shown.stdout, re.M), shown.stdout

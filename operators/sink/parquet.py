@@ -20,9 +20,11 @@ read by `index()` / `read()`), keeps it in memory, and publishes the batches it 
 one part (`commit`: atomic, named by the hash of all its ids) when they reach the size
 target (`output.part_mb` of Arrow bytes, or `output.part_rows`) or the oldest is
 `output.commit_interval_s` old, then deletes those staged files. Publishing happens at
-the *start* of a call, before the new batch joins, so a part holds only batches whose
-calls have returned; a batch that alone reaches the target is published alone, so its
-retry lands on the same name. A writer killed mid-call: its batch is retried elsewhere
+the *start* of a call, before the new batch joins, or between calls from the writer's
+timer (`PublishTimer`: the interval holds when no next call comes), so a part holds only
+batches whose `add` has returned (a kill between that and the call's return: its retry's
+copy is resolved by `seal`, below); a batch that alone reaches the target is published
+alone, so its retry lands on the same name. A writer killed mid-call: its batch is retried elsewhere
 and never was in a part. At the end of a run `seal()` publishes what is still staged
 (batches whose writer held them when the stream ended), skipping staged rows whose ids
 are already committed as done (published, then the writer died before deleting the staged

@@ -33,6 +33,13 @@ class ModelResources(StageResources):
                                  "the engine hold more (a call alone always runs)")
 
 
+class WriteResources(StageResources):
+    batch_size: Int | None = Field(
+        None, ge=1, description="media rows per write call; None: each model block as it comes. A number makes Ray "
+                                "Data gather that many rows before a call: they wait there, unwritten, past "
+                                "output.commit_interval_s whenever the model makes fewer in that time")
+
+
 class ResourcesSection(_Section):
     fuse_cpu_stages: bool = Field(
         True, description="true: decode and preprocess run in one CPU actor pool sized by `preprocess` (one process "
@@ -40,4 +47,4 @@ class ResourcesSection(_Section):
     decode: StageResources = StageResources()
     preprocess: StageResources = StageResources()
     model: ModelResources = ModelResources(min_actors=1, max_actors=1)
-    write: StageResources = StageResources(num_cpus=0.25, min_actors=1, max_actors=4, batch_size=256)  # rows per call
+    write: WriteResources = WriteResources(num_cpus=0.25, min_actors=1, max_actors=4)

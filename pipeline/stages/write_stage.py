@@ -4,7 +4,8 @@ Runs as a Ray actor pool (`WriteStage`, `resources.write`: min..max actors, so w
 with throughput). Each call explodes its media rows into one `OutputRow` per request,
 hands them to the actor's `PartRoller` (`vlbatch.operators.sink.rolling`: staged durably at
 once, published in parts of `output.part_mb` / `output.part_rows`, at least every
-`output.commit_interval_s`; the exactly-once design is in `vlbatch.operators.sink.parquet`) and
+`output.commit_interval_s`: the actor's `PublishTimer` thread publishes held rows when due, whether
+or not another call comes; the exactly-once design is in `vlbatch.operators.sink.parquet`) and
 returns a small stats table, one row per request, that the driver aggregates for progress
 and the run summary. The rows are staged (durable, published by the writer or by the
 runner's `sink.seal()` at the end) before the stats row exists.
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 from vlbatch.operators.quality import QualityJudge
 from vlbatch.operators.sink import new_sink
 from vlbatch.operators.sink.base import Sink
-from vlbatch.operators.sink.rolling import PartRoller
+from vlbatch.operators.sink.rolling import PartRoller, PublishTimer
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow, Timings, rows_to_table
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.sources.keep import decode as decode_keep
@@ -93,9 +94,11 @@ class WriteStage:
         self.cfg, self.run_id = cfg, run_id
         self.sink = open_sink(cfg, run_dir)
         self.roller = PartRoller(self.sink, cfg.output.roll_policy(), group=f"w-{uuid.uuid4().hex[:16]}")
+        self.timer = PublishTimer(self.roller)  # the interval kept between calls (a writer may get no next one)
         self.judge = QualityJudge()  # this actor's answers so far: the relative quality checks
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        self.timer.check()  # a publish between calls that failed: the run stops with its StorageError
         return write_batch(batch, cfg=self.cfg, run_dir=self.sink.uri, run_id=self.run_id, sink=self.sink,
                            roller=self.roller, judge=self.judge)
 

@@ -19,10 +19,23 @@ counter's final value is the run's own figure (`_summary.json`):
 Per model actor (`ModelMetrics`, recorded in the actor): `vlbatch_model_call_seconds` (histogram, one
 model-stage call), `vlbatch_model_busy_fraction` (gauge: engine stepping / the actor's window,
 `pipeline/telemetry/occupancy.py`).
+
+Final values: a process's series reach the endpoint only when Ray exports them, every
+`metrics_report_interval_ms` (`export_interval_s`; Ray's default 10 s, a new local Ray of `vlbatch run`
+2 s: `jobs/connect.py`), and the run's actors die with its driver (a local Ray, and its endpoint, with
+them). So when the graph ends the driver waits (`wait_exported`) until the endpoint of its node (where the
+`Meter` runs) shows the run's final committed count, and at least one export interval, so the model
+actors' last figures are out too; bounded (`3 x` the interval + 5 s), whatever the endpoint does.
 """
 from __future__ import annotations
 
+import logging
+import re
+import time
+import urllib.request
 from dataclasses import dataclass
+
+log = logging.getLogger("vlbatch.pipeline")
 
 ROWS, ERRORS, TOKENS, VISION = "vlbatch_rows", "vlbatch_errors", "vlbatch_tokens", "vlbatch_vision_cache"
 QUALITY = "vlbatch_quality_flags"
@@ -86,7 +99,9 @@ class MeterMetrics:
         self.sent: dict = {}
 
     def export(self, counts: dict) -> None:
-        for key, n in counts.items():
+        # committed last: once the endpoint shows its final value, every count of the same call is out too
+        # (`wait_exported`)
+        for key, n in sorted(counts.items(), key=lambda kv: kv[0] == COMMITTED):
             delta = n - self.sent.get(key, 0)
             if delta <= 0:
                 continue
@@ -130,3 +145,56 @@ class ModelMetrics:
 
     def busy_fraction(self, value: float) -> None:
         self.busy.set(value, tags=self.t)
+
+
+def export_interval_s() -> float:
+    """How often each Ray process exports its metrics: `metrics_report_interval_ms`, at least 1 s as Ray does."""
+    import ray
+
+    return max(ray._config.metrics_report_interval_ms(), 1000) / 1000
+
+
+def node_endpoint() -> str | None:
+    """The metrics endpoint of the driver's node (`http://IP:PORT/metrics`; None: it has none)."""
+    import ray
+
+    me = ray.get_runtime_context().get_node_id()
+    for n in ray.nodes():
+        if n.get("NodeID") == me and n.get("MetricsExportPort"):
+            return f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+    return None
+
+
+def exported_committed(url: str, tags: MetricTags) -> float | None:
+    """The run's `vlbatch_rows{stage="committed"}` as `url` shows it now (None: not there, or no answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    want = ('stage="committed"', f'run_id="{tags.run_id}"', f'job="{tags.job}"')
+    values = [float(m.group(1)) for line in text.splitlines()
+              if line.startswith(f"ray_{ROWS}_total{{") and all(w in line for w in want)
+              and (m := re.search(r"\}\s+(\S+)", line))]
+    return sum(values) if values else None
+
+
+def wait_exported(meter, tags: MetricTags, clock=time.monotonic, poll_s: float = 0.25) -> float:
+    """Wait until the run's final counts are on its node's endpoint (module docstring); the seconds waited."""
+    import ray
+
+    t0, period = clock(), export_interval_s()
+    try:  # asked after every count this driver sent (one caller's calls run in order): the final figures
+        want = ray.get(meter.snapshot.remote(), timeout=60).get(COMMITTED, 0)
+    except Exception as e:  # noqa: BLE001 - figures for people: the run's end never waits on them
+        log.warning("the run's final metrics are unknown: %s", e)
+        return clock() - t0
+    url = node_endpoint() if want else None
+    seen = None
+    while clock() - t0 < 3 * period + 5:
+        if clock() - t0 >= period and (url is None or (seen is not None and seen >= want)):
+            return clock() - t0
+        time.sleep(poll_s)
+        seen = exported_committed(url, tags) if url else None
+    log.warning("the run's final metrics were not seen on %s after %.0f s", url, clock() - t0)
+    return clock() - t0

@@ -81,6 +81,7 @@ class RunSummary:
     timeline: dict = field(default_factory=dict)  # this call's rows and tokens over time (`Timeline.to_json`)
     failed_starts: list = field(default_factory=list)  # "<Stage> on node IP (id): cause" per actor that failed to start
     attempts: list = field(default_factory=list)  # every call's record on this run, this one last (attempts.py)
+    run_timeline: dict = field(default_factory=dict)  # every call's timeline, one after another (attempts.py)
 
     @property
     def error_rows(self) -> int:

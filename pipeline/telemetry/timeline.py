@@ -81,3 +81,34 @@ class Timeline:
         bucket i covers [i * bucket_s, (i + 1) * bucket_s) seconds after the start."""
         return {"bucket_s": self.bucket_s, "started_at": round(self.started_at, 3), "fields": list(FIELDS),
                 "buckets": [list(b) for b in self.buckets]}
+
+
+def _valid(t) -> bool:
+    """A `Timeline.to_json()` dict this code can merge (the file is read, not trusted)."""
+    if not isinstance(t, dict) or t.get("fields") != list(FIELDS) or not isinstance(t.get("buckets"), list):
+        return False
+    w = t.get("bucket_s")
+    return (isinstance(w, int | float) and not isinstance(w, bool) and 0 < w < 1e9
+            and all(isinstance(b, list) and len(b) == len(FIELDS) for b in t["buckets"]))
+
+
+def _widened(buckets: list[list[int]], factor: int) -> list[list[int]]:
+    """Buckets merged `factor` at a time (a wider width)."""
+    return [[sum(col) for col in zip(*buckets[i:i + factor], strict=True)] for i in range(0, len(buckets), factor)]
+
+
+def concat(first: dict | None, then: dict | None, max_points: int = 240) -> dict:
+    """Two timelines (`Timeline.to_json()` dicts) as one: `then`'s buckets after `first`'s (a run's attempts one
+    after another, the time between them left out), at the wider of the two widths (the other's buckets merged
+    into it), the width doubled while past `max_points`. One that is not a timeline (missing, older fields) is
+    left out; neither: {}."""
+    parts = [t for t in (first, then) if _valid(t)]
+    if not parts:
+        return {}
+    width = max(t["bucket_s"] for t in parts)
+    buckets: list[list[int]] = []
+    for t in parts:
+        buckets += _widened([list(b) for b in t["buckets"]], max(1, round(width / t["bucket_s"])))
+    while len(buckets) > max_points:
+        buckets, width = _widened(buckets, 2), width * 2
+    return {"bucket_s": width, "started_at": parts[0].get("started_at"), "fields": list(FIELDS), "buckets": buckets}
