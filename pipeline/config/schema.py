@@ -394,8 +394,7 @@ class JobConfig(_Section):
             basis["task"].pop("response_format", None)
         if not self.input.follow_symlinks:  # the default: run ids made before the field existed stay
             basis["input"].pop("follow_symlinks", None)  # (on: links are read that a default run refused)
-        # every decoder returns the same frames (tests/test_media_torchcodec.py)
-        for how in ("decoder", "decode_device"):
+        for how in ("decoder", "decode_device"):  # every decoder returns the same frames (test_media_torchcodec)
             basis["video"].pop(how, None)
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return f"run-{digest[:12]}"
