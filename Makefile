@@ -22,7 +22,7 @@ demo: .deps
 # PYTHONFAULTHANDLER: a crash after the last test (interpreter exit; seen once, 2026-12-01, after 887
 # passed) prints every thread's Python stack instead of a bare "Segmentation fault"
 test: .deps .venv-airflow/.ok
-	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q --durations=25
 
 lint: .deps
 	$(PY) -m ruff check .
