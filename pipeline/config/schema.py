@@ -329,10 +329,10 @@ class JobConfig(_Section):
     model: ModelSection
     input: InputSection
     task: TaskSection = TaskSection()
+    resources: ResourcesSection = ResourcesSection()  # beside task: validation walks answers -> resources -> here
     sampling: SamplingSection = SamplingSection()
     image: ImageSection = ImageSection()
     video: VideoSection = VideoSection()
-    resources: ResourcesSection = ResourcesSection()
     output: OutputSection
     storage: StorageSection = StorageSection()
     resume: ResumeSection = ResumeSection()

@@ -211,10 +211,11 @@ def response_format_problems(config: JobConfig, formats: dict | None = None,
 
 
 def _question_names(config: JobConfig) -> dict[str, str]:
-    """{field: prompt_name} of the task's response format fields."""
-    from vlbatch.pipeline.config.answers import CAPTION_NAME, question_names
+    """{field: prompt_name} of the task's response format fields (`answers.question_names`' rule, read from the
+    sections here: no call back into the config on the start-up walk, `scripts/walk_calls.py`)."""
+    from vlbatch.pipeline.config.answers import CAPTION_NAME
 
-    names = {f"task.questions.{i}.response_format": n for i, n in enumerate(question_names(config.task.questions))}
+    names = {f"task.questions.{i}.response_format": q.name or f"q{i}" for i, q in enumerate(config.task.questions)}
     return {**names, "task.response_format": CAPTION_NAME}
 
 
