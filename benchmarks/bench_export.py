@@ -1,4 +1,4 @@
-"""`vlbatch export --layout media` at scale: its peak memory must not grow with the run (`jobs/export_media.py`).
+"""`vlbatch export --layout media` at scale: its peak memory must not grow with the run (`jobs/export/media.py`).
 
     python -m benchmarks.bench_export [--rows 100000 1000000 2000000] [--bucket-rows 100000] [--format parquet]
 

@@ -42,14 +42,14 @@ def _cmd_tiny(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from vlbatch.jobs.inspect_text import run_inspect
+    from vlbatch.jobs.inspect.text import run_inspect
 
     return run_inspect(args.run, sample=args.sample, where=args.where, seed=args.seed, html=args.html,
                        endpoint_url=args.endpoint_url)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from vlbatch.jobs.export import run_export
+    from vlbatch.jobs.export.command import run_export
 
     return run_export(args.run, layout=args.layout, fmt=args.format, dest=args.out, config=args.config,
                       endpoint_url=args.endpoint_url, bucket_rows=args.bucket_rows, tmp_dir=args.tmp_dir)

@@ -1,5 +1,6 @@
 """The engineers' docs stay short and true: ARCHITECTURE.md's size, line length and the repository paths it
-names; benchmarks/RESULTS.md opening with today's figures (one table) and linking its history."""
+names (its "To change X, touch Y" table's too, folder-relative ones included, and the registry files it names);
+benchmarks/RESULTS.md opening with today's figures (one table) and linking its history."""
 from __future__ import annotations
 
 import re
@@ -47,6 +48,80 @@ def test_architecture_names_only_paths_that_exist():
     assert len(paths) > 20  # the layout names the modules
     missing = sorted({p for p in paths if not (ROOT / p).exists()})
     assert missing == [], f"ARCHITECTURE.md names paths that do not exist: {missing}"
+
+
+TOUCH = "## To change X, touch Y"
+_FILE = re.compile(r"\.[a-z]+$")  # `config.py`, `__init__.py`: a file named by itself
+
+
+def touch_rows() -> dict[str, str]:
+    """{what to change: where to touch} of ARCHITECTURE.md's "To change X, touch Y" table (the section to the next
+    heading: the table and the notes on its rows)."""
+    section = ARCHITECTURE.read_text().split(TOUCH, 1)[1].split("\n## ", 1)[0]
+    cells = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+    return {change.strip(): touch.strip() for change, touch in cells[2:]}  # after the header and its rule
+
+
+def _innermost(path: Path, pattern: str) -> list[Path]:
+    for folder in (p for p in [path, *path.parents] if p.is_dir() and ROOT in p.parents):
+        if found := list(folder.glob(pattern)):
+            return found
+    return []
+
+
+def touched_paths(cell: str) -> list[tuple[str, list[Path]]]:
+    """Every path a row's cell names in backticks, with what it matches in the tree: a path from a top-level
+    folder as it is; a folder-relative one (`ops/warm_up.py`, `__init__.py`) under the innermost folder holding it
+    of a path the cell named before it; a placeholder (`<point>`) matches any name."""
+    named, anchors = [], []
+    for span in re.findall(r"`([^`\n]+)`", cell):
+        for word in span.split():
+            word = word.rstrip(".,;)")
+            if "/" not in word and not _FILE.search(word):
+                continue  # a class or a name (`Entry`, `Sink`), not a path
+            pattern = re.sub(r"<\w+>", "*", word).rstrip("/")
+            if "/" in word and word.split("/", 1)[0] in TOP_FOLDERS:
+                found = sorted(ROOT.glob(pattern))
+            else:  # under the innermost folder, from each earlier path up, that holds it
+                found = sorted({m for a in anchors for m in _innermost(a, pattern)})
+            named.append((word, found))
+            anchors += found
+    return named
+
+
+def test_touched_paths_resolves_folder_relative_names_and_placeholders():
+    cell = "`operators/model/ops/` (`<op>_cpu.py` + twin), `ops/warm_up.py`, `nope/gone.py`, a `Sink` subclass"
+    got = {word: [p.relative_to(ROOT).as_posix() for p in found] for word, found in touched_paths(cell)}
+    assert got["operators/model/ops/"] == ["operators/model/ops"]
+    assert "operators/model/ops/conv_cpu.py" in got["<op>_cpu.py"]
+    assert got["ops/warm_up.py"] == ["operators/model/ops/warm_up.py"]
+    assert got["nope/gone.py"] == [] and "Sink" not in got
+
+
+def test_the_touch_table_names_only_paths_that_exist():
+    rows = touch_rows()
+    assert len(rows) > 10 and "a CLI command" in rows
+    missing = [(change, word) for change, touch in rows.items() for word, found in touched_paths(touch) if not found]
+    assert missing == [], f"ARCHITECTURE.md's {TOUCH!r} names paths that do not exist: {missing}"
+
+
+def test_the_touch_table_names_each_registry_where_its_entries_are():
+    """A row adding "one `Entry` in X" names the file holding that `Registry`; every job config choice (the
+    extension points `pipeline/config/choices.py` lists) has such a row; and the section says that such an
+    entry regenerates `configs/job.schema.json`."""
+    from vlbatch.pipeline.config.choices import _points
+
+    entry_files: set[Path] = set()
+    for change, touch in touch_rows().items():
+        for where in re.findall(r"one `Entry` in (`[^`]+`)", touch):
+            found = dict(touched_paths(touch))[where.strip("`")]
+            assert found and all(f.is_file() and "Registry(" in f.read_text() for f in found), (change, where, found)
+            entry_files.update(found)
+    points = {Path(module.__file__).resolve(): attr for module, attr in _points()}
+    unnamed = sorted(f"{p.relative_to(ROOT)} ({attr})" for p, attr in points.items() if p not in entry_files)
+    assert unnamed == [], f"registries of job config choices with no row in {TOUCH!r}: {unnamed}"
+    section = ARCHITECTURE.read_text().split(TOUCH, 1)[1].split("\n## ", 1)[0]
+    assert "python -m vlbatch.pipeline.config --schema" in section and "`configs/job.schema.json`" in section
 
 
 def test_results_opens_with_todays_table_and_links_the_history():

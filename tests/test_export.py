@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from vlbatch.jobs.cli import main
-from vlbatch.jobs.export import export
-from vlbatch.jobs.export_media import bucket_tables, make_spec, named, pivot
+from vlbatch.jobs.export.command import export
+from vlbatch.jobs.export.media import bucket_tables, make_spec, named, pivot
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, OutputRow, rows_to_table
 from vlbatch.operators.storage import StorageOptions
@@ -247,7 +247,7 @@ def test_caption_mode_rows_without_a_name_are_the_caption_and_a_failure_writes_n
 
 
 def test_schema_types_follow_refs_nullables_and_fall_back_to_json_text():
-    from vlbatch.jobs.export_types import JSON_TEXT, Misfit, schema_type
+    from vlbatch.jobs.export.types import JSON_TEXT, Misfit, schema_type
 
     s = {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": ["integer", "null"]}}}},
          "type": "object", "properties": {"p": {"$ref": "#/$defs/pt"}, "any": {"anyOf": [{"type": "string"}]},

@@ -1,4 +1,4 @@
-"""`vlbatch export` and hostile run folders (issue 60, item 9): the rules of `jobs/export.py`'s docstring, each
+"""`vlbatch export` and hostile run folders (issue 60, item 9): the rules of `jobs/export/command.py`'s docstring, each
 through the CLI in both layouts, on the run folder `test_export.make_run` writes with the real sink. Which
 files are parts (foreign ones are ignored), a part without `id` / `status` (one line, exit 1, nothing
 written; so is a column every part has, or one whose values do not cast to the run's type), ids unique in

@@ -29,7 +29,7 @@ from inspect_support import (
 )
 from PIL import Image
 
-from vlbatch.jobs.inspect_text import run_inspect
+from vlbatch.jobs.inspect.text import run_inspect
 from vlbatch.operators.media.sampling import sample_frame_indices
 from vlbatch.pipeline.telemetry.progress import token_histogram
 from vlbatch.pipeline.telemetry.timeline import Timeline

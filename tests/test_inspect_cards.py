@@ -12,10 +12,10 @@ from html.parser import HTMLParser
 import pytest
 from inspect_support import MODEL, RUN_ID, make_run
 
-from vlbatch.jobs.inspect_cards import cards, parsed_items
-from vlbatch.jobs.inspect_html import render
-from vlbatch.jobs.inspect_run import read_run, resolve_run
-from vlbatch.jobs.inspect_text import print_report
+from vlbatch.jobs.inspect.cards import cards, parsed_items
+from vlbatch.jobs.inspect.html import render
+from vlbatch.jobs.inspect.run import read_run, resolve_run
+from vlbatch.jobs.inspect.text import print_report
 from vlbatch.operators.sink.schema import OutputRow
 
 EVIL = '<script>alert(1)</script>\x1b[31m'  # an answer is untrusted: markup and a terminal escape sequence

@@ -14,7 +14,7 @@ import pyarrow as pa
 from PIL import Image
 from test_clips import COLOURS, CUTS, FPS, _video
 
-from vlbatch.jobs.inspect_text import run_inspect
+from vlbatch.jobs.inspect.text import run_inspect
 from vlbatch.operators.sink.parquet import ParquetSink
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 
@@ -85,8 +85,8 @@ def test_inspect_shows_each_clipped_video_as_a_timeline(tmp_path):
 
 def test_a_one_clip_video_says_1_clip_in_the_terminal_and_the_page():
     """Issue 60 item 13: "1 clips"."""
-    from vlbatch.jobs.inspect_clips import ClipLine, VideoTimeline, print_timelines
-    from vlbatch.jobs.inspect_html import _timelines
+    from vlbatch.jobs.inspect.clips import ClipLine, VideoTimeline, print_timelines
+    from vlbatch.jobs.inspect.html import _timelines
 
     one = VideoTimeline("v.mp4", (ClipLine(0, 0.0, 2.0, "fixed", "ok", "a square", 16),), 1, True, 16)
     out = io.StringIO()

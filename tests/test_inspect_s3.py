@@ -17,7 +17,7 @@ import yaml
 from inspect_support import RUN_ID, image_bytes, make_run, rows_for, write_media
 from PIL import Image
 
-from vlbatch.jobs.inspect_text import run_inspect
+from vlbatch.jobs.inspect.text import run_inspect
 from vlbatch.operators.storage import StorageOptions
 
 

@@ -46,7 +46,7 @@ def test_inspect_s3_without_endpoint_or_credentials_is_one_line(tmp_path, monkey
     """No endpoint and no credentials: today botocore's NoCredentialsError escapes as a ~100-line
     traceback. Credentials are made unavailable through the AWS chain's own variables (no network
     call is made: signing fails first)."""
-    from vlbatch.jobs.inspect_text import run_inspect
+    from vlbatch.jobs.inspect.text import run_inspect
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
               "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):

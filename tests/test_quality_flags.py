@@ -111,9 +111,9 @@ def _row(i: int, answer: str | None, flags) -> OutputRow:
 
 
 def test_inspect_counts_flags_over_the_run_with_examples_and_reads_older_parts(tmp_path):
-    from vlbatch.jobs.inspect_html import render
-    from vlbatch.jobs.inspect_run import RunRef, read_run
-    from vlbatch.jobs.inspect_text import print_report
+    from vlbatch.jobs.inspect.html import render
+    from vlbatch.jobs.inspect.run import RunRef, read_run
+    from vlbatch.jobs.inspect.text import print_report
 
     run = tmp_path / "r"
     sink = ParquetSink(str(run))

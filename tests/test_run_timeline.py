@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vlbatch.jobs.inspect_run import rates, run_attempts
+from vlbatch.jobs.inspect.run import rates, run_attempts
 from vlbatch.pipeline.telemetry.attempts import with_attempts
 from vlbatch.pipeline.telemetry.summary import RunSummary
 from vlbatch.pipeline.telemetry.timeline import FIELDS, concat

@@ -253,7 +253,7 @@ def test_inspect_previews_no_media_the_run_refused_to_read(tmp_path):
     """`vlbatch inspect --html` thumbnails the sampled and error rows' media on the inspecting
     machine: a media the run refused as an `InputError` (a remote manifest's file:// entry) must
     not be read there either."""
-    from vlbatch.jobs.inspect_html import preview_media
+    from vlbatch.jobs.inspect.html import preview_media
 
     secret = tmp_path / "secret.png"
     refused = {"media_uri": f"file://{secret}", "media_type": "image", "status": "error",

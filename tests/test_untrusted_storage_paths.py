@@ -120,7 +120,7 @@ def test_persistent_output_uris_pass_validate(tmp_path, uri):
 
 
 def test_sink_and_inspect_refuse_the_same_uris(tmp_path):
-    from vlbatch.jobs.inspect_run import resolve_run
+    from vlbatch.jobs.inspect.run import resolve_run
     from vlbatch.operators.sink.parquet import ParquetSink
 
     for uri in ("memory://x/run", "http://127.0.0.1:1/run"):

@@ -15,7 +15,7 @@ too (`pipeline/graph.py`), its rows those its writers took (published by the sto
 resume lists it. A summary written before attempts were recorded counts as one attempt of unknown
 time (`started_at` / `finished_at` None). `run_timeline`: every call's throughput timeline, one
 after another (`timeline.concat`, bounded like one), which `vlbatch inspect` plots; it shows the list
-(`jobs/inspect_text.py`, `jobs/inspect_html.py`).
+(`jobs/inspect/text.py`, `jobs/inspect/html.py`).
 """
 from __future__ import annotations
 

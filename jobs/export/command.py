@@ -1,17 +1,17 @@
 """`vlbatch export RUN --layout media|rows --format parquet|jsonl|csv -o DEST`: a run's rows as a file.
 
-RUN is what `vlbatch inspect` takes (`jobs/inspect_run.resolve_run`: a run folder, local or s3://, or a
+RUN is what `vlbatch inspect` takes (`jobs/inspect/run.resolve_run`: a run folder, local or s3://, or a
 job config). Layouts:
 - `rows`: one line per request, the run's columns (OUTPUT_SCHEMA, then its kept input columns; a part
   written before a column existed: null there), converted part by part (memory: one part).
-- `media`: one row per media (per clip), each prompt its own typed column (`jobs/export_media.py`: the
+- `media`: one row per media (per clip), each prompt its own typed column (`jobs/export/media.py`: the
   columns, the key, the two passes that bound memory). The prompts' formats come from the task config:
   the run's `_fingerprint.json` (it records every `task.*` field), else RUN given as a job config, else
   `--config JOB.yaml`; with both, they must agree (a different task would type the columns wrongly).
 How nested values look in JSONL and CSV, and how DEST is written whole or not at all (local or s3://):
-`jobs/export_write.py`. DEST must lie outside the run folder.
+`jobs/export/write.py`. DEST must lie outside the run folder.
 
-What is read, in both layouts (`jobs/export_parts.py` checks it; docs/troubleshooting.md says it for users):
+What is read, in both layouts (`jobs/export/parts.py` checks it; docs/troubleshooting.md says it for users):
 - the run's parts are the files the sink commits, `part-<24 hex>.parquet` in the run folder
   (`ParquetSink.parts`); any other file there (a foreign Parquet file, `part-x.parquet`, `_clips/`) is ignored;
 - a part that is not Parquet, lacks a column every part has (`id`, `status`, `request_index`, `prompt`, ...) or
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from vlbatch.jobs.export_media import (
+from vlbatch.jobs.export.media import (
     DEFAULT_BUCKET_ROWS,
     READ_COLUMNS,
     MediaSpec,
@@ -42,9 +42,9 @@ from vlbatch.jobs.export_media import (
     named,
     pivot,
 )
-from vlbatch.jobs.export_parts import BadPart, RunParts, read_part, scan_parts
-from vlbatch.jobs.export_write import FORMATS, ExportFile
-from vlbatch.jobs.inspect_run import RunRef, read_fingerprint, reading, resolve_run
+from vlbatch.jobs.export.parts import BadPart, RunParts, read_part, scan_parts
+from vlbatch.jobs.export.write import FORMATS, ExportFile
+from vlbatch.jobs.inspect.run import RunRef, read_fingerprint, reading, resolve_run
 from vlbatch.operators.errors import ConfigError, VlbatchError
 from vlbatch.operators.sink.parquet import ParquetSink, release_arrow_memory
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
@@ -133,7 +133,7 @@ def export(target: str, *, layout: str, fmt: str, dest: str, config: str | None 
 
 
 def _seen(table: pa.Table, seen: set[str]) -> pa.Table:
-    from vlbatch.jobs.export_media import NAME
+    from vlbatch.jobs.export.media import NAME
 
     seen.update(n for n in table[NAME].unique().to_pylist() if n is not None)
     release_arrow_memory()

@@ -1,12 +1,12 @@
 """`vlbatch inspect`'s sample as cards: one card per media, its prompts on it (issue 52).
 
-`cards(rows)` groups the sampled output rows (`inspect_run.read_run`: every matching row of each sampled
+`cards(rows)` groups the sampled output rows (`run.read_run`: every matching row of each sampled
 media) by media (`media_uri`; a row without one is a card of its own), the caption first, then the other
 prompts in prompt order (`request_index`; a video's clips in clip order, each clip's prompts together).
 A structured answer's `parsed` value (JSON text, untrusted: a run folder is read, not trusted) becomes
 `parsed_items`: `[(key, value text)]`, a JSON object flattened to dotted keys (`box.x`), a list of scalars
 joined with ", ", a scalar one item keyed by the prompt's name; text that is not JSON is shown as it is.
-Both renderers use these (`inspect_text`: `key: value` lines; `inspect_html`: a small table per value,
+Both renderers use these (`text`: `key: value` lines; `html`: a small table per value,
 every string escaped there).
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def card_key(row: dict) -> str:
 
 def media_key(key: str, seed: int) -> float:
     """A uniform [0, 1) number per (card key, seed): every row of one media draws the same, so a sample of
-    media keeps all of a media's rows (`inspect_run.read_run`)."""
+    media keeps all of a media's rows (`run.read_run`)."""
     h = hashlib.blake2b(f"{seed}\x1f{key}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(h, "big") / 2.0 ** 64
 

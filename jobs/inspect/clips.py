@@ -7,7 +7,7 @@ index (a clip's prompts share its times; that row's answer is the clip's caption
 gives `VideoTimeline`s: each clip's index, start-end (seconds in the source), source (scenes | fixed),
 caption or error, visual tokens; the video's clip count, whether its last clip is committed (`clip_last`),
 its visual tokens in all. `print_timelines` is the terminal form (one line per clip, the first
-`shown` clips of a video); `inspect_html` draws each as a strip of frames (`thumbnails.clip_frames`).
+`shown` clips of a video); `html` draws each as a strip of frames (`thumbnails.clip_frames`).
 Memory: `videos` x `MAX_CLIPS` small tuples, whatever the run's size.
 """
 from __future__ import annotations

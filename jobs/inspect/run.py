@@ -5,10 +5,10 @@ is taken to mean that run) or a job config (its `output.uri` / run id, storage a
 settings). `read_run` streams the committed part files once (a few columns, one part at a time:
 memory does not grow with the run), counting statuses, error types (one example message each)
 and token histograms, and keeps a seeded random sample of media: every row matching `--where` of the
-`n` media with the smallest random keys (one key per media and seed: `inspect_cards`, which also groups
+`n` media with the smallest random keys (one key per media and seed: `cards`, which also groups
 them into cards). The run's `_summary.json` gives the throughput timeline (`pipeline/telemetry/timeline.py`);
-the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect_text` writes the terminal form (and is the
-command), `vlbatch.jobs.inspect_html` the page.
+the fingerprint is `read_fingerprint`. `vlbatch.jobs.inspect.text` writes the terminal form (and is the
+command), `vlbatch.jobs.inspect.html` the page.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class RunReport:
     quality: Counter = field(default_factory=Counter)  # ok answers per quality flag
     quality_rows: dict = field(default_factory=dict)  # flag -> [(part, row)] first examples, then full rows
     seed: int = 0
-    timelines: list = field(default_factory=list)  # video.clips: `inspect_clips.VideoTimeline`s of a few videos
+    timelines: list = field(default_factory=list)  # video.clips: `clips.VideoTimeline`s of a few videos
 
 
 def parse_where(items: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -178,8 +178,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunReport:
-    """Stream the run's parts once (module docstring; a clipped run's timelines: `jobs/inspect_clips.py`)."""
-    from vlbatch.jobs.inspect_clips import CLIP_COLUMNS, Timelines
+    """Stream the run's parts once (module docstring; a clipped run's timelines: `jobs/inspect/clips.py`)."""
+    from vlbatch.jobs.inspect.clips import CLIP_COLUMNS, Timelines
     from vlbatch.operators.sink.parquet import ParquetSink
 
     sink = ParquetSink(ref.uri, ref.storage)
@@ -205,10 +205,10 @@ def read_run(ref: RunRef, *, sample: int = 8, where=(), seed: int = 0) -> RunRep
 
 
 def _keep_media(kept: dict, t: pa.Table, match: np.ndarray, part: str, sample: int, seed: int) -> None:
-    """Keep in `kept` the `sample` media with the smallest random keys so far (`inspect_cards.media_key`: one
+    """Keep in `kept` the `sample` media with the smallest random keys so far (`cards.media_key`: one
     per media and seed), each with all its matching rows. Keys are hashed per distinct media of the part;
     only rows under the current cut are looked at one by one."""
-    from vlbatch.jobs.inspect_cards import card_key, media_key
+    from vlbatch.jobs.inspect.cards import card_key, media_key
 
     sub = t.select(["id", "media_uri"]).take(pa.array(match))
     enc = pc.dictionary_encode(sub["media_uri"].combine_chunks())

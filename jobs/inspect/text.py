@@ -4,9 +4,9 @@ Sections: the run's identity (its fingerprint, else run id and model), counts by
 with one example message each, token histograms (power-of-two buckets), throughput over the run
 (each attempt: a call of `vlbatch run`, a resume; then the whole run; sparklines of rows/s and
 tokens/s over every attempt, one after another: `run_timeline`), a clipped run's video timelines
-(`inspect_clips.print_timelines`: one line per clip), then the sampled media, a card each (`inspect_cards`: the
+(`clips.print_timelines`: one line per clip), then the sampled media, a card each (`cards`: the
 caption, then each prompt with its answer, parsed value or error). The data comes from
-`vlbatch.jobs.inspect_run.read_run`; `--html` adds the page (`vlbatch.jobs.inspect_html`). Answers are
+`vlbatch.jobs.inspect.run.read_run`; `--html` adds the page (`vlbatch.jobs.inspect.html`). Answers are
 untrusted text: control characters (a terminal escape sequence) are shown escaped (`_one_line`).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import TextIO
 
 import numpy as np
 
-from vlbatch.jobs.inspect_clips import print_timelines
-from vlbatch.jobs.inspect_run import (
+from vlbatch.jobs.inspect.clips import print_timelines
+from vlbatch.jobs.inspect.run import (
     TOKENS,
     Attempt,
     RunReport,
@@ -156,9 +156,9 @@ def _print_attempts(attempts: list[Attempt], w) -> None:
 
 
 def _print_sample(rep: RunReport, w) -> None:
-    """The sampled media, one card each (`inspect_cards`): the caption, then each prompt with its answer,
+    """The sampled media, one card each (`cards`): the caption, then each prompt with its answer,
     a structured answer's parsed value as `key: value` lines, or its error."""
-    from vlbatch.jobs.inspect_cards import cards
+    from vlbatch.jobs.inspect.cards import cards
 
     cond = " and ".join(f"{c}={v}" for c, v in rep.where)
     sampled = cards(rep.sample)
@@ -197,7 +197,7 @@ def run_inspect(target: str, *, sample: int = 8, where: list[str] | None = None,
         return 2
     print_report(rep, out)
     if html:
-        from vlbatch.jobs.inspect_html import write_html
+        from vlbatch.jobs.inspect.html import write_html
 
         print(f"\nwrote {write_html(rep, html)}", file=out)
     return 0

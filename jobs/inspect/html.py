@@ -1,15 +1,15 @@
 """`vlbatch inspect RUN --html report.html`: the run as one self-contained static page.
 
 No server and nothing fetched: thumbnails are inlined as small JPEGs (`data:` URIs,
-`vlbatch.jobs.thumbnails`), plots are inline SVG, the style is inline CSS. Sections: the run's
+`vlbatch.jobs.inspect.thumbnails`), plots are inline SVG, the style is inline CSS. Sections: the run's
 headline (rows, ok / error, attempts, rows/s over the whole run, model, when), its fingerprint folded
 away (`<details>`), counts; its attempts (each call of `vlbatch run`, an interrupted one marked) and
-rows/s and tokens/s over time, every attempt one after another (`inspect_run.rates`); token histograms;
-the sampled media as cards (`#sample .card`, one per media, `inspect_cards`: an image thumbnail or a
+rows/s and tokens/s over time, every attempt one after another (`run.rates`); token histograms;
+the sampled media as cards (`#sample .card`, one per media, `cards`: an image thumbnail or a
 video's frame strip beside its caption, then each prompt and its answer, a parsed value as a small
 table); the errors grouped by type, each with one example message and a few of its media; a clipped run's
 timelines (`#clips .timeline`, a few videos: per clip a frame near its middle, its start-end and caption;
-`inspect_clips`). A small
+`clips`). A small
 inline script records on `<body>` how many thumbnails the browser decoded (`data-thumbs-loaded`), which the tests read.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from vlbatch.jobs.inspect_run import (
+from vlbatch.jobs.inspect.run import (
     TOKENS,
     Attempt,
     RunReport,
@@ -31,7 +31,7 @@ from vlbatch.jobs.inspect_run import (
     when,
     whole_run,
 )
-from vlbatch.jobs.thumbnails import Thumb, ThumbOptions, thumbnails
+from vlbatch.jobs.inspect.thumbnails import Thumb, ThumbOptions, thumbnails
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;background:#f4f5f7;color:#1d2330}
@@ -123,7 +123,7 @@ def write_html(rep: RunReport, path: str | Path, opts: ThumbOptions | None = Non
 
 def timeline_frames(timelines, opts: ThumbOptions) -> dict[str, list | Thumb]:
     """{video uri: one `Frame` per shown clip (`thumbnails.clip_frames`), or a placeholder `Thumb`}."""
-    from vlbatch.jobs.thumbnails import clip_frames, fetch_all, placeholder
+    from vlbatch.jobs.inspect.thumbnails import clip_frames, fetch_all, placeholder
 
     data = fetch_all([v.uri for v in timelines], opts)
     out: dict[str, list | Thumb] = {}
@@ -142,7 +142,7 @@ def timeline_frames(timelines, opts: ThumbOptions) -> dict[str, list | Thumb]:
 
 def _timelines(timelines, frames: dict) -> str:
     """Each video's clips as a strip: a frame near the clip's middle, its start-end, source and caption."""
-    from vlbatch.jobs.inspect_clips import span
+    from vlbatch.jobs.inspect.clips import span
 
     if not timelines:
         return ""
@@ -232,8 +232,8 @@ def _media(uri: str | None, thumbs: dict[str, Thumb]) -> tuple[str, bool]:
 
 
 def _sample(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
-    """The sampled media, a card each (`inspect_cards`): its thumbnail or strip beside its prompts."""
-    from vlbatch.jobs.inspect_cards import cards
+    """The sampled media, a card each (`cards`): its thumbnail or strip beside its prompts."""
+    from vlbatch.jobs.inspect.cards import cards
 
     cond = " and ".join(f"{c}={v}" for c, v in rep.where)
     sampled = cards(rep.sample)
@@ -252,7 +252,7 @@ def _sample(rep: RunReport, thumbs: dict[str, Thumb]) -> str:
 
 
 def _answer(a) -> str:
-    """One prompt of a card (`inspect_cards.Answer`): its name and prompt, then its answer, its parsed value as
+    """One prompt of a card (`cards.Answer`): its name and prompt, then its answer, its parsed value as
     a small table, or its error; every string escaped (answers are untrusted text)."""
     r = a.row
     if not a.ok:

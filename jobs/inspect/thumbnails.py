@@ -205,7 +205,7 @@ def _strip(data: bytes, opts: ThumbOptions) -> Thumb:
 
 
 def clip_frames(data: bytes, mids: list[float], opts: ThumbOptions) -> list[Frame]:
-    """A clipped video's timeline (`inspect_clips`): for each clip's middle (`mids`, seconds in the source),
+    """A clipped video's timeline (`clips`): for each clip's middle (`mids`, seconds in the source),
     the nearest of the frames the run's sampling takes from the whole video (one decode, bounded as a
     strip's), labelled with its own time; a frame nearest two clips is made once."""
     from vlbatch.operators.media.worker import decode_video

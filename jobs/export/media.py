@@ -1,7 +1,7 @@
 """`vlbatch export --layout media`: a run's rows pivoted to one row per media (per clip), typed columns.
 
 Output columns: `media_uri`, `media_type`, `clip_index`, `clip_start_s`, `clip_end_s`, `clip_source`, `clip_uri`, then
-per prompt `<name>` (typed from its response format: `jobs/export_types.py`) and `<name>_status` (ok /
+per prompt `<name>` (typed from its response format: `jobs/export/types.py`) and `<name>_status` (ok /
 error; null where the media has no row for that prompt): the caption first, then task.questions' names in
 the config's order, then the other names seen (a manifest's unnamed questions are `q<request_index>`),
 then the run's `keep` columns. A prompt's name is the row's `prompt_name`; a row without one is
@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vlbatch.jobs.export_types import FREE_TEXT, Misfit, Typed, prompt_type
+from vlbatch.jobs.export.types import FREE_TEXT, Misfit, Typed, prompt_type
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
 

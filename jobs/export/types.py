@@ -1,4 +1,4 @@
-"""Arrow types of structured answers for `vlbatch export --layout media` (`jobs/export_media.py`).
+"""Arrow types of structured answers for `vlbatch export --layout media` (`jobs/export/media.py`).
 
 `prompt_type(fmt)`: a prompt's response format (`pipeline/config/answers.py`) -> `Typed` (its Arrow type
 and the check that turns a parsed JSON value into a value of that type):

@@ -1,4 +1,4 @@
-"""The parts `vlbatch export` reads, checked against the rules `jobs/export.py` states (its docstring).
+"""The parts `vlbatch export` reads, checked against the rules `jobs/export/command.py` states (its docstring).
 
 `scan_parts` reads every part's footer (its columns, its row count) and then its `id`, `status` and
 `error_type` columns, one part at a time: a part without a column every part has (`REQUIRED`: `id`, `status`,
