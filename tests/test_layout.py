@@ -51,7 +51,7 @@ def test_driver_start_up_and_backends_are_packages_of_their_own():
     for name in ("backends", "followers"):
         assert (ROOT / "pipeline/backends" / f"{name}.py").is_file(), name
         assert not (ROOT / "pipeline/stages" / f"{name}.py").exists(), name
-    assert not (ROOT / "pipeline/stages/cpu.py").exists()
+    assert not (ROOT / "pipeline" / "stages" / "cpu.py").exists()  # split: decode, preprocess, prepare
     # the run's sink is opened by the driver and by each write actor from plan/sink.py, not from the actor's module
     assert "def open_sink" not in (ROOT / "pipeline/stages/write_stage.py").read_text()
     for entry in MODEL_BACKENDS.entries:  # the shipped backends' "module:attr" strings resolve in their package

@@ -1,4 +1,4 @@
-"""The decode stage (`DecodeStage`): media bytes -> frames, a CPU actor pool (row helpers: `cpu_rows.py`)."""
+"""The decode stage (`DecodeStage`): media bytes -> frames, a CPU actor pool (row helpers: `row_fields.py`)."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from vlbatch.operators.errors import InputError
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.stages.cpu_rows import base_fields, catch_row, requests_of
+from vlbatch.pipeline.stages.row_fields import base_fields, catch_row, requests_of
 from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import DECODED
 

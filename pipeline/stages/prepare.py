@@ -6,9 +6,9 @@ import threading
 import pyarrow as pa
 
 from vlbatch.pipeline.config import JobConfig
-from vlbatch.pipeline.stages.cpu_rows import requests_of
 from vlbatch.pipeline.stages.decode import DecodeStage
 from vlbatch.pipeline.stages.preprocess import PreprocessStage
+from vlbatch.pipeline.stages.row_fields import requests_of
 from vlbatch.pipeline.stages.rows import MediaTask, Prepared, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import DECODED, PREPROCESSED
 

@@ -1,4 +1,4 @@
-"""The preprocess stage (`PreprocessStage`): frames -> model inputs, a CPU actor pool (row helpers: `cpu_rows.py`;
+"""The preprocess stage (`PreprocessStage`): frames -> model inputs, a CPU actor pool (row helpers: `row_fields.py`;
 decode and preprocess fused in one pool: `prepare.py`)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 from vlbatch.operators.errors import InputError, SetupError
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.stages.clip_rows import clip_target, without_clip_file
-from vlbatch.pipeline.stages.cpu_rows import base_fields, catch_row, requests_of
+from vlbatch.pipeline.stages.row_fields import base_fields, catch_row, requests_of
 from vlbatch.pipeline.stages.rows import Decoded, Prepared, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import PREPROCESSED
 

@@ -69,7 +69,7 @@ class ScanStage:
             self.writer = WriteStage(cfg, run_dir, run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from vlbatch.pipeline.stages.cpu_rows import requests_of
+        from vlbatch.pipeline.stages.row_fields import requests_of
         from vlbatch.pipeline.telemetry.meter import CLIP_VISUAL, DECODED, PREPROCESSED
 
         p = self.prepare
