@@ -1,4 +1,4 @@
-"""The rerun check of `vlbatch run` (`pipeline/stages/nothing_to_do.py`) at scale, one process, no Ray.
+"""The rerun check of `vlbatch run` (`pipeline/startup/nothing_to_do.py`) at scale, one process, no Ray.
 
     python -m benchmarks.bench_nothing_to_do [--requests 1000000] [--questions 4]
 
@@ -42,8 +42,8 @@ def _commit_all(p, drop_last: bool) -> int:
     import pyarrow as pa
 
     from vlbatch.operators.sink.schema import OUTPUT_SCHEMA
-    from vlbatch.pipeline.stages.nothing_to_do import block_ids
-    from vlbatch.pipeline.stages.write_stage import open_sink
+    from vlbatch.pipeline.plan.sink import open_sink
+    from vlbatch.pipeline.startup.nothing_to_do import block_ids
 
     ids = [rid for b in p.source.driver_blocks() for rid in block_ids(b, p.cfg.task)]
     ids = ids[:-1] if drop_last else ids
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=4)
     ap.add_argument("--no-ray", action="store_true", help="skip the reference (starting a local Ray)")
     args = ap.parse_args()
-    from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
+    from vlbatch.pipeline.startup.nothing_to_do import nothing_to_do
 
     with tempfile.TemporaryDirectory(prefix="vlb-ntd-") as tmp:
         p = _plan(Path(tmp), max(1, args.requests // args.questions), args.questions)

@@ -108,7 +108,7 @@ def engine_requests(cfg, media: list[str], questions: list[str]) -> list:
     """The requests, decoded and preprocessed (as the pipeline does it, untimed)."""
     from vlbatch.operators.engine import Request, SamplingParams
     from vlbatch.operators.preprocess import Processor, load_image
-    from vlbatch.pipeline.stages.cpu import chat_messages
+    from vlbatch.pipeline.stages.preprocess import chat_messages
 
     proc = Processor.from_pretrained(cfg.model.path)
     proc.image_config = replace(proc.image_config, max_pixels=cfg.image.max_pixels)
@@ -126,7 +126,7 @@ def engine_requests(cfg, media: list[str], questions: list[str]) -> list:
 def engine_alone(cfg, reqs: list) -> dict:
     """rows/s of one `generate` over all requests (model load not timed); CPU seconds beside."""
     from vlbatch.operators.factory import load_engine
-    from vlbatch.pipeline.stages.backends import resolve_device
+    from vlbatch.pipeline.stages.model_place import resolve_device
 
     eng = load_engine(cfg.model.path, device=resolve_device(cfg.model.device),
                                  dtype=cfg.model.dtype, **cfg.model.engine.engine_kwargs())

@@ -56,7 +56,7 @@ def _cases(rng):
 
 def _stage(model_dir: str):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
 
     return PreprocessStage(validate_config({"model": {"path": model_dir}, "input": {"uri": "x"},
                                             "output": {"uri": tempfile.gettempdir()}}))
@@ -115,7 +115,7 @@ def _median_cpu(fn, iters: int) -> float:
 
 def _runners(stage, ref, row):
     """(our float32 processor, the CPU stage now, AutoProcessor) zero-argument callables for one media."""
-    from vlbatch.pipeline.stages.cpu import chat_messages
+    from vlbatch.pipeline.stages.preprocess import chat_messages
 
     proc, kind = stage.processor, row.media_type
     text = proc.apply_chat_template(chat_messages(row.prompts[0], kind, None))
@@ -158,7 +158,7 @@ def child(path: str, mode: str, model_dir: str) -> dict:
 
     from vlbatch.operators.engine import Request, SamplingParams
     from vlbatch.operators.engine.loop import pinned_visual_tokens
-    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
+    from vlbatch.pipeline.backends.backends import media_requests, pixel_specs
     from vlbatch.pipeline.stages.rows import Prepared, from_table
 
     specs = pixel_specs(model_dir)

@@ -82,7 +82,7 @@ def job(model: str, man: Path, out: Path, cpus: int) -> dict:
 def _loop_init(cfg_json: str):
     global _STAGE
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
 
     _STAGE = PrepareStage(JobConfig.model_validate_json(cfg_json))
 

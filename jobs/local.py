@@ -10,7 +10,7 @@ new local Ray started for this run and shut down with it (a Ray already running 
 machine is joined only with ``--address auto``). The first line printed is the run's plan
 (`vlbatch.pipeline.plan.spec`: input count, pools and what they reserve), printed before Ray
 starts, then ``[vlbatch] starting Ray``, unless the input's every request is committed already
-(`pipeline/stages/nothing_to_do.py`: ``[vlbatch] nothing to do: all N requests of <run dir>/ are committed``,
+(`pipeline/startup/nothing_to_do.py`: ``[vlbatch] nothing to do: all N requests of <run dir>/ are committed``,
 exit 0, no Ray started, `_summary.json` kept); the next names the cluster, e.g.
 ``[vlbatch] ray: new local cluster (2 CPUs; metrics: http://10.0.0.5:51234/metrics)`` (its metrics endpoint)
 or ``[vlbatch] ray: 10.0.0.5:6379``; a cluster
@@ -178,7 +178,7 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     from vlbatch.jobs.reaper import reaped_ray
     from vlbatch.jobs.stops import Interrupted, interruption
     from vlbatch.pipeline.graph import run_job
-    from vlbatch.pipeline.stages.nothing_to_do import open_run
+    from vlbatch.pipeline.startup.nothing_to_do import open_run
 
     target = RayTarget.choose(address or config.ray.address)
     ours = not ray.is_initialized()  # an in-process caller's Ray is used as it is

@@ -130,7 +130,7 @@ def finish_interrupted(config: Any, *, writers_gone: bool) -> str:
     """Tidy the run directory (see the module docstring) and return the one line to print.
     `writers_gone`: Ray (and with it every write actor) is shut down."""
     from vlbatch.operators.storage import join
-    from vlbatch.pipeline.stages.write_stage import open_sink
+    from vlbatch.pipeline.plan.sink import open_sink
 
     run_uri = join(config.output.uri.rstrip("/"), config.resolved_run_id())
     sink = open_sink(config, run_uri)

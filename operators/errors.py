@@ -85,7 +85,7 @@ class StorageCheckError(ConfigError):
 
 class ActorStartError(VlbatchError):
     """No actor of a stage (`stage`: its class name, e.g. ModelStage) can start: its start failed
-    with the job's own error (chained), or on every node that could hold one (pipeline/stages/placement.py)."""
+    with the job's own error (chained), or on every node that could hold one (pipeline/startup/placement.py)."""
 
     def __init__(self, stage: str, message: str, detail: str = "", config: bool = False):
         super().__init__(message)
@@ -99,7 +99,7 @@ class ActorStartError(VlbatchError):
 
 class NodesLostError(ActorStartError):
     """Every node that could hold a stage's actor was lost mid-run and none came back within the
-    grace period (`ray.node_loss_timeout_s`, pipeline/stages/node_loss.py): the run stops (exit 8)."""
+    grace period (`ray.node_loss_timeout_s`, pipeline/startup/node_loss.py): the run stops (exit 8)."""
 
 
 class SetupError(ConfigError):

@@ -21,8 +21,8 @@ the expansion tasks' counts from a `Tally` actor (`expansion.py`), never a secon
 Resume memory: the committed ids are one `IdIndex` (16 B per id, sorted numpy), `ray.put`
 once and mapped zero-copy by each expansion task (no per-task copy of a Python set).
 
-Output: the run's sink (`write_stage.open_sink`, at `<output.uri>/<run_id>`, opened with its index read by
-`stages/nothing_to_do.open_run` before Ray starts and handed in; Parquet: rolling
+Output: the run's sink (`plan.sink.open_sink`, at `<output.uri>/<run_id>`, opened with its index read by
+`startup/nothing_to_do.open_run` before Ray starts and handed in; Parquet: rolling
 part files and `_summary.json` beside them; `sink.seal()` after the graph publishes what the
 writers still held). Only the sink contract is used here
 (`vlbatch.operators.sink.base`): before the graph starts its committed index is read:
@@ -35,7 +35,7 @@ would fail later was refused before (`plan/preflight.py`: an output bucket that 
 answers of another config under the run id, pools that cannot all start on a local Ray): `run_job`
 checks nothing again. An actor that fails to start on a node (a model replica whose
 checkpoint cache there is unwritable): its pool avoids that node and the run goes on
-(`RunSummary.failed_starts`), or stops in one line when no node is left (`pipeline/stages/placement.py`).
+(`RunSummary.failed_starts`), or stops in one line when no node is left (`pipeline/startup/placement.py`).
 """
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import replace_file
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.plan.fingerprint import FINGERPRINT_NAME, check_fingerprint
+from vlbatch.pipeline.plan.sink import open_sink
 from vlbatch.pipeline.plan.spec import RunPlan, StageSpec
 from vlbatch.pipeline.stages.engine_rate import scan_busy
 from vlbatch.pipeline.stages.expansion import Tally, count_pending, expanded
-from vlbatch.pipeline.stages.placement import INIT_DEATHS
 from vlbatch.pipeline.stages.scan import cpu_s_per_request, scan_line
-from vlbatch.pipeline.stages.write_stage import open_sink
+from vlbatch.pipeline.startup.placement import INIT_DEATHS
 from vlbatch.pipeline.telemetry.attempts import with_attempts
 from vlbatch.pipeline.telemetry.meter import driver_node
 from vlbatch.pipeline.telemetry.progress import Progress
@@ -73,7 +73,7 @@ def _init_ray(cfg: JobConfig, block_size: int) -> None:
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     # an actor that dies while starting is replaced (Ray Data's default, 0, fails the run at once): one
-    # that cannot start on a node is retried off that node (pipeline/stages/placement.py)
+    # that cannot start on a node is retried off that node (pipeline/startup/placement.py)
     ctx.max_consecutive_actor_init_deaths = INIT_DEATHS
     # A CPU-stage task emits its output (pixel values) in blocks of up to this size, and a
     # model task takes whole blocks: with Ray Data's default (128 MiB, ~100 media of a few
@@ -93,7 +93,7 @@ def _map(ds, spec: StageSpec, runtime: dict, failures):
     batch size and resources (the actor pool at min..max actors)."""
     import ray
 
-    from vlbatch.pipeline.stages.placement import map_stage
+    from vlbatch.pipeline.startup.placement import map_stage
 
     compute = ray.data.ActorPoolStrategy(min_size=spec.pool.min_actors, max_size=spec.pool.max_actors,
                                          **spec.strategy)
@@ -107,7 +107,7 @@ def build_graph(plan: RunPlan, tasks_ds, run_dir: str, run_id: str, meter=None, 
     """The lazy dataset of write stats rows: the plan's stages over `tasks_ds`, in order (`run_dir`: the
     run's URI, where its sink is; `meter`: the run's `Meter` actor the stages count into,
     pipeline/telemetry/meter.py; `failures`: its `RunPlacement`: failed starts and each pool's
-    resources, pipeline/stages/placement.py; `metrics`: the run's `MetricTags`, None: no Ray metrics;
+    resources, pipeline/startup/placement.py; `metrics`: the run's `MetricTags`, None: no Ray metrics;
     `done`: the committed ids' ObjectRef, for a CPU stage that cuts clips, `video.clips`)."""
     runtime = {"meter": meter, "run_dir": run_dir, "run_id": run_id, "metrics": metrics, "done": done}
     ds = tasks_ds
@@ -122,8 +122,8 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
     tally until `known` media are read) and prints progress meanwhile, committed rows or not. -> (the
     start failures the run went on without (`placement.failed_lines`), the line naming the nodes it lost
     and went on without, or None); a pool's nodes all lost: `watching_nodes` stops the run."""
-    from vlbatch.pipeline.stages.node_loss import watching_nodes
-    from vlbatch.pipeline.stages.placement import RunPlacement, failed_lines, start_failures
+    from vlbatch.pipeline.startup.node_loss import watching_nodes
+    from vlbatch.pipeline.startup.placement import RunPlacement, failed_lines, start_failures
     from vlbatch.pipeline.telemetry.meter import Ticker, start_meter
     from vlbatch.pipeline.telemetry.metrics import MetricTags, committed_counts, wait_exported
 
@@ -149,7 +149,7 @@ def _stream_graph(plan: RunPlan, tasks_ds, sink, run_id: str, progress: Progress
 
 def _open_run(plan: RunPlan, opened=None):
     """(sink, index before the run, transient rows purged, committed ids to skip); `opened`: the sink and
-    index `stages/nothing_to_do.open_run` read before Ray started (None: opened here). The plan's fingerprint
+    index `startup/nothing_to_do.open_run` read before Ray started (None: opened here). The plan's fingerprint
     note is written once the sink's folder is prepared."""
     cfg, run = plan.cfg, plan.run
     if cfg.output.clip_files is not None:  # a killed clip writer's temp files (no worker writes yet)
@@ -198,7 +198,7 @@ def run_job(job: RunPlan | JobConfig, *, stream=None, name: str | None = None, o
     `job`: the run's checked `RunPlan` (`plan/preflight.py`), run as it is: nothing is checked again;
     a `JobConfig`: checked here first by the same preflight (`_checked`). `name`: the job's name, the
     `job` tag of its Ray metrics (default: the run id). `opened`: the sink and committed index read before Ray
-    started (`stages/nothing_to_do.open_run`; None: read here)."""
+    started (`startup/nothing_to_do.open_run`; None: read here)."""
     import ray
 
     stream = stream or sys.stderr

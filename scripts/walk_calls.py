@@ -21,7 +21,7 @@ exit of a `with` block of a `contextlib.contextmanager`, as a call into the gene
 follows the first entry, not each resume). `--count-imports` / `--count-resumes`: counted as the first
 version of this script did (both: its figures). Printed per path: rooms
 (distinct modules entered), moves, returns (moves into a room entered before, i.e. already left once) and how many times
-`write_stage`, `fingerprint` and `preflight` are entered (moves into a module whose last dotted part
+`sink` (`plan/sink.py`), `fingerprint` and `preflight` are entered (moves into a module whose last dotted part
 is that name). The demo config's media are written first when missing
 (`pipeline/demo.prepare_demo`, as `vlbatch demo` does).
 """
@@ -39,7 +39,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-WATCHED = ("write_stage", "fingerprint", "preflight")
+WATCHED = ("sink", "fingerprint", "preflight")
 ROOMS = ("vlbatch.jobs.", "vlbatch.pipeline.")  # the flow's modules; what they call below (operators) is not a room
 
 

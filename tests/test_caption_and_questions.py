@@ -72,8 +72,8 @@ def test_one_decode_one_preprocess_and_the_prefix_for_caption_and_questions(tmp_
     from PIL import Image
 
     from vlbatch.pipeline.plan.spec import requests_per_media
-    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
 
     path = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(path)
@@ -122,5 +122,5 @@ def test_cli_run_of_a_folder_with_caption_and_questions(tmp_path, tiny_ckpt):
     other = [a.replace("input.uri=wd/media", f"input.uri={tmp_path / 'wd' / 'media'}") for a in sets]
     again = vlbatch("run", str(cfg), "--no-lock", *other, cwd=tmp_path / "wd", timeout=400)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    # every request committed: said before Ray starts, and none starts (pipeline/stages/nothing_to_do.py)
+    # every request committed: said before Ray starts, and none starts (pipeline/startup/nothing_to_do.py)
     assert again.stdout.splitlines()[-1] == f"[vlbatch] nothing to do: all 6 requests of {run_dir}/ are committed"

@@ -167,7 +167,7 @@ def test_short_video_is_one_clip(tmp_path):
 
 def test_decode_stage_streams_clip_rows_and_drops_committed_clips(tmp_path):
     from vlbatch.operators.sink.ids import IdIndex
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.requests import clip_request_id, request_id
     from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 

@@ -2,7 +2,7 @@
 
 A clipped video's request ids are its clips' (`requests.clip_request_id`), known only once the video is
 decoded; the rows of a video's last clip say `clip_last`, so the driver's check
-(`pipeline/stages/nothing_to_do.py`) tells a complete video from its committed rows without decoding. Here
+(`pipeline/startup/nothing_to_do.py`) tells a complete video from its committed rows without decoding. Here
 on a real Parquet sink with rows built in the output schema: complete videos are nothing to do; a missing
 clip, or clips committed without a last one (rows from before the marker), is work left; a video whose
 whole file failed (one permanent error row under its own id) is done. The decode stage's rows carry the
@@ -55,7 +55,7 @@ def _clips(tmp_path, name: str, n: int, *, last: bool = True) -> list[dict]:
 
 
 def test_a_complete_clipped_run_is_nothing_to_do_and_a_missing_clip_is_work(tmp_path, tiny_ckpt):
-    from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
+    from vlbatch.pipeline.startup.nothing_to_do import nothing_to_do
 
     ckpt = tiny_ckpt("dense")
     plan = _plan(tmp_path, ckpt)
@@ -87,7 +87,7 @@ def test_a_complete_clipped_run_is_nothing_to_do_and_a_missing_clip_is_work(tmp_
 
 def test_decode_stage_marks_only_the_last_clip(tmp_path):
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 
     data = _video(tmp_path, 50)  # 5 s at 10 fps: windows of 2 s, the last 1 s one kept (min_clip_s 1)

@@ -148,7 +148,7 @@ def test_decode_stage_clip_rows_after_a_hang_or_crash_and_the_next_video(video, 
     """The CPU stage: the clips sent before the child stopped are ok rows; the video's remaining clips are
     one error row under the video's own ids (resume retries it; the committed clips are dropped then);
     the next video in the same batch decodes whole, in a fresh child."""
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.requests import clip_request_id, request_id
     from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 
@@ -230,7 +230,7 @@ def test_a_hang_with_clip_files_keeps_the_files_sent_and_no_temp_file(video, tmp
     are ok rows with their files stored; the rest of the video is one error row and has no file; the killed
     child's temporary file (put in the worker's folder while clip 1 is stored, as a writer mid-encode would
     leave it) is deleted, never stored."""
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 
     cfg = validate_config({**MIN, "video": {"fps": 4.0, "min_frames": 2, "decode_timeout_s": LIMIT_S[HANG],

@@ -43,7 +43,8 @@ def _cfg(tmp_path, device: str):
 
 def _prepared(cfg, paths: list[str]) -> list[Prepared]:
     """The CPU stages' rows, through Arrow as the model stage receives them."""
-    from vlbatch.pipeline.stages.cpu import DecodeStage, PreprocessStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
 
     decode, prep = DecodeStage(cfg), PreprocessStage(cfg)
     rows = [MediaTask(p, "video", (f"q{i}",), (0,), ("What happens?",)) for i, p in enumerate(paths)]
@@ -51,8 +52,8 @@ def _prepared(cfg, paths: list[str]) -> list[Prepared]:
 
 
 def test_deferred_frames_and_prompts_equal_the_cpu_stage(tmp_path, videos):
+    from vlbatch.pipeline.backends.backends import pixel_specs, shared_pixels
     from vlbatch.pipeline.demo import BUNDLED_MODEL
-    from vlbatch.pipeline.stages.backends import pixel_specs, shared_pixels
 
     spec = pixel_specs(str(BUNDLED_MODEL))["video"]
     paths = [v.path for v in videos]
@@ -76,8 +77,8 @@ def test_deferred_video_that_does_not_decode_is_an_error_for_each_prompt(tmp_pat
     copy) are the media's permanent `MediaError` for every prompt, never a failed call."""
     from vlbatch.operators.engine.request import SamplingParams
     from vlbatch.operators.errors import MediaError
+    from vlbatch.pipeline.backends.backends import media_requests, pixel_specs
     from vlbatch.pipeline.demo import BUNDLED_MODEL
-    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
 
     spec = pixel_specs(str(BUNDLED_MODEL))["video"]
     good = next(v for v in videos if v.name == "h264_even.mp4")
@@ -98,7 +99,7 @@ def test_cuda_decode_device_is_refused_in_one_line_without_cuda(tmp_path):
     (the same path on the CPU) is accepted wherever TorchCodec is."""
     from vlbatch.operators.errors import ConfigError, SetupError
     from vlbatch.operators.media.gpu_decode import DEFERRED, check_decode_device, decode_device_problem
-    from vlbatch.pipeline.stages.backends import decode_device
+    from vlbatch.pipeline.backends.backends import decode_device
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the refusal cannot be shown here (gpu_run.sh runs the decode)")

@@ -133,7 +133,7 @@ def test_max_bytes_on_s3_uses_the_object_size(s3):
 
 
 def test_decode_stage_reports_max_bytes_before_reading(tmp_path):
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.requests import expand
 
     big = tmp_path / "big.png"

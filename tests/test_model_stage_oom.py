@@ -52,8 +52,8 @@ def _inject_oom(engine, seen: list[int]) -> None:
 
 
 def test_out_of_memory_splits_the_batch_and_fails_only_the_request_that_fails_alone(tmp_path, tiny_ckpt):
-    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
 
     cfg = _cfg(tmp_path, tiny_ckpt("dense"))
     prepared = PrepareStage(cfg)(to_table(_tasks(tmp_path), MediaTask))

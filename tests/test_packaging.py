@@ -108,7 +108,7 @@ def test_product_path_never_imports_devtools():
 def test_running_a_job_loads_no_devtools_module():
     """The modules a `vlbatch run` loads (CLI, runner, stages, engine backend) pull in no devtools module."""
     probe = ("import sys; import vlbatch.jobs.cli, vlbatch.jobs.local, vlbatch.pipeline.graph, "
-             "vlbatch.pipeline.stages.cpu, vlbatch.pipeline.stages.model_stage, vlbatch.operators.engine, vlbatch.operators.media; "
+             "vlbatch.pipeline.stages.prepare, vlbatch.pipeline.stages.model_stage, vlbatch.operators.engine, vlbatch.operators.media; "
              "bad = [m for m in sys.modules if m.startswith('vlbatch.devtools')]; print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT / "tests", capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -326,8 +326,8 @@ def test_model_stage_runs_a_block_larger_than_its_batch_as_batch_size_calls(tmp_
     from PIL import Image
 
     from vlbatch.pipeline.config import validate_config
-    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
     from vlbatch.pipeline.stages.rows import Generated, MediaTask, from_table, to_table
 
     rng = np.random.default_rng(5)

@@ -54,7 +54,7 @@ def test_rank_0_actor_reserves_the_whole_replica():
 def test_rank_0s_store_listens_on_loopback_when_the_ranks_share_a_node_else_on_the_nodes_address():
     """Issue 60 item 14: the store's port was opened on every interface (free_port bound ("", 0), and
     torch's TCPStore binds every interface for a port of its own)."""
-    from vlbatch.pipeline.stages.followers import rendezvous_host
+    from vlbatch.pipeline.backends.followers import rendezvous_host
 
     assert rendezvous_host(["node-a"], "node-a", "10.0.0.5") == "127.0.0.1"
     assert rendezvous_host(["node-a", "node-a", "node-a"], "node-a", "10.0.0.5") == "127.0.0.1"
@@ -83,7 +83,7 @@ def _follower_rank(port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from vlbatch.pipeline.stages.followers import LOOPBACK, join_group, store_client
+    from vlbatch.pipeline.backends.followers import LOOPBACK, join_group, store_client
 
     join_group("gloo", store_client(LOOPBACK, port, 2), 1, 2)
     t = torch.ones(1)
@@ -101,7 +101,7 @@ def test_a_real_2_rank_group_joins_through_a_store_listening_on_loopback_only():
     import torch
     import torch.distributed as dist
 
-    from vlbatch.pipeline.stages.followers import LOOPBACK, join_group, rendezvous_store
+    from vlbatch.pipeline.backends.followers import LOOPBACK, join_group, rendezvous_store
 
     store = rendezvous_store(LOOPBACK, 2)
     child = multiprocessing.get_context("spawn").Process(target=_follower_rank, args=(store.port,))

@@ -22,7 +22,7 @@ def proc(tiny_ckpt):
 
 
 def _chat(proc, kind: str, prompt: str, system: str | None = None) -> str:
-    from vlbatch.pipeline.stages.cpu import chat_messages
+    from vlbatch.pipeline.stages.preprocess import chat_messages
 
     return proc.apply_chat_template(chat_messages(prompt, kind, system), add_generation_prompt=True)
 
@@ -36,7 +36,7 @@ def _same(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
     from vlbatch.operators.types import VideoClip
-    from vlbatch.pipeline.stages.cpu import process_prompts, process_prompts_naive
+    from vlbatch.pipeline.stages.preprocess import process_prompts, process_prompts_naive
 
     rng = np.random.default_rng(1)
     if kind == "image":
@@ -55,7 +55,7 @@ def test_process_prompts_equals_the_processor_once_per_prompt(proc, kind):
 
 def test_process_prompts_raises_what_the_processor_raises(proc):
     from vlbatch.operators.errors import InputError
-    from vlbatch.pipeline.stages.cpu import process_prompts
+    from vlbatch.pipeline.stages.preprocess import process_prompts
 
     with pytest.raises(InputError):  # 1:300 aspect ratio
         process_prompts(proc, [_chat(proc, "image", "q")], images=[np.zeros((300, 1, 3), np.uint8)])
@@ -71,7 +71,9 @@ def _job(tmp_path, ckpt, **resources) -> dict:
 def test_fused_cpu_stage_equals_decode_then_preprocess(tmp_path, tiny_ckpt):
     from PIL import Image
 
-    from vlbatch.pipeline.stages.cpu import DecodeStage, PrepareStage, PreprocessStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
 
     rng = np.random.default_rng(0)
     good = tmp_path / "a.png"
@@ -171,8 +173,8 @@ def test_model_stage_concurrent_calls_equal_one_call(tmp_path, tiny_ckpt):
 
     from PIL import Image
 
-    from vlbatch.pipeline.stages.cpu import PrepareStage
     from vlbatch.pipeline.stages.model_stage import ModelStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
     from vlbatch.pipeline.stages.rows import Generated
 
     rng = np.random.default_rng(1)
@@ -239,8 +241,8 @@ def test_prepared_row_is_the_processor_output_once_per_media(tmp_path, tiny_ckpt
     from vlbatch.operators.factory import load_engine
     from vlbatch.operators.model.pixels import normalize_frames
     from vlbatch.operators.preprocess import Processor
-    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
-    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.backends.backends import media_requests, pixel_specs
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
 
     prompts = ("Describe.", "What colour is it?", "Count things.")
     row, media = _decoded_row(kind, prompts)
@@ -286,7 +288,7 @@ def test_media_key_hashes_the_frames_and_tells_media_apart(proc):
     import torch
 
     from vlbatch.operators.engine.media_spans import MediaItem, media_hash
-    from vlbatch.pipeline.stages.cpu import media_key
+    from vlbatch.pipeline.stages.preprocess import media_key
 
     rng = np.random.default_rng(3)
     img = rng.integers(0, 256, (70, 90, 3), dtype=np.uint8)
@@ -312,7 +314,7 @@ def test_a_clip_refused_by_preprocess_loses_its_stored_clip_file(tmp_path, tiny_
     preprocess (a 300:1 frame) ends as error rows that name no clip file, and the file is deleted; an ok
     clip keeps its file and its `clip_uri`."""
     from vlbatch.pipeline.stages.clip_rows import clip_target
-    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
     from vlbatch.pipeline.stages.rows import Decoded
 
     job = _job(tmp_path, tiny_ckpt("dense"))

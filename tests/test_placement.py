@@ -1,4 +1,4 @@
-"""Actors that cannot start on a node (issue 48, pipeline/stages/placement.py): the rule that decides
+"""Actors that cannot start on a node (issue 48, pipeline/startup/placement.py): the rule that decides
 whether a pool can still start an actor somewhere, and the real Ray Data path when it cannot (a
 bounded failure in one line, never a wait). The multi-node runs are tests/test_multinode_faults.py."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vlbatch.operators.errors import ActorStartError, ConfigError
-from vlbatch.pipeline.stages.placement import StartFailure, check_left
+from vlbatch.pipeline.startup.placement import StartFailure, check_left
 
 NEED = {"num_cpus": 0.25, "num_gpus": 1, "compute": object()}
 
@@ -52,7 +52,7 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
     import ray
 
     from vlbatch.jobs.failures import describe
-    from vlbatch.pipeline.stages.placement import (
+    from vlbatch.pipeline.startup.placement import (
         INIT_DEATHS,
         failed_lines,
         node_options,
@@ -100,7 +100,7 @@ def test_an_actor_killed_while_starting_ends_the_run_in_one_line(tmp_path):
     import ray
 
     from vlbatch.jobs.failures import describe
-    from vlbatch.pipeline.stages.placement import (
+    from vlbatch.pipeline.startup.placement import (
         INIT_DEATHS,
         failed_lines,
         node_options,
@@ -135,7 +135,7 @@ def test_an_actor_killed_while_starting_ends_the_run_in_one_line(tmp_path):
     assert "its process died while the actor started (killed by the OOM killer" in failure.line, failure.line
 
 
-# Nodes lost mid-run (pipeline/stages/node_loss.py: watch_nodes, watching_nodes). The real cluster run is
+# Nodes lost mid-run (pipeline/startup/node_loss.py: watch_nodes, watching_nodes). The real cluster run is
 # tests/test_multinode_faults.py::test_every_model_node_lost_mid_run_ends_the_run_in_one_line.
 
 def _ray_node(node_id: str, gpus: float, alive: bool = True) -> dict:
@@ -144,7 +144,7 @@ def _ray_node(node_id: str, gpus: float, alive: bool = True) -> dict:
 
 def test_node_watch_arms_on_a_node_that_fits_and_stops_after_the_grace():
     from vlbatch.operators.errors import NodesLostError
-    from vlbatch.pipeline.stages.node_loss import NodeWatch, watch_nodes
+    from vlbatch.pipeline.startup.node_loss import NodeWatch, watch_nodes
 
     need = {"num_cpus": 0.25, "num_gpus": 1}
     up = [_ray_node("head", 0), _ray_node("worker-a", 1), _ray_node("worker-b", 1)]
@@ -194,8 +194,8 @@ def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path
     from vlbatch.jobs.failures import describe
     from vlbatch.operators.errors import NodesLostError
     from vlbatch.pipeline.config.schema import RaySection
-    from vlbatch.pipeline.stages.node_loss import watching_nodes
-    from vlbatch.pipeline.stages.placement import RunPlacement, map_stage, start_failures
+    from vlbatch.pipeline.startup.node_loss import watching_nodes
+    from vlbatch.pipeline.startup.placement import RunPlacement, map_stage, start_failures
 
     class ModelStage:
         def __call__(self, batch):
@@ -237,7 +237,7 @@ def test_the_watch_ends_a_run_that_started_with_sigint_ignored():
 
     from vlbatch.operators.errors import NodesLostError
     from vlbatch.pipeline.config.schema import RaySection
-    from vlbatch.pipeline.stages.node_loss import watching_nodes
+    from vlbatch.pipeline.startup.node_loss import watching_nodes
 
     listed = []
 
@@ -265,7 +265,7 @@ def test_a_node_lost_mid_run_that_the_run_survives_is_said_in_one_line():
     import types
 
     from vlbatch.pipeline.config.schema import RaySection
-    from vlbatch.pipeline.stages.node_loss import NodesSeen, watching_nodes
+    from vlbatch.pipeline.startup.node_loss import NodesSeen, watching_nodes
 
     up = [_ray_node("head", 0), _ray_node("worker-a", 1), _ray_node("worker-b", 1)]
     a_gone = [_ray_node("head", 0), _ray_node("worker-a", 1, alive=False), _ray_node("worker-b", 1)]

@@ -190,7 +190,7 @@ def test_transformers_backend_never_unpickles(tmp_path, ckpt, monkeypatch):
     calls = []
     real = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
-    from vlbatch.pipeline.stages.backends import TransformersBackend
+    from vlbatch.pipeline.backends.backends import TransformersBackend
 
     cfg = validate_config({"model": {"path": str(ckpt), "backend": "transformers", "device": "cpu"},
                            "input": {"uri": "x"}, "output": {"uri": str(tmp_path)}})

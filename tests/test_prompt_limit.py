@@ -19,7 +19,7 @@ LONG = "Tell me about " + "the colour of this picture and " * 60 + "everything e
 def _prepared(tmp_path, cfg):
     from PIL import Image
 
-    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
 
     path = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(path)
@@ -36,7 +36,7 @@ def _job(tmp_path, ckpt, backend: str, limit: int | None) -> dict:
 @pytest.mark.parametrize("backend", ["engine", "transformers"])
 @pytest.mark.parametrize("where", ["config", "context"])
 def test_a_prompt_over_the_limit_is_an_input_error_row_without_model_time(tmp_path, tiny_ckpt, backend, where):
-    from vlbatch.pipeline.stages.backends import prompt_limit
+    from vlbatch.pipeline.backends.backends import prompt_limit
     from vlbatch.pipeline.stages.model_stage import ModelStage
 
     ckpt = tmp_path / "ckpt"

@@ -104,7 +104,7 @@ def test_a_new_attention_kernel_is_its_module_and_one_entry(tmp_path, monkeypatc
     documents it, and an engine built from that config runs its steps through it."""
     from test_engine_support import image, request
 
-    from vlbatch.pipeline.stages.backends import EngineBackend
+    from vlbatch.pipeline.backends.backends import EngineBackend
 
     (tmp_path / "counting_attention.py").write_text(textwrap.dedent(COUNTING))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -125,7 +125,7 @@ def test_a_new_attention_kernel_is_its_module_and_one_entry(tmp_path, monkeypatc
 
 
 def test_a_new_sink_is_its_module_and_one_entry(tmp_path, monkeypatch):
-    from vlbatch.pipeline.stages.write_stage import open_sink
+    from vlbatch.pipeline.plan.sink import open_sink
 
     (tmp_path / "other_sink.py").write_text("from vlbatch.operators.sink.parquet import ParquetSink\n\n\n"
                                             "class OtherSink(ParquetSink):\n    pass\n")
@@ -153,7 +153,7 @@ def test_the_kernels_a_job_yaml_chooses_reach_the_model(tmp_path, tiny_ckpt):
     kernels answer as the defaults do (greedy tokens equal)."""
     from test_engine_support import image, request
 
-    from vlbatch.pipeline.stages.backends import EngineBackend
+    from vlbatch.pipeline.backends.backends import EngineBackend
 
     ckpt = tiny_ckpt("moe")
     job = Path(tmp_path / "job.yaml")

@@ -24,7 +24,7 @@ from pathlib import Path
 from vlbatch.operators.engine.request import Result
 from vlbatch.operators.media.decoders.pyav_backend import PyAVDecoder
 from vlbatch.operators.sink.parquet import ParquetSink
-from vlbatch.pipeline.stages.backends import EngineBackend
+from vlbatch.pipeline.backends.backends import EngineBackend
 
 MARKS = Path({marks!r})
 

@@ -72,7 +72,7 @@ def test_a_setup_error_is_never_an_error_row(tmp_path, tiny_ckpt):
     import shutil
 
     from vlbatch.operators.errors import SetupError
-    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
     from vlbatch.pipeline.stages.rows import Decoded
 
     ckpt = tmp_path / "ckpt"

@@ -4,7 +4,7 @@ One real run of a tiny job through the CLI (a new local Ray, a tiny checkpoint, 
 command with `RAY_TMPDIR` pointed at an empty folder: exit 0, the `nothing to do` line, `_summary.json` as it
 was and no Ray session folder under that RAY_TMPDIR. A third run after one part file is deleted starts Ray
 and recomputes exactly the rows of that part. The unit tests below check the decision itself
-(`pipeline/stages/nothing_to_do.py`) on a real Parquet sink: a transient error row means work left.
+(`pipeline/startup/nothing_to_do.py`) on a real Parquet sink: a transient error row means work left.
 """
 from __future__ import annotations
 
@@ -91,13 +91,13 @@ def _commit(run_dir: Path, ids: list[str], error_type: str | None = None) -> Non
 
 
 def _ids(plan) -> list[str]:
-    from vlbatch.pipeline.stages.nothing_to_do import block_ids
+    from vlbatch.pipeline.startup.nothing_to_do import block_ids
 
     return [rid for b in plan.source.driver_blocks() for rid in block_ids(b, plan.cfg.task)]
 
 
 def test_the_decision_counts_ok_and_permanent_rows_and_redoes_transient_ones(tmp_path, tiny_ckpt):
-    from vlbatch.pipeline.stages.nothing_to_do import nothing_to_do
+    from vlbatch.pipeline.startup.nothing_to_do import nothing_to_do
 
     ckpt = tiny_ckpt("dense")
     _, make = _plan(tmp_path, 3)
@@ -138,7 +138,7 @@ def test_covered_refuses_an_id_twice_only_with_kept_columns():
     from vlbatch.operators.sink.ids import IdIndex
     from vlbatch.pipeline.config import TaskSection
     from vlbatch.pipeline.sources.base import manifest_table
-    from vlbatch.pipeline.stages.nothing_to_do import block_ids, covered
+    from vlbatch.pipeline.startup.nothing_to_do import block_ids, covered
 
     task = TaskSection(prompt="Describe.")
     blocks = [manifest_table(2, media_uri=["/a.png", "/b.png"]), manifest_table(1, media_uri=["/a.png"])]

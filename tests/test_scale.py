@@ -127,7 +127,7 @@ def test_scan_rows_count_tokens_and_keep_errors(tmp_path, tiny_ckpt, bad):
     from PIL import Image
 
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.stages.cpu import PrepareStage
+    from vlbatch.pipeline.stages.prepare import PrepareStage
     from vlbatch.pipeline.stages.rows import MediaTask, from_table, to_table
     from vlbatch.pipeline.stages.scan import ScanStage
 

@@ -66,7 +66,7 @@ def www(tmp_path):
 # -- item 5: remote manifests and links never reach local files ----------------------------------
 
 def test_remote_manifest_naming_a_local_file_is_an_error_row_never_read(www, tmp_path):
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
 
     root, url = www
     secret = tmp_path / "secret.png"

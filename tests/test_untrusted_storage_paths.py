@@ -228,7 +228,7 @@ def test_the_deadline_scales_with_max_bytes():
 
 @pytest.mark.timeout(120)
 def test_a_good_image_beside_a_trickling_one_still_gets_its_row(trickle, tmp_path):
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.requests import expand
     from vlbatch.pipeline.stages.rows import Decoded, MediaTask, from_table, to_table
 
@@ -254,7 +254,7 @@ def test_a_nul_byte_in_a_path_is_an_input_error(tmp_path, uri):
 
 def test_a_nul_byte_in_a_media_uri_is_a_permanent_error_row(tmp_path):
     from vlbatch.operators.storage.retry import classify
-    from vlbatch.pipeline.stages.cpu import DecodeStage
+    from vlbatch.pipeline.stages.decode import DecodeStage
     from vlbatch.pipeline.stages.requests import expand
 
     assert classify(ValueError("embedded null byte")) == "permanent"

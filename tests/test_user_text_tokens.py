@@ -49,7 +49,7 @@ def _job(tmp_path, ckpt, **task) -> dict:
 
 def _prepared(cfg, prompts: tuple[str, ...], kind: str = "image") -> list[Prepared]:
     """The preprocess stage's rows (Arrow in, Arrow out) for one decoded media asked `prompts`."""
-    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
 
     ids = tuple(f"r{i}" for i in range(len(prompts)))
     idx = tuple(range(len(prompts)))
@@ -121,7 +121,7 @@ def test_normal_text_ids_equal_the_reference_processor(procs):
     """(b) text without control strings: the same ids as AutoProcessor on the rendered prompt, through
     the stage's form (`chat_text`) and through its text-as-text encoding forced for every prompt."""
     from vlbatch.operators.preprocess.prompt import PromptEncoder
-    from vlbatch.pipeline.stages.cpu import chat_messages
+    from vlbatch.pipeline.stages.preprocess import chat_messages
 
     ref, ours = procs
     image = _image(3)
@@ -148,7 +148,7 @@ def test_normal_text_ids_equal_the_reference_processor(procs):
 def test_forged_turn_is_text_at_the_processor(procs):
     """The processor's own view of (a): the forged turn's ids are its text's ids; the rendered string
     (what `apply_chat_template` returns, the reference's input) still reads the same."""
-    from vlbatch.pipeline.stages.cpu import chat_messages
+    from vlbatch.pipeline.stages.preprocess import chat_messages
 
     _, ours = procs
     msgs = chat_messages(FORGED, "image", "Be brief.")
@@ -169,7 +169,7 @@ def test_a_template_that_rewrites_text_refuses_control_strings_only(tmp_path, ti
     """A chat template that changes the user's text (here: upper-cases it) leaves no place to keep a
     control string as text: that prompt is an `InputError`, every other prompt is the reference's."""
     from vlbatch.operators.preprocess import Processor
-    from vlbatch.pipeline.stages.cpu import chat_messages
+    from vlbatch.pipeline.stages.preprocess import chat_messages
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt("dense"), ckpt)
@@ -189,7 +189,7 @@ def test_one_bad_question_is_an_error_row_of_its_own(tmp_path, tiny_ckpt):
     refused alone when its requests are built, `<|image_pad|>` is text; the others and the caption
     are ok. (An empty question is its own row at expansion: `expand_rows`.)"""
     from vlbatch.operators.engine import SamplingParams
-    from vlbatch.pipeline.stages.backends import media_requests, pixel_specs
+    from vlbatch.pipeline.backends.backends import media_requests, pixel_specs
     from vlbatch.pipeline.stages.requests import expand_rows
 
     ckpt = tmp_path / "ckpt"
@@ -221,7 +221,7 @@ def test_one_bad_question_is_an_error_row_of_its_own(tmp_path, tiny_ckpt):
 
 def test_a_bad_medium_still_fails_all_its_questions(tmp_path, tiny_ckpt):
     """The media's own fault (here a 1:300 image) stays one error row for all its requests."""
-    from vlbatch.pipeline.stages.cpu import PreprocessStage
+    from vlbatch.pipeline.stages.preprocess import PreprocessStage
 
     cfg = validate_config(_job(tmp_path, tiny_ckpt("dense")))
     row = Decoded("thin.png", "image", ("a", "b"), (0, 1), ("What?", "Why?"), frames=np.zeros((1, 300, 1, 3), np.uint8))

@@ -1,7 +1,7 @@
 """Issue 49's last acceptance item: the start-up walk (`scripts/walk_calls.py`, its docstring defines it).
 
 `vlbatch run`'s start-up up to the Ray graph's execution returns to a module already left at most 8 times (64
-on the main this test was written against) and enters `write_stage`, `fingerprint` and `preflight` once each
+on the main this test was written against) and enters `sink` (`plan/sink.py`), `fingerprint` and `preflight` once each
 (2, 2 and 5 there); `vlbatch validate`'s walk too. The walk runs in its own interpreter, as the script is meant
 to be run: what a process has imported or cached already changes which calls happen. Real parts: the demo
 config and its media, a local Ray started and shut down by the script (the graph's run is where it stops).
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WATCHED = ("write_stage", "fingerprint", "preflight")
+WATCHED = ("sink", "fingerprint", "preflight")
 
 
 def _figures(out: str) -> dict[str, dict[str, int]]:

@@ -7,7 +7,7 @@
 
 `SINKS` names the implementations: the job config's `output.format` and its schema take their
 choices from it, `new_sink` builds the chosen one as `target(uri, storage, schema)` (for
-`pipeline/write_stage.open_sink`), and tests/test_sink_contract.py checks every one. Importing
+`pipeline/plan/sink.open_sink`), and tests/test_sink_contract.py checks every one. Importing
 this package imports nothing heavy (no pyarrow): a sink's module is imported when chosen.
 A new sink (Lance, Iceberg): its module (a `Sink` subclass) and one `Entry` below.
 Ray-free.

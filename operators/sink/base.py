@@ -41,7 +41,7 @@ Every implementation keeps these promises (tests/test_sink_contract.py checks th
 A new sink (Lance, Iceberg) is one new file in `operators/sink/` with a subclass, taking
 `(uri, storage, schema)` (`schema`: `OUTPUT_SCHEMA` plus the run's kept input columns), and one
 `Entry` in `SINKS` (`operators/sink/__init__.py`): `output.format` then accepts its name,
-`vlbatch.pipeline.stages.write_stage.open_sink` builds it, and the contract test checks it.
+`vlbatch.pipeline.plan.sink.open_sink` builds it, and the contract test checks it.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class CommittedIndex:
     status_counts: dict[str, int] = field(default_factory=dict)  # every committed row
     duplicate_ids: int = 0
     # the ids of rows with `clip_last` true (any status): a video's clip set ends at that clip
-    # (`pipeline/stages/nothing_to_do.py` tells a complete clipped video from it)
+    # (`pipeline/startup/nothing_to_do.py` tells a complete clipped video from it)
     last_clip_ids: IdIndex = field(default_factory=lambda: IdIndex(np.zeros(0, KEY)))
 
 

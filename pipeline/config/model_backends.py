@@ -1,8 +1,8 @@
 """`MODEL_BACKENDS`: what runs the model in the model stage (`model.backend`; entry-point group
 `vlbatch.model_backends` for out-of-tree ones). Under the config (as `formats.SOURCES`), apart from
-`stages/backends.py`, so the job config reads the table without importing the backends.
+`pipeline/backends/backends.py`, so the job config reads the table without importing the backends.
 
-Each target is a backend class (the contract in `pipeline/stages/backends.py`'s docstring) called as
+Each target is a backend class (the contract in `pipeline/backends/backends.py`'s docstring) called as
 `target(cfg, on_finished=callback)`; its class attributes tell the model stage
 `counts_finished` (it calls `on_finished(n)` as requests finish, else the stage counts rows per
 call) and `compiled_kernels` (it runs our compiled CPU kernels: the SIMD width is set first).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from vlbatch.operators.registry import Entry, Registry
 
-_PKG = "vlbatch.pipeline.stages.backends"
+_PKG = "vlbatch.pipeline.backends.backends"
 
 MODEL_BACKENDS = Registry("model backend", "model.backend", "engine", (
     Entry("engine", f"{_PKG}:EngineBackend",

@@ -96,7 +96,7 @@ class ModelSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when the actor has a GPU")
     engine: EngineBudgets = EngineBudgets()
     tensor_parallel_size: Int = Field(
-        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/stages/followers.py); "
+        1, ge=1, le=64, description="ranks per model replica (one GPU each, one node; pipeline/backends/followers.py); "
                                     "resources.model.num_cpus / num_gpus are per rank")
     expert_parallel: bool = Field(False, description="MoE experts split whole across the replica's ranks "
                                                      "(else each expert's matrices are split)")

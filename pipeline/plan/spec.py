@@ -41,7 +41,7 @@ _STAGES = "vlbatch.pipeline.stages"
 @dataclass(frozen=True)
 class Pool:
     """One stage's actors: `min_actors`..`max_actors` of `ranks` x (num_cpus, num_gpus, memory_bytes)
-    each (a model replica's rank 0 holds every rank's share, `pipeline/stages/followers.py`), and so
+    each (a model replica's rank 0 holds every rank's share, `pipeline/backends/followers.py`), and so
     `actor_cpus`, `actor_gpus`, `actor_memory` per actor (`of`). `field`: the config section that
     sizes it (resources.<stage>; the read: "input (manifest read)")."""
 
@@ -126,12 +126,12 @@ def stage_specs(cfg: JobConfig, cluster: Cluster | None, source=None) -> list[St
                           scan_batch_size(cfg, source), {"cfg": cfg}, ("run_dir", "run_id", *decode_rt))]
     cpu = {"cfg": cfg}
     if r.fuse_cpu_stages:  # decode + preprocess in one actor: MediaTask -> Prepared
-        out = [StageSpec("decode+preprocess", f"{_STAGES}.cpu:PrepareStage", _pool(cfg, "preprocess"),
+        out = [StageSpec("decode+preprocess", f"{_STAGES}.prepare:PrepareStage", _pool(cfg, "preprocess"),
                          r.preprocess.batch_size, cpu, decode_rt, produces="Prepared")]
     else:
-        out = [StageSpec("decode", f"{_STAGES}.cpu:DecodeStage", _pool(cfg, "decode"), r.decode.batch_size, cpu,
+        out = [StageSpec("decode", f"{_STAGES}.decode:DecodeStage", _pool(cfg, "decode"), r.decode.batch_size, cpu,
                          decode_rt, produces="Decoded"),
-               StageSpec("preprocess", f"{_STAGES}.cpu:PreprocessStage", _pool(cfg, "preprocess"),
+               StageSpec("preprocess", f"{_STAGES}.preprocess:PreprocessStage", _pool(cfg, "preprocess"),
                          r.preprocess.batch_size, cpu, ("meter",), reads="Decoded", produces="Prepared")]
     gpus = model_gpus(cfg, cluster)  # per rank; a replica of model.tensor_parallel_size ranks
     # batch_size=None: one call per block, so a task's rows are handed on when that call ends (block_bytes).

@@ -35,7 +35,7 @@ Rules every source keeps:
   manifest's first lines, a shard's first sample), so a typo is no run of error rows.
 - `driver_blocks()` is the manifest rows read in this process, without Ray, when that is cheap (a local
   manifest of URIs, a glob's listing): the blocks `read` gives, in its order, `input.limit` not applied;
-  else None (`pipeline/stages/nothing_to_do.py`: a rerun with nothing left starts no Ray).
+  else None (`pipeline/startup/nothing_to_do.py`: a rerun with nothing left starts no Ray).
 - `embeds_media()` says whether rows carry their media's bytes (`media_bytes`), from metadata
   at most (a Parquet footer): scan mode then keeps the configured batch size, since a batch of
   rows holds all its media's bytes (`pipeline/plan/spec.py:scan_batch_size`).

@@ -1,1 +1,1 @@
-"""The Ray Data stage classes, their rows, the read + expansion and actor placement; imports none of its modules."""
+"""The Ray Data stage classes (actor-pool UDFs), their rows, the read + expansion; imports none of its modules."""

@@ -135,7 +135,7 @@ def measure_rate(cfg, shape: TokenShape, cache_file: str = DEFAULT_CACHE) -> Eng
     """The job's engine rate on this machine for `shape`: cached, else timed and kept (runs where the model
     would: in the Ray task `scan_busy` starts, or in a test's process)."""
     from vlbatch.operators.factory import load_engine
-    from vlbatch.pipeline.stages.backends import local_model_path, resolve_device
+    from vlbatch.pipeline.stages.model_place import local_model_path, resolve_device
 
     device, model_dir = resolve_device(cfg.model.device), local_model_path(cfg)
     cache = Path(cache_file).expanduser()

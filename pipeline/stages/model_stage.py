@@ -53,7 +53,7 @@ import pyarrow as pa
 from vlbatch.operators.errors import EngineError, SetupError, TruncatedError, VlbatchError, stable_message
 from vlbatch.pipeline.config import JobConfig
 from vlbatch.pipeline.config.model_backends import MODEL_BACKENDS
-from vlbatch.pipeline.stages.backends import resolve_device
+from vlbatch.pipeline.stages.model_place import resolve_device
 from vlbatch.pipeline.stages.rows import Generated, Prepared, clip_fields, from_table, to_table
 from vlbatch.pipeline.telemetry.meter import GENERATED, MODEL_READY, MeterClient
 from vlbatch.pipeline.telemetry.metrics import MODEL_IN

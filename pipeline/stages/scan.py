@@ -1,7 +1,7 @@
 """`task.mode: scan`: the pipeline without a model.
 
 Every request is read, decoded and preprocessed exactly as a real run does it (the
-`PrepareStage` of `pipeline/stages/cpu.py`, in the same actor), and becomes a `Generated` row
+`PrepareStage` of `pipeline/stages/prepare.py`, in the same actor), and becomes a `Generated` row
 with the status and error of its media, its prompt token count (the processor's
 `input_ids`, visual placeholders included) and the media's visual tokens; answer,
 generated tokens and finish reason stay null. No model is loaded and no GPU is asked for;
@@ -58,7 +58,7 @@ class ScanStage:
 
     def __init__(self, cfg: JobConfig, run_dir: str | None = None, run_id: str | None = None, meter=None,
                  done=None):
-        from vlbatch.pipeline.stages.cpu import PrepareStage
+        from vlbatch.pipeline.stages.prepare import PrepareStage
 
         # progress: its decoded / preprocessed counts (telemetry/meter.py); done: committed ids, clips to drop
         self.prepare = PrepareStage(cfg, meter, done)
@@ -69,7 +69,7 @@ class ScanStage:
             self.writer = WriteStage(cfg, run_dir, run_id)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from vlbatch.pipeline.stages.cpu import requests_of
+        from vlbatch.pipeline.stages.row_fields import requests_of
         from vlbatch.pipeline.telemetry.meter import CLIP_VISUAL, DECODED, PREPROCESSED
 
         p = self.prepare

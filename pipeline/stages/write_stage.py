@@ -21,13 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlbatch.operators.quality import QualityJudge
-from vlbatch.operators.sink import new_sink
 from vlbatch.operators.sink.base import Sink
 from vlbatch.operators.sink.rolling import PartRoller, PublishTimer
 from vlbatch.operators.sink.schema import OUTPUT_SCHEMA, TIMINGS_TYPE, OutputRow, Timings, rows_to_table
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.plan.sink import open_sink
 from vlbatch.pipeline.sources.keep import decode as decode_keep
-from vlbatch.pipeline.sources.keep import output_schema
 from vlbatch.pipeline.stages.rows import CLIP_FIELDS, Generated, clip_fields, from_table
 
 STATS_SCHEMA = pa.schema([
@@ -55,24 +54,6 @@ def output_rows(g: Generated, model: str, run_id: str) -> list[OutputRow]:
             generated_tokens=g.generated_tokens[i], finish_reason=g.finish_reasons[i], timings=timings,
             **clip_fields(g)))
     return out
-
-
-def keep_schema(cfg: JobConfig) -> pa.Schema | None:
-    """The run's schema of `input.columns.keep` (from the input's schema; None: nothing kept)."""
-    if not cfg.input.columns.keep:
-        return None
-    from vlbatch.pipeline.sources import open_source
-
-    return open_source(cfg).keep_schema()
-
-
-def open_sink(cfg: JobConfig, run_uri: str, storage=None, source=None) -> Sink:
-    """The sink of one run (`run_uri` = `<output.uri>/<run_id>`): the `output.format` entry of
-    `operators/sink.SINKS`. Its schema: `OUTPUT_SCHEMA` plus the kept input columns (of `source`, the run's
-    `Source`: its schema read once; None: the input opened again). `storage`: the run's (None: the config's)."""
-    storage = cfg.storage.options() if storage is None else storage
-    keep = keep_schema(cfg) if source is None else (source.keep_schema() if cfg.input.columns.keep else None)
-    return new_sink(cfg.output.format, run_uri, storage, output_schema(keep))
 
 
 def keep_schema_of(sink: Sink) -> pa.Schema | None:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 def past_error_limits(error_rows: int, error_fraction: float, max_error_fraction: float,
                       min_error_rows: int) -> bool:
-    """The run's error rule (a run and a rerun with nothing to do, `stages/nothing_to_do.py`, say the same):
+    """The run's error rule (a run and a rerun with nothing to do, `startup/nothing_to_do.py`, say the same):
     failed only past both limits, an error share over `max_error_fraction` and at least `min_error_rows`
     error rows."""
     return error_fraction > max_error_fraction and error_rows >= min_error_rows

@@ -19,7 +19,7 @@ model's GPU (or CPU), into the same frames (`shared_pixels`).
 - `EngineBackend`: vlbatch.operators.engine (paged KV, prefix and vision caches) behind an
   `EngineLoop`: every call's requests join one continuous batch: the product. All requests
   of a media share one pixel tensor and the CPU stage's content hash. With
-  `model.tensor_parallel_size` > 1 the engine is rank 0's of a `pipeline/stages/followers.py` replica.
+  `model.tensor_parallel_size` > 1 the engine is rank 0's of a `pipeline/backends/followers.py` replica.
 - `TransformersBackend`: transformers' `generate()`, one request at a time, calls
   serialised: the reference and the benchmark baseline (no caches, slow); it normalises
   a media's frames once (float32 patches, the processor's values) for all its questions.
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from vlbatch.operators.errors import InputError, MediaError, VlbatchError
 from vlbatch.pipeline.config import JobConfig
+from vlbatch.pipeline.stages.model_place import local_model_path, resolve_device
 from vlbatch.pipeline.stages.rows import Prepared
 
 if TYPE_CHECKING:
@@ -153,14 +154,6 @@ def decode_device(cfg: JobConfig) -> str:
     return DEFERRED.get(wanted, "cpu")
 
 
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 @dataclass(frozen=True)
 class Usage:
     """Model work since the previous `take_usage` (sums over takes are exact)."""
@@ -187,13 +180,6 @@ class _UsageMeter:
                      total.vision_cache_hits - last.vision_cache_hits, total.vision_encodes - last.vision_encodes)
 
 
-def local_model_path(cfg: JobConfig) -> str:
-    """`model.path` on this node: itself when local, else downloaded once per node (s3://...)."""
-    from vlbatch.operators.storage.checkpoint_cache import resolve_model_path
-
-    return resolve_model_path(cfg.model.path, cfg.storage.options(), cfg.model.cache_dir)
-
-
 def transformers_problem(here) -> str | None:
     """The transformers backend needs the transformers package (`MODEL_BACKENDS`' check)."""
     import importlib.util
@@ -215,8 +201,8 @@ class EngineBackend:
         kw = {"device": resolve_device(cfg.model.device), "dtype": cfg.model.dtype, **cfg.model.engine.engine_kwargs()}
         model_dir = local_model_path(cfg)  # once: for s3:// it lists (and maybe fetches) the checkpoint
         self.replica = None
-        if cfg.model.tensor_parallel_size > 1:  # this actor is rank 0 of a replica (pipeline/stages/followers.py)
-            from vlbatch.pipeline.stages.followers import Followers
+        if cfg.model.tensor_parallel_size > 1:  # this actor is rank 0 of a replica (pipeline/backends/followers.py)
+            from vlbatch.pipeline.backends.followers import Followers
 
             self.replica = Followers(cfg, model_dir, kw)
             self.engine = self.replica.engine

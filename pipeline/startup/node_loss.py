@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from vlbatch.operators.errors import NodesLostError
-from vlbatch.pipeline.stages.placement import RunPlacement, fits
+from vlbatch.pipeline.startup.placement import RunPlacement, fits
 
 log = logging.getLogger("vlbatch.pipeline")
 

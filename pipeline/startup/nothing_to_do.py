@@ -39,11 +39,11 @@ from vlbatch.operators.sink.ids import KEY, IdIndex, id_keys
 from vlbatch.operators.storage import replace_file
 from vlbatch.pipeline.config import TaskSection
 from vlbatch.pipeline.plan.fingerprint import FINGERPRINT_NAME, check_fingerprint
+from vlbatch.pipeline.plan.sink import open_sink
 from vlbatch.pipeline.plan.spec import RunPlan
 from vlbatch.pipeline.sources.base import COLUMNS
 from vlbatch.pipeline.stages.requests import clip_request_id, expand_rows
 from vlbatch.pipeline.stages.rows import MediaTask
-from vlbatch.pipeline.stages.write_stage import open_sink
 from vlbatch.pipeline.telemetry.summary import error_limits_text, past_error_limits
 
 log = logging.getLogger("vlbatch.pipeline")

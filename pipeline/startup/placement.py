@@ -22,7 +22,7 @@ one line and a non-zero exit, jobs/failures.py) when
 - no live node that could hold the stage's actor (its CPUs, GPUs, memory as Ray counts them, in
   total) is left where that stage has not failed: nothing could ever start (exit 8). A cluster
   that might add nodes later (an autoscaler) is not waited for.
-Nodes lost mid-run: `pipeline/stages/node_loss.py`.
+Nodes lost mid-run: `pipeline/startup/node_loss.py`.
 """
 from __future__ import annotations
 
