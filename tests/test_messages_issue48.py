@@ -64,16 +64,16 @@ def test_inspect_s3_without_endpoint_or_credentials_is_one_line(tmp_path, monkey
 # ---- validate's GPU figure and the run's plan line agree ----
 
 def _gpu_config(tmp_path, tiny_ckpt):
-    """model.device auto with resources.model.num_gpus 1000: on a machine without GPUs the model runs on
+    """model.device auto with resources.model.num_gpus 64: on a machine without GPUs the model runs on
     the CPU and reserves none (pipeline/plan/spec.model_gpus)."""
     from test_jobs_support import write_job
 
-    cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=2, model_num_gpus=1000)
+    cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=2, model_num_gpus=64)
     return load_config(cfg, ["model.device=auto"])
 
 
 def test_validate_and_the_run_plan_print_the_same_gpu_figure(tmp_path, tiny_ckpt):
-    """Today validate says `0 GPUs` (the machine's) and the run's plan line `reserves 1000 GPUs` (the
+    """Today validate says `0 GPUs` (the machine's) and the run's plan line `reserves 64 GPUs` (the
     config's, unresolved). Both now print what the pools reserve on that cluster: 0 GPUs."""
     import re
 
@@ -90,7 +90,7 @@ def test_validate_and_the_run_plan_print_the_same_gpu_figure(tmp_path, tiny_ckpt
     assert pat.search(validate) and pat.search(run), (validate, run)
     assert pat.search(validate).groups() == pat.search(run).groups() == (pat.search(run).group(1), "0"), \
         (validate, run)
-    assert "1000" not in run, run
+    assert "64 GPU" not in run, run
 
 
 def test_the_cli_run_prints_the_plan_validate_printed(tmp_path, tiny_ckpt, monkeypatch, capsys):

@@ -81,7 +81,7 @@ def test_a_write_stage_run_twice_on_one_block_leaves_one_row_per_id(tmp_path):
     from vlbatch.pipeline.stages.write_stage import WriteStage
 
     cfg = validate_config({"model": {"path": "m"}, "input": {"uri": "x"},
-                           "output": {"uri": str(tmp_path), "part_rows": 4, "commit_interval_s": 1e6}})
+                           "output": {"uri": str(tmp_path), "part_rows": 4, "commit_interval_s": 86400.0}})
     run = str(tmp_path / "run")
     ParquetSink(run).prepare()
     block, other, third = _generated(_ids(2)), _generated(_ids(2, 2)), _generated(_ids(1, 8))

@@ -122,7 +122,7 @@ def test_inspect_counts_flags_over_the_run_with_examples_and_reads_older_parts(t
     assert table_to_rows(rows_to_table(rows)) == rows  # the column round-trips (tuples in, tuples out)
     sink.commit(rows_to_table(rows))
     old = rows_to_table([_row(4, "An older answer.", None)]).drop_columns(["quality_flags"])
-    pq.write_table(old, run / "part-0000-old.parquet")  # a part written before the column existed
+    pq.write_table(old, run / f"part-{0:024x}.parquet")  # a part (the sink's name form) written before the column existed
     rep = read_run(RunRef(str(run)))
     assert rep.rows == 5 and dict(rep.quality) == {"repetition": 1, "empty": 1, "too_short": 1}
     assert rep.quality_rows["repetition"][0]["answer"] == LOOP
