@@ -213,7 +213,9 @@ def _run(config: Any, job_name: str, address: str | None, verbose: bool, report=
     except Interrupted as stop:
         return stopped(config, stop, writers_gone=new_local)
     except Exception as e:  # noqa: BLE001 - a failure inside Ray: one line, the detail in the log
-        if (stop := interruption(e)) is not None:  # raised while a signal unwound the run: the run was stopped
+        # raised while a signal unwound the run: a stop; never our own typed error (the node-loss watch stops a
+        # run through SIGINT and raises NodesLostError from it: exit 8, not 130)
+        if not isinstance(e, VlbatchError) and (stop := interruption(e)) is not None:
             return stopped(config, stop, writers_gone=new_local)
         if isinstance(e, VlbatchError) and type(e).__module__.startswith("vlbatch.") \
                 and not isinstance(e, ActorStartError):  # a stage's actors could not start: described below

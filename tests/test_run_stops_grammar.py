@@ -128,7 +128,8 @@ def test_a_sigterm_while_the_engine_compiles_a_grammar_is_a_stop(tmp_path, tiny_
     (site / "sitecustomize.py").write_text(textwrap.dedent(OBSERVER))
     wd = tmp_path / "wd"
     cfg = write_job(wd, tiny_ckpt("dense"), n_images=3, output=tmp_path / "out")
-    (wd / "enum.json").write_text(json.dumps({"enum": [f"v{i:06d}x" for i in range(100_000)]}))
+    (wd / "enum.json").write_text(json.dumps({"enum": [f"v{i:05d}" for i in range(100_000)]},
+                                             separators=(",", ":")))  # 900 KB: within a schema file's 1 MiB
     text = cfg.read_text().replace("task: {prompt: Describe.}",
                                    "task: {prompt: Describe., response_format: {type: json_schema, "
                                    "schema_file: enum.json}}")
