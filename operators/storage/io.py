@@ -37,7 +37,7 @@ import re
 import uuid
 
 from vlbatch.operators.errors import InputError, MediaError, StorageError, VlbatchError
-from vlbatch.operators.storage.media_file import MediaFile, memfd_of, open_checked
+from vlbatch.operators.storage.media_file import MediaFile, SizedReader, memfd_of, open_checked
 from vlbatch.operators.storage.names import check_no_nul
 from vlbatch.operators.storage.options import DEFAULT_STORAGE, StorageOptions, filesystem, join
 from vlbatch.operators.storage.retry import classify, describe, with_retries
@@ -134,27 +134,12 @@ def _read_remote(fs, path: str, uri: str, max_bytes: int | None, limit_name: str
     return fs.cat_file(path, start=0, end=max_bytes + 1)
 
 
-class RangeReader(io.RawIOBase):
+class RangeReader(SizedReader):
     """Read-only seekable file over `fs.cat_file(path, start, end)`; one retried request per read."""
 
     def __init__(self, fs, path: str, size: int, storage: StorageOptions):
-        super().__init__()
-        self._fs, self._path, self._size, self._storage = fs, path, size, storage
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(size)
+        self._fs, self._path, self._storage = fs, path, storage
 
     def readinto(self, b) -> int:
         n = min(len(b), self._size - self._pos)

@@ -50,12 +50,12 @@ class MediaFile:
         self.close()
 
 
-class FileReader(io.RawIOBase):
-    """Read-only seekable view of `fd`'s bytes `[0, size)`; reads with `os.pread`, never moving the fd's offset."""
+class SizedReader(io.RawIOBase):
+    """A read-only seekable file of `size` bytes with its own position; a subclass reads (`readinto`)."""
 
-    def __init__(self, fd: int, size: int):
+    def __init__(self, size: int):
         super().__init__()
-        self._fd, self._size, self._pos = fd, size, 0
+        self._size, self._pos = size, 0
 
     def readable(self) -> bool:
         return True
@@ -70,6 +70,14 @@ class FileReader(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + offset)
         return self._pos
+
+
+class FileReader(SizedReader):
+    """Read-only seekable view of `fd`'s bytes `[0, size)`; reads with `os.pread`, never moving the fd's offset."""
+
+    def __init__(self, fd: int, size: int):
+        super().__init__(size)
+        self._fd = fd
 
     def readinto(self, b) -> int:
         view = memoryview(b).cast("B")
