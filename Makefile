@@ -2,7 +2,7 @@
 # Both install the project first (idempotent: a stamp file records the install).
 PY ?= python3
 
-.PHONY: install demo test lint
+.PHONY: install demo test test-fast lint
 
 .deps: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
@@ -23,6 +23,11 @@ demo: .deps
 # passed) prints every thread's Python stack instead of a bare "Segmentation fault"
 test: .deps .venv-airflow/.ok
 	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q --durations=25
+
+# The inner loop: no Ray, no `vlbatch run` child, nothing marked slow (tests/conftest.py's markers; a test
+# that starts Ray unmarked fails here and in `make test`)
+test-fast: .deps
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q -m "not ray and not slow" --durations=10
 
 lint: .deps
 	$(PY) -m ruff check .

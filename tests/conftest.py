@@ -65,17 +65,77 @@ def tiny_ckpt(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="module")
-def two_cpu_ray():
-    """The module's own local Ray (never one that happens to be running): 2 CPUs, as CI's machine,
-    one torch thread per worker, no dashboard."""
+# A test marked `ray` starts or joins Ray, or runs `vlbatch run`; every other test may do neither (the guard
+# below fails it at once). `make test-fast` runs `-m "not ray and not slow"`; `make test` runs everything.
+UNREACHABLE_RAY = "127.0.0.1:1"  # RAY_ADDRESS of an unmarked test: a `vlbatch run` child that gets as far as
+# Ray fails to join it at once (one refused before Ray, a config check, is fast-tier work)
+
+
+@dataclass(frozen=True)
+class SessionRay:
+    """The suite's one local Ray (2 CPUs, as CI's machine), started by this process on the first test marked
+    `ray`. `address`: its GCS address, exported as RAY_ADDRESS so a `vlbatch run` child joins it (a test whose
+    subject is a local start pops it); `metrics_port`: its node's Prometheus endpoint."""
+
+    address: str
+    metrics_port: int
+
+
+def _start_session_ray() -> SessionRay:
     import ray
 
     ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    yield
+    port = free_port()
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # children join with no token (TEST_ENV says the same)
+    ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=port,
+                   runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+    return SessionRay(ctx.address_info["gcs_address"], port)
+
+
+@pytest.fixture(scope="session")
+def _session_ray_holder():
+    holder: list[SessionRay] = []
+    yield holder
+    import ray
+
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(_session_ray_holder, monkeypatch) -> SessionRay:
+    """The session's Ray, connected in this process, RAY_ADDRESS naming it for children. Started again if a
+    test left this process on another cluster (its own `ray.init`, a multi-node `Cluster`) or on none."""
+    import ray
+
+    held = _session_ray_holder
+    if not (held and ray.is_initialized() and ray.get_runtime_context().gcs_address == held[0].address):
+        held[:] = [_start_session_ray()]
+    monkeypatch.setenv("RAY_ADDRESS", held[0].address)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    return held[0]
+
+
+@pytest.fixture
+def two_cpu_ray(ray_cluster):
+    """The session's Ray: 2 CPUs, as CI's machine, one torch thread per worker, no dashboard."""
+    return ray_cluster
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_where_marked(request, monkeypatch):
+    """A test marked `ray` gets the session's Ray; any other test that starts Ray in this process fails naming
+    the marker, and a `vlbatch run` child of it that gets as far as Ray cannot join `UNREACHABLE_RAY` (the fast
+    tier's promise: no Ray)."""
+    if request.node.get_closest_marker("ray"):
+        request.getfixturevalue("ray_cluster")
+        return
+    monkeypatch.setenv("RAY_ADDRESS", UNREACHABLE_RAY)
+    import ray
+
+    def refused(*_a, **_k):
+        raise RuntimeError(f"{request.node.nodeid} starts Ray: mark it `pytest.mark.ray` (tests/conftest.py)")
+
+    monkeypatch.setattr(ray, "init", refused)
 
 
 @pytest.fixture(scope="session")

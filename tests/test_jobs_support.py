@@ -142,10 +142,17 @@ def fake_autoscaling_config(head_cpus: int, worker_node_types: dict, *, gcs_addr
     }
 
 
-def vlbatch(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None):
-    """Run the real CLI as a user would (a subprocess); returns CompletedProcess."""
+def vlbatch(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None,
+            local_ray: bool = False):
+    """Run the real CLI as a user would (a subprocess); returns CompletedProcess.
+
+    `vlbatch run` joins the session's Ray (RAY_ADDRESS, tests/conftest.py `ray_cluster`: the test is marked
+    `ray`; unmarked, RAY_ADDRESS is unreachable), or starts a local Ray of its own with `local_ray` (a test
+    whose subject is that start); every other command plans for this machine as a user's would (no
+    RAY_ADDRESS)."""
     full_env = dict(os.environ, **TEST_ENV, **(env or {}))
-    full_env.pop("RAY_ADDRESS", None)
+    if args[:1] != ("run",) or local_ray:
+        full_env.pop("RAY_ADDRESS", None)
     return subprocess.run(
         [sys.executable, "-m", "vlbatch.jobs.cli", *args], capture_output=True, text=True, timeout=timeout,
         env=full_env, cwd=cwd or REPO,

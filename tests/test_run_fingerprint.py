@@ -3,12 +3,13 @@ what its answers were made with (`pipeline/plan/fingerprint.py`), and a rerun th
 differently is refused before any work, naming the changed fields, unless --allow-config-change.
 
 The CLI tests drive `vlbatch run` / `validate` as a user would (subprocesses); the one real
-run uses a new local Ray on a tiny checkpoint and two generated images."""
+run joins the session's Ray (tests/conftest.py) on a tiny checkpoint and two generated images."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from test_jobs_support import REPO, read_output, vlbatch, write_job
 
 from vlbatch.pipeline.config import load_config
@@ -95,6 +96,7 @@ def test_readme_example_after_the_demo_is_refused_naming_the_field(tmp_path):
     assert same.returncode == 0, same.stderr
 
 
+@pytest.mark.ray
 def test_pinned_run_refuses_a_changed_config_and_allow_keeps_the_old_rows(tmp_path, tiny_ckpt):
     """A real run under a pinned run_id, then a rerun with another max_tokens: refused; with
     --allow-config-change the done ids are kept (nothing recomputed) and the change is recorded."""
