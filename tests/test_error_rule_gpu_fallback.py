@@ -132,18 +132,21 @@ def test_gpu_growth_read_from_what_ray_publishes():
     assert gpu_growth(None, b"not json") is None  # unreadable: unknown, never refused on a doubt
 
 
-def test_a_plain_joined_head_has_no_autoscaler_and_refuses_the_gpu(tmp_path):
+@pytest.mark.ray
+def test_a_plain_joined_head_has_no_autoscaler_and_refuses_the_gpu(tmp_path, ray_jobs_head):
     """A real `ray start --head` without an autoscaling config (its monitor still writes a status):
-    joined, it can never add a GPU node, so `device: auto` + `num_gpus: 1` is refused."""
+    joined, it can never add a GPU node, so `device: auto` + `num_gpus: 1` is refused. The head is the
+    session's `ray_jobs_head` (a plain `ray start --head`, shared with the Jobs API tests); joining it here
+    leaves the session's Ray (conftest reconnects the next test marked `ray`)."""
     import ray
     from ray._private import ray_constants
     from ray.experimental.internal_kv import _internal_kv_get
-    from test_jobs_support import RayHead
 
     from vlbatch.pipeline.plan.cluster import joined_cluster
     from vlbatch.pipeline.plan.fit import check_plan
 
-    head = RayHead.start(num_cpus=1)
+    head = ray_jobs_head
+    ray.shutdown()  # this process was on the session's Ray
     try:
         ray.init(address=head.gcs_address)
         status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
@@ -158,14 +161,16 @@ def test_a_plain_joined_head_has_no_autoscaler_and_refuses_the_gpu(tmp_path):
         with pytest.raises(ConfigError, match=r"resources\.model\.num_gpus: 1 .*no GPU node and no autoscaler"):
             check_plan(_gpu_cfg(tmp_path), cluster)
     finally:
-        ray.shutdown()
-        head.stop()
+        ray.shutdown()  # only this driver's connection: the head is the session's
 
 
+@pytest.mark.ray
 def test_a_bad_file_in_a_small_cli_run_exits_0_and_says_so(tmp_path, tiny_ckpt):
     """One real run for both items: 1 bad file of 6 (exit 0, the final line says why), and a model asking a
     GPU with `device: auto` on a machine without one (CUDA_VISIBLE_DEVICES empty: none, even on a GPU host),
-    said by `validate` and `run` in one line."""
+    said by `validate` and `run` in one line. The run starts its own local Ray (`local_ray`): "no GPU here"
+    is the plan of a new local Ray on this machine; a joined cluster that can never get a GPU refuses it
+    (`test_a_plain_joined_head_has_no_autoscaler_and_refuses_the_gpu`)."""
     from test_jobs_support import vlbatch, write_job
 
     cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=6, model_num_gpus=1)
@@ -175,7 +180,7 @@ def test_a_bad_file_in_a_small_cli_run_exits_0_and_says_so(tmp_path, tiny_ckpt):
     checked = vlbatch("validate", str(cfg), *sets, env=env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"  device: {cpu_line}" in checked.stdout
-    run = vlbatch("run", str(cfg), "--no-lock", "--set", "output.run_id=onebad", *sets, env=env)
+    run = vlbatch("run", str(cfg), "--no-lock", "--set", "output.run_id=onebad", *sets, env=env, local_ray=True)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert sum(cpu_line in line for line in run.stdout.splitlines()) == 1, out[-3000:]

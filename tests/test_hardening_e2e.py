@@ -1,5 +1,6 @@
 """Acceptance of the hardening issue: one manifest with every kind of bad or odd input we know of,
-through `run_job` on a real local Ray (its own cluster), with the tiny checkpoint.
+through `run_job` on a real local Ray (the session's, tests/conftest.py: started by this process), with the
+tiny checkpoint.
 
 It must give exactly one output row per distinct request (duplicates dropped), the expected
 status and typed error for each kind, no hang (the test has a time limit), and a bounded peak
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
 RSS_BOUND = 2 << 30  # bytes, per process: the tiny model, a worker's imports, one bounded media at a time
 MAX_BYTES = 8 << 20  # image.max_bytes / video.max_bytes of the job
@@ -163,8 +164,6 @@ def _expected_rows(kinds, request_id, manifest) -> dict:
 
 
 def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
-    import ray
-
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.graph import run_job
     from vlbatch.pipeline.stages.requests import request_id
@@ -186,15 +185,9 @@ def test_every_kind_of_bad_input_in_one_manifest(tmp_path, tiny_ckpt):
         "output": {"uri": str(tmp_path / "out"), "run_id": "bad"},
         "max_error_fraction": 1.0,
     })
-    ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    try:
-        with PeakRss() as rss:
-            summary = run_job(cfg)
-            rss.sample()
-    finally:
-        ray.shutdown()
+    with PeakRss() as rss:  # the session's Ray (2 CPUs): its raylet and workers are this process's descendants
+        summary = run_job(cfg)
+        rss.sample()
     from vlbatch.operators.sink.parquet import ParquetSink
 
     rows = ParquetSink(str(tmp_path / "out" / "bad")).read().to_pylist()

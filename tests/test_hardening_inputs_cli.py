@@ -1,4 +1,4 @@
-"""Issue 31 acceptance, hidden-style: `vlbatch run` (the real CLI, a subprocess with its own local Ray)
+"""Issue 31 acceptance, hidden-style: `vlbatch run` (the real CLI, a subprocess joining the session's Ray)
 on a remote JSONL manifest (a loopback HTTP server) holding every bad input of the issue at once:
 a JSON-array line, a line that is not UTF-8, a lone surrogate, blank questions, a relative path
 climbing out of the host, media redirected to ftp:// and in a loop, 10,000 identical rows. It must
@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 from test_jobs_support import read_output, vlbatch
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
 IDENTICAL = 10_000
 

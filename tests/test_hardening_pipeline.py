@@ -2,7 +2,7 @@
 (1.75 CPUs of actor pools) must finish, not hang; identical rows run once; a null media_uri is
 an error row keeping null; no empty `_tmp/` is left behind.
 
-Its own Ray cluster (`ray.init(num_cpus=2)`), as tests/test_pipeline_e2e.py starts one. The
+The session's Ray (tests/conftest.py: 2 CPUs, as CI's machine). The
 job runs on a thread joined with a timeout, so a hang fails the test instead of stalling it.
 """
 from __future__ import annotations
@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # configs/demo.yaml asks a structured question and cuts videos into clips: these tests want its caption job
 CAPTION_ONLY = ("task.mode=caption", "task.questions=[]", "task.caption=false", "video.clips.mode=none")
 
 
+@pytest.mark.ray
 def test_parquet_manifest_on_two_cpus_with_the_demo_resources(two_cpu_ray, tmp_path):
     from vlbatch.pipeline.config import load_config
     from vlbatch.pipeline.demo import BUNDLED_MODEL, write_scenes

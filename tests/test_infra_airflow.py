@@ -20,6 +20,7 @@ from test_jobs_support import REPO, TEST_ENV, read_output, vlbatch, write_job
 DAG_DIR = REPO / "infra" / "airflow"
 LOGICAL_DATE = "2026-11-29T02:00:00+00:00"
 SLOT = "20261129T0200"
+pytestmark = pytest.mark.ray  # jobs on the session's Jobs API head (`ray_jobs_head`)
 
 
 def _airflow_python() -> Path:

@@ -171,8 +171,9 @@ def test_timeline_buckets_merge_and_keep_totals():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_demo_ends_with_its_closing_line_and_inspect_reads_its_run(tmp_path):
-    """The real demo (local Ray, the bundled model): its listing, the next step (`vlbatch inspect`), the
+    """The real demo (the session's Ray, joined through RAY_ADDRESS as a user's would; the bundled model): its listing, the next step (`vlbatch inspect`), the
     closing line last; the runner recorded the timeline; the page has a card per sampled row."""
     out = tmp_path / "demo"
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HOME=str(tmp_path))
