@@ -1,7 +1,7 @@
 """The bundled demo model (models/shapes-tiny): layout, loading, answers on held-out synthetic scenes.
 
 The held-out set (scene seeds never used in training) runs three ways:
-- the full pipeline (`run_job` on a real local Ray cluster, media as PNG / H.264 MP4
+- the full pipeline (`run_job` on the session's local Ray, media as PNG / H.264 MP4
   files, Parquet out): scored against ground truth; acceptance from issue 8 is
   >= 90% of image attributes and >= 80% of video motion answers correct;
 - transformers' `generate` (greedy, fp32) on the same decoded frames;
@@ -117,11 +117,9 @@ def test_engine_gives_the_reference_greedy_answers(heldout):
     assert not mismatched, mismatched[:3]
 
 
-@pytest.fixture(scope="module")
-def pipeline_answers(tmp_path_factory):
-    """The held-out set through `run_job` (local Ray, local Parquet): (items, {media path: row})."""
-    import ray
-
+@pytest.fixture
+def pipeline_answers(ray_cluster, tmp_path_factory):
+    """The held-out set through `run_job` (the session's Ray, 2 CPUs; local Parquet): (items, {media path: row})."""
     from vlbatch.operators.sink.parquet import ParquetSink
     from vlbatch.pipeline.config import validate_config
     from vlbatch.pipeline.graph import run_job
@@ -144,16 +142,12 @@ def pipeline_answers(tmp_path_factory):
         "output": {"uri": str(root / "out"), "run_id": "heldout"},
         "max_error_fraction": 0.0,
     }
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
-    try:
-        summary = run_job(validate_config(cfg))
-    finally:
-        ray.shutdown()
+    summary = run_job(validate_config(cfg))
     rows = ParquetSink(str(root / "out" / "heldout")).read().to_pylist()
     return items, paths, summary, {r["media_uri"]: r for r in rows}
 
 
+@pytest.mark.ray
 def test_pipeline_answers_heldout_scenes_correctly(pipeline_answers):
     """Issue 8 acceptance: >= 90% of image attributes, >= 80% of video motion answers, via the pipeline."""
     from vlbatch.devtools.scenes.score import score_answers

@@ -98,8 +98,9 @@ def test_one_decode_one_preprocess_and_the_prefix_for_caption_and_questions(tmp_
     stage.backend.close()
 
 
+@pytest.mark.ray
 def test_cli_run_of_a_folder_with_caption_and_questions(tmp_path, tiny_ckpt):
-    """`vlbatch run` as a user would (a new local Ray): a plain folder of images as a glob input,
+    """`vlbatch run` as a user would (joining the session's Ray): a plain folder of images as a glob input,
     given relative to the current directory, two questions and the caption: one row per (media,
     prompt); a rerun from another directory resumes the same run (nothing recomputed)."""
     from test_jobs_support import read_output, vlbatch, write_job

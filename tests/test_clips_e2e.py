@@ -17,12 +17,15 @@ import subprocess
 import sys
 import time
 
+import pytest
 from held_http import HoldingServer
 from test_clips import scenes_pattern
 from test_jobs_support import REPO, TEST_ENV, read_output
 
 FPS, SECONDS, WINDOW = 8, 16, 2.0
 N_CLIPS = int(SECONDS / WINDOW)
+
+pytestmark = pytest.mark.ray  # the runs join the session's Ray (its SIGINT with a Ray of its own: test_run_stops.py)
 
 
 def _media(tmp_path):
@@ -61,8 +64,7 @@ ray: {{progress_interval_s: 1}}
 
 
 def _start(cfg, home) -> subprocess.Popen:
-    env = dict(os.environ, **TEST_ENV, HOME=str(home))
-    env.pop("RAY_ADDRESS", None)
+    env = dict(os.environ, **TEST_ENV, HOME=str(home))  # RAY_ADDRESS kept: the run joins the session's Ray
     return subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
                             start_new_session=True)

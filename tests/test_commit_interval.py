@@ -6,7 +6,7 @@ writer that gets no next call still publishes when its oldest row is `commit_int
 takes each model block as it comes (`resources.write.batch_size` None), so Ray Data does not hold rows
 upstream of it until a count is reached.
 
-The end-to-end test is a real `vlbatch run` (tiny checkpoint, new local Ray) under CPU load the test
+The end-to-end test is a real `vlbatch run` (tiny checkpoint, joining the session's Ray) under CPU load the test
 starts (busy processes, one per core). The run is certainly not finished while the test looks: its last
 image is held by a loopback HTTP server until the test lets it go (`held_http`), so the final row is not
 generated yet. The gate is the run's progress line saying the model generated rows; from then a part
@@ -107,6 +107,7 @@ def _busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_part_is_published_within_the_interval_while_the_model_is_still_at_work(tmp_path, tiny_ckpt):
     manifest, server = held_manifest(tmp_path, N_FREE)
@@ -122,8 +123,7 @@ resources:
 output: {{uri: {tmp_path / 'out'}, commit_interval_s: {INTERVAL_S}}}
 ray: {{progress_interval_s: 1}}
 """)
-    env = dict(os.environ, **TEST_ENV, HOME=str(tmp_path / "home"))
-    env.pop("RAY_ADDRESS", None)
+    env = dict(os.environ, **TEST_ENV, HOME=str(tmp_path / "home"))  # RAY_ADDRESS kept: joins the session's Ray
     load = _busy(os.cpu_count() or 2)
     proc = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,

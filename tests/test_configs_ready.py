@@ -3,7 +3,7 @@ against the schema and passes the start-up path checks with only its model path 
 swapped for tiny ones (a tiny checkpoint of the same kind, a tiny input in the config's own
 format and columns), everything else as shipped; the real-model ones mark the lines a user must
 edit; the single-GPU ones fit the KubeRay cluster; and the Qwen3.5-9B captions config runs end
-to end on a tiny checkpoint through `vlbatch run`, a new local Ray.
+to end on a tiny checkpoint through `vlbatch run`, joining the session's Ray (2 CPUs).
 
 For that run, besides model and input, the output goes to a temp folder and what cannot exist on
 a CPU-only CI machine is scaled down: no GPU (resources.model.num_gpus 0), actors and CPUs that
@@ -141,6 +141,7 @@ CPU_ONLY = [  # what a 2-core CI machine without a GPU has (see the module docst
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_the_9b_captions_config_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, tiny_ckpt):
     path = ROOT / "configs" / "qwen3.5-9b-captions.yaml"
     overrides, _ = swapped(path, tmp_path / "in", tiny_ckpt)
@@ -148,8 +149,7 @@ def test_the_9b_captions_config_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, t
     overrides += [f"output.uri={out}", *CPU_ONLY]
     config = load_config(path, overrides)
     assert (config.model.dtype, config.model.engine.static_decode) == ("bfloat16", True)  # as shipped
-    env = {**os.environ, **TEST_ENV, "HOME": str(tmp_path)}
-    env.pop("RAY_ADDRESS", None)
+    env = {**os.environ, **TEST_ENV, "HOME": str(tmp_path)}  # RAY_ADDRESS kept: joins the session's Ray
     argv = [sys.executable, "-m", "vlbatch.jobs.cli", "run", str(path), "--no-lock"]
     for ov in overrides:
         argv += ["--set", ov]

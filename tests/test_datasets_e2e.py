@@ -1,4 +1,5 @@
-"""Each real-dataset source end to end through `vlbatch run` (a subprocess, a new local Ray):
+"""Each real-dataset source end to end through `vlbatch run` (a subprocess joining the session's Ray; the S3
+one starts a local Ray of its own, see `test_hf_parquet_captions_keep_and_model_on_s3`):
 a WebDataset shard written by `webdataset` (questions, kept members, resume exactly once),
 a Hugging Face `datasets` Parquet export (captions, kept columns, `model.path` on moto S3:
 the preprocess and model actors share one download) and http(s) media from loopback (questions,
@@ -14,7 +15,7 @@ import pytest
 from test_jobs_support import REPO, TEST_ENV, read_output
 from test_sources_datasets import _png, _Server, s3_ckpt, write_shard  # noqa: F401 - s3_ckpt: a fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 RESOURCES = """resources:
   preprocess: {num_cpus: 0.25, min_actors: 1, max_actors: 1, batch_size: 2}
@@ -36,10 +37,12 @@ max_error_fraction: 1.0
     return str(cfg)
 
 
-def _run(cfg: str, home) -> subprocess.CompletedProcess:
+def _run(cfg: str, home, *, local_ray: bool = False) -> subprocess.CompletedProcess:
+    """`vlbatch run CFG`: joining the session's Ray (RAY_ADDRESS), or with `local_ray` a new local Ray of its own."""
     env = dict(os.environ, **TEST_ENV, HOME=str(home))
-    for k in ("RAY_AUTH_MODE", "RAY_ADDRESS"):
-        env.pop(k, None)
+    if local_ray:
+        for k in ("RAY_AUTH_MODE", "RAY_ADDRESS"):
+            env.pop(k, None)
     p = subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", "run", cfg, "--no-lock"], capture_output=True,
                        text=True, timeout=400, env=env, cwd=REPO)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
@@ -67,6 +70,9 @@ def test_webdataset_questions_keep_and_resume(tmp_path, tiny_ckpt):
 
 
 def test_hf_parquet_captions_keep_and_model_on_s3(tmp_path, s3_ckpt):  # noqa: F811 - the imported fixture
+    """A local Ray of the run's own: its actors download the checkpoint from moto with the AWS credentials of
+    the run's environment (`s3_ckpt` sets them in this process); the session's Ray workers have the
+    environment its raylet started with, which may predate them."""
     import io
 
     from datasets import Dataset
@@ -78,7 +84,7 @@ def test_hf_parquet_captions_keep_and_model_on_s3(tmp_path, s3_ckpt):  # noqa: F
         str(tmp_path / "d.parquet"))
     cfg = _job(tmp_path, s3_ckpt["uri"], f"{{uri: {tmp_path / 'd.parquet'}, columns: {{media: image, keep: [label]}}}}",
                "{prompt: Describe.}", f"storage: {{endpoint_url: '{s3_ckpt['endpoint']}', region: us-east-1}}")
-    _run(cfg, tmp_path)
+    _run(cfg, tmp_path, local_ray=True)
     rows = sorted(read_output(tmp_path / "out" / "r1"), key=lambda r: r["media_uri"])
     assert [r["status"] for r in rows] == ["ok"] * 3, rows
     assert [(r["media_uri"], r["label"]) for r in rows] == [(f"{tmp_path / 'd.parquet'}#{i}", v)
@@ -86,7 +92,7 @@ def test_hf_parquet_captions_keep_and_model_on_s3(tmp_path, s3_ckpt):  # noqa: F
     assert rows[0]["model"] == s3_ckpt["uri"]
     folders = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert len(folders) == 1 and not list((tmp_path / "cache").glob("*.partial-*"))  # one download, two actors
-    assert "0 ok, 0 error, 3 skipped" in _run(cfg, tmp_path).stdout
+    assert "0 ok, 0 error, 3 skipped" in _run(cfg, tmp_path, local_ray=True).stdout
 
 
 def test_http_media_questions_keep_and_resume(tmp_path, tiny_ckpt):

@@ -115,8 +115,9 @@ def test_cuda_decode_device_is_refused_in_one_line_without_cuda(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_pipeline_answers_equal_with_the_decode_in_the_model_stage(two_cpu_ray, tmp_path, videos):
-    """The whole job on a real local Ray, once with the CPU stage decoding and once with the model
+    """The whole job on the session's Ray, once with the CPU stage decoding and once with the model
     stage decoding (`model-cpu`): the same rows, answers, token counts and error rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
