@@ -1,7 +1,8 @@
 """Acceptance: the whole pipeline on a real local Ray cluster, output to a moto S3 server
 on loopback through s3fs, real encoded sample media (images, videos, bad files).
 
-One Ray session and one moto server serve the module. The reference for every answer
+One Ray (the session's, tests/conftest.py, restarted once with the fake S3 credentials in its
+environment) and one moto server serve the module. The reference for every answer
 is the engine alone (vlbatch.operators.media + vlbatch.operators.preprocess + vlbatch.operators.engine called
 directly, no Ray), computed in the same run.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_TYPES = {  # name -> error_type the row must carry
@@ -48,19 +49,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, tiny_ckpt):
-    """moto S3 server + a local Ray cluster + sample media + a tiny checkpoint."""
+def env(tmp_path_factory, tiny_ckpt, _session_ray_holder):
+    """moto S3 server + the session's Ray + sample media + a tiny checkpoint."""
     import boto3
     import numpy as np
     import ray
+    from conftest import _start_session_ray
     from moto.server import ThreadedMotoServer
     from PIL import Image
 
     from vlbatch.devtools.samples import write_all
 
-    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "TOKENIZERS_PARALLELISM": "false"})
+    saved = {k: os.environ.get(k) for k in AWS}
+    os.environ.update(AWS)
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -79,17 +84,26 @@ def env(tmp_path_factory, tiny_ckpt):
     bad["no_extension_file"] = str(root / "no_extension_file")
     for p in good:  # the same media on S3 for the S3-input test
         s3.upload_file(p, "media", Path(p).name)
+    # The session's Ray (2 CPUs), started again now: Ray Data's actors write s3://out with the credentials of
+    # their raylet's environment, which is this process's at the start, not its os.environ later. The
+    # autouse `ray_cluster` of each test then finds this process on it and keeps it.
     for attempt in range(3):  # Ray gives a raylet 30 s to register; a loaded CI box can miss that
         try:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+            _session_ray_holder[:] = [_start_session_ray()]
             break
         except Exception:
             ray.shutdown()
             if attempt == 2:
                 raise
     yield {"server": server, "endpoint": endpoint, "root": root, "good": good, "bad": bad,
-           "ckpt": str(tiny_ckpt("dense")), "gcs": ray.get_runtime_context().gcs_address}
+           "ckpt": str(tiny_ckpt("dense")), "gcs": _session_ray_holder[0].address}
+    # no fake credentials for the rest of the session: the environment as it was, and the next test marked
+    # `ray` starts the session's Ray again without them
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     ray.shutdown()
     server.stop()
 
@@ -111,7 +125,8 @@ def job(env, name: str, media: list[str], *, questions: dict | None = None, **ov
                                                    "decode_timeout_s": 30},
         "resources": {"decode": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
                       "preprocess": {"num_cpus": 0.5, "batch_size": 4, "max_actors": 1},
-                      "model": {"num_cpus": 1, "batch_visual_tokens": 512, "batch_size": 4},
+                      # 0.5: every pool fits the session's 2 CPUs; one torch thread either way (max(1, int(num_cpus)))
+                      "model": {"num_cpus": 0.5, "batch_visual_tokens": 512, "batch_size": 4},
                       "write": {"num_cpus": 0.25, "batch_size": 4}},
         # part_rows=1: every write batch is published as its own part at once (the kill tests wait on parts)
         "output": {"uri": "s3://out", "run_id": name, "part_rows": 1},
@@ -216,7 +231,10 @@ def captions(env):
 
     def killer():
         try:
-            wait_until(lambda: len(_parts(env, "captions")) >= 2, 300, "first commits")
+            # and a model actor up: on a loaded 2-CPU box the bad media's error rows can be committed while
+            # the model actor is still starting (no process titled ModelStage yet)
+            wait_until(lambda: len(_parts(env, "captions")) >= 2 and _ray_workers("ModelStage"), 300,
+                       "first commits and a live model actor")
             killed.append(_kill_model_actor())
         except Exception as e:  # surfaced by the test's assertion
             killed.append(e)

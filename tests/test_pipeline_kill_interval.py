@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_pipeline_progress import _Gate, _Lines, _pngs, _ray_workers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 MEDIA = 24
 GATED = 2  # the last media, answered by the HTTP server only after the kill

@@ -3,7 +3,7 @@ any commit (rows decoded / preprocessed / generated, the total known at the star
 leaving the model stage as its calls finish (a model actor killed mid-run loses only the rows
 of the calls it had in flight).
 
-The Ray tests run a real local Ray cluster, real PNGs and a loopback HTTP server whose
+The Ray tests run on the session's real local Ray (tests/conftest.py `ray_cluster`), real PNGs and a loopback HTTP server whose
 media requests wait on an event the test sets (the gate): nothing behind the gate can be
 decoded, so what happens before it opens is decided by the test, never by timing.
 """
@@ -191,6 +191,7 @@ def _committed(cfg: dict) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_progress_lines_come_before_the_first_commit(two_cpu_ray, tiny_ckpt, tmp_path):
     """The only media waits behind the gate: nothing can be committed until the test opens it,
     which it does once it has seen the plan, the phases and two progress lines with the model
@@ -247,6 +248,7 @@ def _ray_workers(match: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_model_actor_killed_mid_run_loses_only_its_calls_in_flight(two_cpu_ray, tiny_ckpt, tmp_path):
     """Six media go through; six more wait behind the gate. Once three rows are committed (parts
     on disk: rows leave the model stage as its calls finish, not when the whole input is done)

@@ -199,20 +199,23 @@ def test_transformers_backend_never_unpickles(tmp_path, ckpt, monkeypatch):
     assert calls == []
 
 
-def test_validate_plans_against_the_cluster_it_would_join(tmp_path, ckpt, ray_jobs_head):
-    """--address: the plan is the joined cluster's (2 CPUs here), and what does not fit is a warning
-    there (a cluster may add nodes), not a refusal."""
+@pytest.mark.ray
+def test_validate_plans_against_the_cluster_it_would_join(tmp_path, ckpt, ray_cluster):
+    """--address: the plan is the joined cluster's (the session's Ray, 2 CPUs), and what does not fit is a
+    warning there (a cluster may add nodes), not a refusal."""
     cfg = _job(tmp_path, ckpt)
-    r = _validate(cfg, "--address", ray_jobs_head.gcs_address, "--set", "resources.preprocess.num_cpus=64")
+    r = _validate(cfg, "--address", ray_cluster.address, "--set", "resources.preprocess.num_cpus=64")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "of 2 CPUs, 0 GPUs" in r.stdout and ray_jobs_head.gcs_address in r.stdout, r.stdout
+    assert "of 2 CPUs, 0 GPUs" in r.stdout and ray_cluster.address in r.stdout, r.stdout
     assert "resources" in r.stderr and "waiting for the cluster to add nodes" in r.stderr, r.stderr
 
 
+@pytest.mark.ray
 def test_a_config_without_resources_runs_on_this_machine(tmp_path, ckpt):
     """The hidden-style user: a fresh config, no resources section, `vlbatch run` on this machine
     (2 CPUs on the CI runner: the defaults ask 2.30, so they are sized down, and the run completes;
-    on 6a0b046 it was refused after Ray had started)."""
+    on 6a0b046 it was refused after Ray had started). Its own local Ray (no RAY_ADDRESS): the defaults
+    sized to this machine's plan are the subject, not a joined cluster's."""
     from vlbatch.pipeline.plan.cluster import local_cluster
 
     cfg = _job(tmp_path, ckpt)

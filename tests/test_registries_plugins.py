@@ -100,6 +100,7 @@ def _add_video(workdir: Path) -> Path:
     return path
 
 
+@pytest.mark.ray
 def test_a_plugin_adds_a_decoder_a_model_backend_and_a_sink(tmp_path, plugin, tiny_ckpt, monkeypatch):
     from test_jobs_support import read_output, vlbatch, write_job
 
@@ -128,7 +129,9 @@ def test_a_plugin_adds_a_decoder_a_model_backend_and_a_sink(tmp_path, plugin, ti
                  "output.format=marker (plugin vlbatch-fake-plugin)"):
         assert line in checked.stdout, checked.stdout
 
-    run = vlbatch("run", str(cfg), "--no-lock", env=env, cwd=tmp_path, timeout=400)
+    # its own local Ray: the plugin is installed in this run's environment only (PYTHONPATH), which the workers
+    # of a Ray started before it (the session's) do not have, as on a cluster whose nodes lack the plugin
+    run = vlbatch("run", str(cfg), "--no-lock", env=env, cwd=tmp_path, timeout=400, local_ray=True)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     last = run.stdout.splitlines()[-1]
     assert "done: 3 ok, 0 error, 0 skipped" in last, last

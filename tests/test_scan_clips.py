@@ -97,6 +97,7 @@ def test_plan_hands_the_scan_the_committed_ids_when_clipped(mode):
     assert "done" in spec.runtime and "meter" in spec.runtime
 
 
+@pytest.mark.ray
 def test_vlbatch_scan_of_a_clipped_job_end_to_end(tmp_path, tiny_ckpt):
     """`vlbatch run` in scan mode: one row per clip, the final line's clip figures; a rerun has nothing to do."""
     import json

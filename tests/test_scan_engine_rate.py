@@ -1,11 +1,15 @@
 """Issue 53: scan mode measures the job's engine rate here and says how many CPU cores of decode + preprocess
 keep a model replica busy (`pipeline/stages/engine_rate.py`). The arithmetic at unit level; the measurement
-and its per-machine cache on a tiny checkpoint; the line printed by a real scan (its own local Ray)."""
+and its per-machine cache on a tiny checkpoint; the line printed by a real scan (the session's Ray).
+
+The engine is timed for real twice in the module, each once: in this process (`measure_rate`, the cache's
+test: a second shape's entry is already kept, as a measurement of it leaves one) and in the scan's Ray task
+(the scan's "measured" line). Both write a cache file of the test's own, never the user's ~/.cache."""
 from __future__ import annotations
 
+import functools
 import io
 import json
-from pathlib import Path
 
 import pytest
 
@@ -30,28 +34,47 @@ def test_cores_are_cpu_seconds_per_request_times_the_engines_rate():
 
 def test_the_rate_is_measured_once_per_machine_and_model_then_cached(tmp_path, tiny_ckpt):
     from vlbatch.pipeline.config import JobConfig
-    from vlbatch.pipeline.stages.engine_rate import N_REQUESTS, measure_rate
+    from vlbatch.pipeline.stages.engine_rate import N_REQUESTS, keep_rate, measure_rate, rate_key
+    from vlbatch.pipeline.stages.model_place import local_model_path, resolve_device
 
     cfg = JobConfig.model_validate({"model": {"path": str(tiny_ckpt("dense"))}, "input": {"uri": str(tmp_path)},
                                     "output": {"uri": str(tmp_path / "o")}, "task": {"mode": "scan"}})
     cache = tmp_path / "cache" / "engine_rate.json"
     shape = TokenShape(prompt_tokens=40, visual_tokens=16, max_tokens=4)
+    # another shape of the same model and machine already kept (as its measurement leaves it): one timing
+    # here, not two; the other shape's entry is neither taken for this one nor lost
+    other_shape = TokenShape(40, 16, 6)
+    other_key = rate_key(local_model_path(cfg), resolve_device(cfg.model.device), cfg.model.dtype, other_shape)
+    keep_rate(other_key, EngineRate(3.5, N_REQUESTS, N_REQUESTS / 3.5, "measured"), cache)
+    before = json.loads(cache.read_text())
     first = measure_rate(cfg, shape, str(cache))
     assert first.source == "measured" and first.requests == N_REQUESTS and first.requests_per_s > 0
-    (key, kept), = json.loads(cache.read_text()).items()
+    table = json.loads(cache.read_text())
+    assert len(table) == 2 and table[other_key] == before[other_key]  # this shape: timed, kept beside
+    (key,) = set(table) - {other_key}
     assert "40/16/4" in key and str(tiny_ckpt("dense").resolve()) not in key  # the path is in the digest
+    assert key.replace("40/16/4", "40/16/6") == other_key  # the same machine, model, device, dtype
     again = measure_rate(cfg, shape, str(cache))
     assert again == EngineRate(first.requests_per_s, first.requests, first.seconds, "cached")
-    other = measure_rate(cfg, TokenShape(40, 16, 6), str(cache))  # another shape: timed, kept beside
-    assert other.source == "measured" and len(json.loads(cache.read_text())) == 2
+    other = measure_rate(cfg, other_shape, str(cache))  # the other shape: its own entry
+    assert other == EngineRate(3.5, N_REQUESTS, N_REQUESTS / 3.5, "cached")
 
 
-def test_a_scan_prints_the_engine_rate_and_the_cores_that_keep_the_model_busy(two_cpu_ray, tmp_path, tiny_ckpt):
+@pytest.mark.ray
+def test_a_scan_prints_the_engine_rate_and_the_cores_that_keep_the_model_busy(two_cpu_ray, tmp_path, tiny_ckpt,
+                                                                              monkeypatch):
     from PIL import Image
 
+    from vlbatch.pipeline import graph
     from vlbatch.pipeline.config import JobConfig
     from vlbatch.pipeline.graph import run_job
-    from vlbatch.pipeline.stages.engine_rate import DEFAULT_CACHE, scan_busy
+    from vlbatch.pipeline.stages.engine_rate import scan_busy
+
+    # the scan's rate kept in a cache file of the test's own (the product's `cache_file`), not the user's
+    # ~/.cache/vlbatch/engine_rate.json: the worker that times it is on this machine; a fresh file, so
+    # the scan times the engine for real
+    cache = tmp_path / "cache" / "engine_rate.json"
+    monkeypatch.setattr(graph, "scan_busy", functools.partial(scan_busy, cache_file=str(cache)))
 
     for i in range(3):
         Image.new("RGB", (64, 48), (200, 10 * i, 10)).save(tmp_path / f"m{i}.png")
@@ -66,7 +89,7 @@ def test_a_scan_prints_the_engine_rate_and_the_cores_that_keep_the_model_busy(tw
     assert line.startswith("vlbatch scan: 3 requests, 0 errors"), line
     assert "; the model does " in line and " requests/s here (measured: 8 synthetic requests of " in line, line
     assert line.endswith("CPU cores of decode+preprocess per replica"), line
-    kept = json.loads(Path(DEFAULT_CACHE).expanduser().read_text())  # the worker's machine is this one
+    kept = json.loads(cache.read_text())  # the worker's machine is this one
     assert any(k.endswith("/4") for k in kept)  # this scan's shape, 4 tokens generated each
     # a model pool asking for a GPU the cluster lacks: said, never waited on
     gpu = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={

@@ -1,8 +1,9 @@
 """The input source contract (pipeline/sources/base.py), checked for every source on one small input.
 
 Each source reads the same four media (two with a questions column where the format has one) on
-a real local Ray (its own, one CPU) and must give exactly the manifest columns, manifest-relative
-paths resolved, `input.limit` applied, and `ConfigError` naming `input.uri` when nothing is there.
+the session's real local Ray (tests/conftest.py `ray_cluster`) and must give exactly the manifest
+columns, manifest-relative paths resolved, `input.limit` applied, and `ConfigError` naming `input.uri`
+when nothing is there.
 """
 from __future__ import annotations
 
@@ -15,16 +16,6 @@ import pytest
 from vlbatch.operators.errors import ConfigError
 
 NAMES = ["a.png", "b.png", "c.mp4", "d.jpg"]
-
-
-@pytest.fixture(scope="module")
-def one_cpu_ray():
-    import ray
-
-    ray.shutdown()
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _write(kind: str, folder) -> str:
@@ -55,8 +46,9 @@ def _cfg(kind: str, uri: str, tmp_path, limit=None):
     })
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("kind", ["glob", "parquet", "jsonl", "csv"])
-def test_source_gives_the_manifest_columns(one_cpu_ray, tmp_path, kind):
+def test_source_gives_the_manifest_columns(ray_cluster, tmp_path, kind):
     from vlbatch.pipeline.sources import open_source
     from vlbatch.pipeline.sources.base import COLUMNS
 
@@ -81,7 +73,8 @@ def test_source_refuses_an_input_that_is_not_there(tmp_path, kind):
         open_source(_cfg(kind, uri, tmp_path)).read()
 
 
-def test_jsonl_rows_missing_a_key_read_as_null(one_cpu_ray, tmp_path):
+@pytest.mark.ray
+def test_jsonl_rows_missing_a_key_read_as_null(ray_cluster, tmp_path):
     """Ray Data's JSON reader hands a key missing from some lines over as NaN (through pandas):
     those cells must read as missing (null questions, null media_type), not as a float."""
     from vlbatch.pipeline.sources import open_source
