@@ -44,8 +44,9 @@ ray: {{progress_interval_s: 1}}
 
 
 def _start(cfg, home) -> subprocess.Popen:
+    """`vlbatch run` in a process group of its own, joining the session's Ray (RAY_ADDRESS, tests/conftest.py;
+    a signal to a run with a Ray of its own, at each phase: tests/test_run_stops_phases.py)."""
     env = dict(os.environ, **TEST_ENV, HOME=str(home))
-    env.pop("RAY_ADDRESS", None)
     return subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
                             start_new_session=True)
@@ -63,6 +64,7 @@ def _first_part(out_dir, proc, deadline_s=600):
     raise AssertionError("no part file committed")
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, tmp_path, signum, code):
     cfg, server = held_job
