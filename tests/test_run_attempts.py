@@ -3,8 +3,8 @@
 (rows, ok / error, seconds, rows/s, when) across resumes, and `vlbatch inspect` shows the whole run
 attempt by attempt, in the terminal and on the page (headline first, the fingerprint folded away).
 
-One real run and one resume through the CLI (a new local Ray each, a tiny checkpoint, three
-generated images); between them one committed row is turned into a transient `EngineError` row
+One real run and one resume through the CLI (each joining the session's Ray, tests/conftest.py; a tiny
+checkpoint, three generated images); between them one committed row is turned into a transient `EngineError` row
 (what an actor's death leaves), so the resume computes exactly that request."""
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from test_jobs_support import read_output, vlbatch, write_job
 
 from vlbatch.operators.sink.parquet import ParquetSink
+
+pytestmark = pytest.mark.ray
 
 
 def _make_transient(run_dir, victim: str) -> None:

@@ -2,7 +2,7 @@
 constructor ... ends the run within seconds with one line naming the cause and the field, a
 distinct exit code, and the Ray detail in the log file"; issue 31 item 6: errors of the job's own
 setup fail the run and are never committed as rows). Real parts: a moto S3 server for a remote
-checkpoint, a real local Ray, the real CLI."""
+checkpoint, a real local Ray (the session's, or the run's own where said), the real CLI."""
 from __future__ import annotations
 
 import os
@@ -17,18 +17,24 @@ from test_jobs_support import REPO, TEST_ENV
 from vlbatch.pipeline.config import validate_config
 
 
-def _cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+def _cli(*args, env=None, timeout=600, local_ray=False) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: `run` joins the session's Ray (RAY_ADDRESS) unless `local_ray` (a new
+    local Ray of the run's own); other commands plan for this machine (no RAY_ADDRESS)."""
     full = dict(os.environ, **TEST_ENV, **(env or {}))
-    full.pop("RAY_ADDRESS", None)
+    if args[:1] != ("run",) or local_ray:
+        full.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full, cwd=REPO)
 
 
+@pytest.mark.ray
 def test_an_actor_that_cannot_start_ends_the_run_in_one_line(tmp_path, tiny_ckpt, s3_server):
     """An s3:// checkpoint holding config.json and the weights but not the tokenizer: validate reads
     config.json alone (valid); the run's CPU actor downloads the checkpoint and cannot load its
     processor. One line names the stage, the field and the cause; exit 2; Ray's tracebacks go to
-    the log file; no row is committed."""
+    the log file; no row is committed. The run starts a local Ray of its own: its actors must get the
+    run's environment (the fake S3 credentials), which a new local Ray inherits and the session's Ray,
+    started before this test's server, does not."""
     from PIL import Image
 
     ckpt = tiny_ckpt("dense")
@@ -52,7 +58,7 @@ resources:
 output: {{uri: {tmp_path / 'out'}}}
 """)
     assert _cli("validate", str(cfg), env=s3_server.env).returncode == 0
-    r = _cli("run", str(cfg), "--no-lock", "--name", "h3-broken", env=s3_server.env)
+    r = _cli("run", str(cfg), "--no-lock", "--name", "h3-broken", env=s3_server.env, local_ray=True)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     ours = [ln for ln in r.stderr.splitlines() if ln.startswith("vlbatch:")]
@@ -103,6 +109,7 @@ def test_triton_attention_on_the_cpu_is_a_setup_error():
         select_attention("triton", "cpu")
 
 
+@pytest.mark.ray
 def test_the_cause_of_a_real_ray_actor_failure(tmp_path):
     """`describe` on what a real Ray Data run raises when a UDF's constructor fails: a ConfigError
     cause is exit 2, any other exit 8 (EXIT_SETUP_FAILED); one line; the traceback in the log."""
@@ -125,16 +132,12 @@ def test_the_cause_of_a_real_ray_actor_failure(tmp_path):
         def __call__(self, batch):
             return batch
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        caught = []
-        for udf in (BadConfig, BadDisk):
-            ds = ray.data.range(4).map_batches(udf, compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.1)
-            with pytest.raises(Exception) as info:  # noqa: PT011 - whatever Ray raises is what describe gets
-                ds.materialize()
-            caught.append(info.value)
-    finally:
-        ray.shutdown()
+    caught = []  # on the session's Ray (tests/conftest.py), connected in this process
+    for udf in (BadConfig, BadDisk):
+        ds = ray.data.range(4).map_batches(udf, compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.1)
+        with pytest.raises(Exception) as info:  # noqa: PT011 - whatever Ray raises is what describe gets
+            ds.materialize()
+        caught.append(info.value)
     log = tmp_path / "err.log"
     first, second = (describe(e, None, log) for e in caught)
     assert first.exit_code == 2 and second.exit_code == 8

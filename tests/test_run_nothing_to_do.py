@@ -1,9 +1,11 @@
 """A rerun with nothing left to do starts no Ray (issue 50).
 
-One real run of a tiny job through the CLI (a new local Ray, a tiny checkpoint, three images), then the same
-command with `RAY_TMPDIR` pointed at an empty folder: exit 0, the `nothing to do` line, `_summary.json` as it
-was and no Ray session folder under that RAY_TMPDIR. A third run after one part file is deleted starts Ray
-and recomputes exactly the rows of that part. The unit tests below check the decision itself
+One real run of a tiny job through the CLI (joining the session's Ray, tests/conftest.py; a tiny checkpoint,
+three images), then the same command with no RAY_ADDRESS (a run that started Ray would start a new local one)
+and `RAY_TMPDIR` pointed at an empty folder: exit 0, the `nothing to do` line, `_summary.json` as it was and no
+Ray session folder under that RAY_TMPDIR. A third run after one part file is deleted starts Ray (a new local
+one: its session folder under that RAY_TMPDIR shows the check sees a start) and recomputes exactly the rows of
+that part. The unit tests below check the decision itself
 (`pipeline/startup/nothing_to_do.py`) on a real Parquet sink: a transient error row means work left.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from test_jobs_support import read_output, vlbatch, write_job
 
 from vlbatch.operators.sink.parquet import ParquetSink
@@ -22,6 +25,7 @@ def _session_dirs(root: Path) -> list[Path]:
     return [p for p in root.rglob("session_*")]
 
 
+@pytest.mark.ray
 def test_rerun_with_nothing_left_starts_no_ray_and_a_lost_part_is_recomputed(tmp_path, tiny_ckpt):
     cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=3, write_batch=1)
     pin = ["--set", "output.run_id=again", "--set", "output.part_rows=1"]  # one part per row
@@ -33,7 +37,8 @@ def test_rerun_with_nothing_left_starts_no_ray_and_a_lost_part_is_recomputed(tmp
     summary = (run_dir / "_summary.json").read_text()
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="vlbn-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    second = vlbatch("run", str(cfg), "--no-lock", *pin, env={"RAY_TMPDIR": str(ray_tmp)}, timeout=400)
+    second = vlbatch("run", str(cfg), "--no-lock", *pin, env={"RAY_TMPDIR": str(ray_tmp)}, timeout=400,
+                     local_ray=True)
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
     lines = second.stdout.splitlines()
     assert lines[-1] == f"[vlbatch] nothing to do: all 3 requests of {run_dir}/ are committed", lines
@@ -46,7 +51,8 @@ def test_rerun_with_nothing_left_starts_no_ray_and_a_lost_part_is_recomputed(tmp
     lost = pa.parquet.read_table(parts[0]).column("id").to_pylist() if len(parts) > 1 else None
     assert lost is not None and len(lost) == 1, parts  # output.part_rows=1: one row per part
     parts[0].unlink()
-    third = vlbatch("run", str(cfg), "--no-lock", *pin, env={"RAY_TMPDIR": str(ray_tmp)}, timeout=400)
+    third = vlbatch("run", str(cfg), "--no-lock", *pin, env={"RAY_TMPDIR": str(ray_tmp)}, timeout=400,
+                    local_ray=True)
     assert third.returncode == 0, (third.stdout + third.stderr)[-4000:]
     assert "[vlbatch] starting Ray" in third.stdout and _session_dirs(ray_tmp), third.stdout
     assert "done: 1 ok, 0 error, 2 skipped (already committed)" in third.stdout.splitlines()[-1], third.stdout

@@ -43,9 +43,14 @@ ray: {{progress_interval_s: 1}}
     server.close()
 
 
-def _start(cfg, home) -> subprocess.Popen:
+def _start(cfg, home, *, local_ray: bool) -> subprocess.Popen:
+    """`vlbatch run` in a process group of its own: with a new local Ray of its own (`local_ray`: the stopped
+    run, whose Ray shut down takes every writer with it, so the run tidies its directory: `_tmp/` dropped; a
+    joined cluster's writers may still be alive, and it is left), else joining the session's Ray
+    (RAY_ADDRESS, tests/conftest.py: the rerun)."""
     env = dict(os.environ, **TEST_ENV, HOME=str(home))
-    env.pop("RAY_ADDRESS", None)
+    if local_ray:
+        env.pop("RAY_ADDRESS", None)
     return subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
                             start_new_session=True)
@@ -63,13 +68,14 @@ def _first_part(out_dir, proc, deadline_s=600):
     raise AssertionError("no part file committed")
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, tmp_path, signum, code):
     cfg, server = held_job
     out_dir = tmp_path / "out"
     home = tmp_path / "home"
     home.mkdir()
-    proc = _start(cfg, home)
+    proc = _start(cfg, home, local_ray=True)
     try:
         err = Lines(proc.stderr)
         _first_part(out_dir, proc)
@@ -102,7 +108,7 @@ def test_a_signal_mid_run_stops_cleanly_and_the_rerun_resumes_exactly(held_job, 
     parts = {p.name: p.read_bytes() for p in run_dir.glob("part-*.parquet")}
 
     server.release.set()  # the rerun reads everything
-    again = _start(cfg, home)
+    again = _start(cfg, home, local_ray=False)
     stdout, stderr = again.communicate(timeout=600)
     assert again.returncode == 0, stdout + stderr
     assert re.search(rf"done: {N_FREE + 1 - n} ok, 0 error, {n} skipped", stdout), stdout

@@ -26,8 +26,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from test_jobs_support import TEST_ENV, read_output, write_job
 from test_run_stops_phases import LINE, Run
+
+pytestmark = pytest.mark.ray
 
 OBSERVER = '''
 import importlib.abc
@@ -97,6 +100,8 @@ class CleanupFails(ParquetSink):
 def _env(tmp_path: Path, site: Path, **extra: str) -> dict:
     env = dict(os.environ, **TEST_ENV, HOME=str(tmp_path / "home"), **extra,
                PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    # a new local Ray of the run's own, never the session's: its workers must inherit this env (the observer's
+    # sitecustomize and marks folder in the model actor, the plugin sink in the writers)
     env.pop("RAY_ADDRESS", None)
     return env
 

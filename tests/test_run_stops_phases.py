@@ -67,6 +67,8 @@ def held_sink_job(tmp_path, tiny_ckpt):
     cfg.write_text(cfg.read_text().replace("output: {uri: ", "output: {format: held, uri: "))
     env = dict(os.environ, **TEST_ENV, HOME=str(tmp_path / "home"),
                PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    # a new local Ray of the run's own, never the session's: its workers inherit this env (the plugin on the
+    # path: the writers build the held sink too), and Ray starting is one of the phases signalled
     env.pop("RAY_ADDRESS", None)
     return cfg, gate, env
 
@@ -136,6 +138,7 @@ def _stopped(run: Run, code: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_at_any_phase_exits_with_its_code_and_the_one_line(held_sink_job, signum, code):
     cfg, gate, env = held_sink_job

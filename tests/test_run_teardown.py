@@ -1,6 +1,6 @@
-"""Issue 48 item 10, end to end (a real `vlbatch run` on its own new local Ray, each): a full disk under
-the output ends the run with `no space left on <path>`, and a SIGKILLed driver leaves no process of its
-Ray session behind.
+"""Issue 48 item 10, end to end (a real `vlbatch run` each): a full disk under the output ends the run with
+`no space left on <path>` (joining the session's Ray, tests/conftest.py), and a SIGKILLed driver leaves no
+process of its Ray session behind (a new local Ray of the run's own: its reaping is the subject).
 
 Real parts: a tmpfs mounted for the test (CI runs as root; skipped, saying why, where mounting is not
 allowed), real Ray, the real CLI. The unit-level checks are in tests/test_messages_issue48.py."""
@@ -21,12 +21,16 @@ import pytest
 from held_http import held_manifest
 from test_jobs_support import REPO, TEST_ENV, write_job
 
+pytestmark = pytest.mark.ray
+
 PAGE = 4096
 
 
-def _env(**extra: str) -> dict:
+def _env(*, local_ray: bool = False, **extra: str) -> dict:
+    """A `vlbatch run` child's: it joins the session's Ray (RAY_ADDRESS, tests/conftest.py) unless `local_ray`."""
     env = dict(os.environ, **TEST_ENV, VLBATCH_SIMD="off", **extra)
-    env.pop("RAY_ADDRESS", None)
+    if local_ray:
+        env.pop("RAY_ADDRESS", None)
     return env
 
 
@@ -122,7 +126,7 @@ def test_a_killed_driver_leaves_no_process_of_its_ray_session(tmp_path, tiny_ckp
     out = (tmp_path / "stdout.log").open("w")
     driver = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock", "--name",
                                f"killed-{os.getpid()}"], stdout=out, stderr=subprocess.PIPE, text=True,
-                              env=_env(RAY_TMPDIR=ray_tmp), cwd=REPO)
+                              env=_env(local_ray=True, RAY_TMPDIR=ray_tmp), cwd=REPO)
     noted: dict[int, int] = {}
     try:
         seen = []

@@ -59,6 +59,7 @@ def test_parquet_sink_purges_the_truncated_rows_it_redoes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_larger_max_tokens_redoes_truncated_rows_under_a_pinned_run_id(tmp_path, tiny_ckpt):
     """End to end on a random tiny checkpoint (the grammar, not the model, makes the value): max_tokens=2 cuts
     every 6-digit answer; the same config again is nothing to do (kept); max_tokens=12 redoes exactly those

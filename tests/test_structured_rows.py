@@ -80,6 +80,7 @@ def test_output_rows_carry_prompt_name_and_parsed_as_json():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_run_writes_valid_structured_answers(tmp_path, tiny_ckpt):
     """End to end (the only whole run of issue 52's tests): every ok row of a constrained prompt parses and
     validates; free-text rows have no parsed value; rows cut by max_tokens are TruncatedError."""

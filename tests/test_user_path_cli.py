@@ -10,9 +10,11 @@ credentials, reading only its exit code and what it prints:
   on a GPU host): `validate` says in one line that the model will run on the CPU;
 - an s3:// output (moto's S3 server on loopback) with no credentials: `validate` exits 2, one line
   naming `output.uri` and the cause;
-- the 14-media trial with the broken file: exit 0, the final line says all rows were written;
-- the same command again: "nothing to do", exit 0, and no new Ray session folder under its Ray temp
-  dir (RAY_TMPDIR, a folder of the test's): no Ray was started. One finished run serves both checks.
+- the 14-media trial with the broken file: exit 0, the final line says all rows were written (it joins the
+  session's Ray, tests/conftest.py: the one a run starts on its own is tests/test_run_nothing_to_do.py's);
+- the same command again, with no RAY_ADDRESS (a run that starts Ray starts a new local one): "nothing to
+  do", exit 0, and no Ray session folder under its Ray temp dir (RAY_TMPDIR, a folder of the test's): no
+  Ray was started. One finished run serves both checks.
 """
 from __future__ import annotations
 
@@ -101,24 +103,26 @@ def test_validate_an_s3_output_without_credentials_is_exit_2_naming_output_uri(p
     assert "credentials" in err.lower(), err
 
 
-def test_a_trial_with_one_broken_file_succeeds_and_the_rerun_starts_no_ray(project):
+@pytest.mark.ray
+def test_a_trial_with_one_broken_file_succeeds_and_the_rerun_starts_no_ray(project, ray_cluster):
     root, env = project
     ray_tmp = Path(tempfile.mkdtemp(prefix="vlbu-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     try:
-        _trial_and_rerun(root, dict(env, RAY_TMPDIR=str(ray_tmp)), ray_tmp)
+        _trial_and_rerun(root, dict(env, RAY_TMPDIR=str(ray_tmp)), ray_tmp, ray_cluster.address)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def _trial_and_rerun(root: Path, env: dict, ray_tmp: Path) -> None:
-    run = cli(root, env, "run", "job.yaml", "--no-lock")
+def _trial_and_rerun(root: Path, env: dict, ray_tmp: Path, address: str) -> None:
+    run = cli(root, dict(env, RAY_ADDRESS=address), "run", "job.yaml", "--no-lock")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     last = run.stdout.splitlines()[-1]
     assert f"done: {N_MEDIA - 1} ok, 1 error" in last and "all rows written" in last, last
+    assert f"[vlbatch] ray: {address}" in run.stdout.splitlines(), run.stdout  # the session's Ray, joined
     sessions = sorted(p.name for p in ray_tmp.rglob("session_*"))
-    assert sessions, list(ray_tmp.rglob("*"))  # the run's own Ray, under the test's temp dir
+    assert sessions == [], list(ray_tmp.rglob("*"))  # none of its own under the test's temp dir
 
-    again = cli(root, env, "run", "job.yaml", "--no-lock")
+    again = cli(root, env, "run", "job.yaml", "--no-lock")  # no RAY_ADDRESS: Ray started would be a local one
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert again.stdout.splitlines()[-1].startswith(f"[vlbatch] nothing to do: all {N_MEDIA} requests of "), \
         again.stdout
