@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -67,8 +70,7 @@ def tiny_ckpt(tmp_path_factory):
 
 # A test marked `ray` starts or joins Ray, or runs `vlbatch run`; every other test may do neither (the guard
 # below fails it at once). `make test-fast` runs `-m "not ray and not slow"`; `make test` runs everything.
-UNREACHABLE_RAY = "127.0.0.1:1"  # RAY_ADDRESS of an unmarked test: a `vlbatch run` child that gets as far as
-# Ray fails to join it at once (one refused before Ray, a config check, is fast-tier work)
+SESSION_GLOB = "ray/session_2*"  # what a Ray start leaves under RAY_TMPDIR (ray/session_<date>_<pid>)
 
 
 @dataclass(frozen=True)
@@ -123,19 +125,27 @@ def two_cpu_ray(ray_cluster):
 
 @pytest.fixture(autouse=True)
 def _ray_only_where_marked(request, monkeypatch):
-    """A test marked `ray` gets the session's Ray; any other test that starts Ray in this process fails naming
-    the marker, and a `vlbatch run` child of it that gets as far as Ray cannot join `UNREACHABLE_RAY` (the fast
-    tier's promise: no Ray)."""
+    """A test marked `ray` gets the session's Ray. Any other test may start no Ray: `ray.init` in this process
+    raises naming the marker, and a child (`vlbatch run`) that starts one leaves its session folder under the
+    test's own RAY_TMPDIR, which fails the test at teardown (the fast tier's promise: no Ray)."""
     if request.node.get_closest_marker("ray"):
         request.getfixturevalue("ray_cluster")
+        yield
         return
-    monkeypatch.setenv("RAY_ADDRESS", UNREACHABLE_RAY)
     import ray
 
     def refused(*_a, **_k):
         raise RuntimeError(f"{request.node.nodeid} starts Ray: mark it `pytest.mark.ray` (tests/conftest.py)")
 
     monkeypatch.setattr(ray, "init", refused)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # `vlbatch validate` plans for this machine, as a user's
+    ray_tmp = Path(tempfile.mkdtemp(prefix="vlbt", dir="/tmp"))  # short: Ray's socket paths live under it
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    yield
+    started = [p.name for p in ray_tmp.glob(SESSION_GLOB)]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    if started:
+        pytest.fail(f"{request.node.nodeid} started Ray ({started[0]}): mark it `pytest.mark.ray`", pytrace=False)
 
 
 @pytest.fixture(scope="session")

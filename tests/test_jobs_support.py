@@ -147,9 +147,8 @@ def vlbatch(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path
     """Run the real CLI as a user would (a subprocess); returns CompletedProcess.
 
     `vlbatch run` joins the session's Ray (RAY_ADDRESS, tests/conftest.py `ray_cluster`: the test is marked
-    `ray`; unmarked, RAY_ADDRESS is unreachable), or starts a local Ray of its own with `local_ray` (a test
-    whose subject is that start); every other command plans for this machine as a user's would (no
-    RAY_ADDRESS)."""
+    `ray`), or starts a local Ray of its own with `local_ray` (a test whose subject is that start); every other
+    command plans for this machine as a user's would (no RAY_ADDRESS)."""
     full_env = dict(os.environ, **TEST_ENV, **(env or {}))
     if args[:1] != ("run",) or local_ray:
         full_env.pop("RAY_ADDRESS", None)
