@@ -20,6 +20,8 @@ import pytest
 from test_jobs_support import REPO, TEST_ENV, RayHead, read_output, write_job
 
 N_IMAGES = 8
+# its own head: Ray's autoscaler on fake nodes (a GPU node type), which the session's Ray has not
+pytestmark = pytest.mark.ray
 GPU_TYPE = {"gpu_worker": {"resources": {"CPU": 1, "GPU": 1}, "min_workers": 0, "max_workers": 2}}
 
 

@@ -28,7 +28,7 @@ import pytest
 from test_jobs_support import REPO, TEST_ENV, RayHead, RayWorkerNode, read_output, start_workers, wait_nodes
 from test_pipeline_progress import _Gate, _pngs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]  # heads and worker nodes of their own (a node killed)
 
 MEDIA = 10
 GATED = 2  # the last media: answered only after the kill
