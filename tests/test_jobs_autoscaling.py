@@ -25,6 +25,13 @@ pytestmark = pytest.mark.ray
 GPU_TYPE = {"gpu_worker": {"resources": {"CPU": 1, "GPU": 1}, "min_workers": 0, "max_workers": 2}}
 
 
+@pytest.fixture(autouse=True)
+def _state_api_on_the_own_head(monkeypatch):
+    """Ray's state API (`list_nodes(address=...)`) takes RAY_ADDRESS over its `address`: the session's (set for a
+    test marked `ray`, tests/conftest.py) has no dashboard. This module's tests use their own head's."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
 @pytest.fixture
 def autoscaling_head():
     head = RayHead.start(num_cpus=2, worker_node_types=GPU_TYPE)

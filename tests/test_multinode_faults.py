@@ -34,6 +34,13 @@ MEDIA = 10
 GATED = 2  # the last media: answered only after the kill
 
 
+@pytest.fixture(autouse=True)
+def _state_api_on_the_own_head(monkeypatch):
+    """Ray's state API (`list_nodes(address=...)`) takes RAY_ADDRESS over its `address`: the session's (set for a
+    test marked `ray`, tests/conftest.py) has no dashboard. This module's tests use their own head's."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
 @pytest.fixture
 def three_nodes():
     head = RayHead.start(num_cpus=2)
