@@ -188,10 +188,13 @@ def test_a_slow_model_names_the_model_pool(tmp_path, tiny_ckpt):
     from test_jobs_support import vlbatch
 
     cfg = write_job(tmp_path / "wd", tiny_ckpt(), n_images=8, max_tokens=6, extra="")
-    # one model call at a time (a call takes one block of 2 media): the other rows wait for the model
+    # one model call at a time (a call takes one block of 2 media): the other rows wait for the model. A new
+    # local Ray of the run's own (`local_ray`): the hook's variable reaches the model actor only through the
+    # environment of the raylet that starts it (the session's Ray, started by pytest, has not got it)
     run = vlbatch("run", str(cfg), "--no-lock", "--set", "ray.metrics=false", "--set",
                   "resources.model.max_concurrent_batches=1",
-                  env={"VLBATCH_TEST_STEP_DELAY_S": "0.3", "HOME": str(tmp_path / "home")}, timeout=600)
+                  env={"VLBATCH_TEST_STEP_DELAY_S": "0.3", "HOME": str(tmp_path / "home")}, timeout=600,
+                  local_ray=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     last = [line for line in run.stdout.splitlines() if line.startswith("[vlbatch] done:")][-1]
     assert "the CPU stage waited on the model" in last and "grow the model pool" in last, last
