@@ -20,7 +20,16 @@ import pytest
 from test_jobs_support import REPO, TEST_ENV, RayHead, read_output, write_job
 
 N_IMAGES = 8
+# its own head: Ray's autoscaler on fake nodes (a GPU node type), which the session's Ray has not
+pytestmark = pytest.mark.ray
 GPU_TYPE = {"gpu_worker": {"resources": {"CPU": 1, "GPU": 1}, "min_workers": 0, "max_workers": 2}}
+
+
+@pytest.fixture(autouse=True)
+def _state_api_on_the_own_head(monkeypatch):
+    """Ray's state API (`list_nodes(address=...)`) takes RAY_ADDRESS over its `address`: the session's (set for a
+    test marked `ray`, tests/conftest.py) has no dashboard. This module's tests use their own head's."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.fixture

@@ -9,10 +9,12 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from test_jobs_support import read_output, vlbatch, write_job
 
 from vlbatch.jobs.errors import EXIT_DUPLICATE, EXIT_NOT_FOUND, EXIT_OVERLAP, EXIT_UNREACHABLE
 
+pytestmark = pytest.mark.ray  # the Jobs API head of its own (`ray_jobs_head`): the session's Ray has no dashboard
 N_IMAGES = 6
 # The job's gate: every Ray worker process of the submitted job runs this (Ray's
 # `worker_process_setup_hook`, shipped in the working directory) and waits until the test creates

@@ -4,7 +4,8 @@ line naming the cluster, the last says what the run produced, and Ray's start-up
 banner, core-worker lines, Ray Data messages) stays off the terminal unless --verbose.
 
 Token auth is left at Ray's default here (RAY_AUTH_MODE unset, HOME a temp folder so the
-token Ray generates lands there): that is what prints the token banner to hide."""
+token Ray generates lands there): that is what prints the token banner to hide. The --verbose rerun
+joins the session's Ray (tests/conftest.py): its subject is what --verbose lets through, not a start."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_jobs_support import REPO, TEST_ENV, write_job
 
 from vlbatch.pipeline.config import load_config
@@ -32,14 +34,18 @@ NOISE = [
 VERDICT = r"(; [^;]+: grow the (CPU|write|model) pool \([^)]*\))?"
 
 
-def _run(cfg, home, *extra: str) -> subprocess.CompletedProcess:
+def _run(cfg, home, *extra: str, join: bool = False) -> subprocess.CompletedProcess:
+    """`vlbatch run` starting a new local Ray with Ray's default token auth, or (`join`) joining the
+    session's (tests/conftest.py: RAY_ADDRESS, token auth off as that cluster's)."""
     env = dict(os.environ, **TEST_ENV, HOME=str(home))
-    for k in ("RAY_AUTH_MODE", "RAY_ADDRESS"):
-        env.pop(k, None)
+    if not join:
+        for k in ("RAY_AUTH_MODE", "RAY_ADDRESS"):
+            env.pop(k, None)
     return subprocess.run([sys.executable, "-m", "vlbatch.jobs.cli", "run", str(cfg), "--no-lock", *extra],
                           capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
 
 
+@pytest.mark.ray
 def test_run_names_its_cluster_reports_its_output_and_hides_ray_noise(tmp_path, tiny_ckpt):
     cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=2, write_batch=2)
     config = load_config(cfg)
@@ -65,7 +71,7 @@ def test_run_names_its_cluster_reports_its_output_and_hides_ray_noise(tmp_path, 
 
     for part in Path(run_dir).glob("part-*.parquet"):  # work again (nothing left would start no Ray)
         part.unlink()
-    again = _run(cfg, home, "--verbose")  # a rerun; Ray's own lines allowed
+    again = _run(cfg, home, "--verbose", join=True)  # a rerun (on the session's Ray); Ray's own lines allowed
     assert again.returncode == 0, again.stderr[-4000:]
     assert re.fullmatch(rf"\[vlbatch\] done: 2 ok, 0 error, 0 skipped \(already committed\) -> "
                         rf"{re.escape(run_dir)} in \d+\.\ds{VERDICT}", again.stdout.splitlines()[-1])

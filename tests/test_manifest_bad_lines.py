@@ -9,16 +9,6 @@ import pytest
 GOOD = json.dumps({"media_uri": "a.png", "questions": ["What?"]})
 
 
-@pytest.fixture(scope="module")
-def one_cpu_ray():
-    import ray
-
-    ray.shutdown()
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _cfg(uri, kind, tmp_path):
     from vlbatch.pipeline.config import validate_config
 
@@ -33,7 +23,8 @@ def _read(cfg):
     return open_source(cfg).read(num_cpus=0.25).take_all()
 
 
-def test_bad_jsonl_lines_are_error_rows_and_the_rest_is_read(one_cpu_ray, tmp_path):
+@pytest.mark.ray  # Ray Data reads the manifest (the session's Ray)
+def test_bad_jsonl_lines_are_error_rows_and_the_rest_is_read(tmp_path):
     path = tmp_path / "m.jsonl"
     lines = [GOOD.encode(),  # 1
              b'["a.png", "What?"]',  # 2: a JSON array
@@ -55,7 +46,8 @@ def test_bad_jsonl_lines_are_error_rows_and_the_rest_is_read(one_cpu_ray, tmp_pa
     assert good[str(tmp_path / "d.png")]["questions"] == ["ok?", "", "  ", ""]  # blanks kept for expansion
 
 
-def test_a_lone_surrogate_in_a_csv_questions_cell_is_an_error_row(one_cpu_ray, tmp_path):
+@pytest.mark.ray  # Ray Data reads the manifest (the session's Ray)
+def test_a_lone_surrogate_in_a_csv_questions_cell_is_an_error_row(tmp_path):
     path = tmp_path / "m.csv"
     path.write_bytes(b'media_uri,questions\na.png,"[""What?""]"\nb.png,"[""\\ud800""]"\nc\xff.png,\nd.png,\n')
     rows = _read(_cfg(path, "csv", tmp_path))

@@ -21,15 +21,19 @@ ROWS = [{"media_uri": "imgs/a.png", "questions": ["q1", "q2"]},  # relative: the
         {"media_uri": "../../../etc/passwd.png", "questions": None}]  # out of the bucket: an error row
 
 
-@pytest.fixture(scope="module")
-def ray_s3(s3_server):
-    """A one-CPU local Ray whose workers see the moto server's fake credentials (set by `s3_server`)."""
+def _read_all(s3, *cfgs) -> list[list[dict]]:
+    """Each config's manifest read by Ray Data (the session's Ray) -> its rows. The reads run in a task whose
+    environment holds the moto server's fake credentials (`S3Server.env`), as on a cluster whose nodes have
+    credentials; the tasks Ray Data starts inherit it (the session's workers started before `s3_server`)."""
     import ray
 
-    ray.shutdown()
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield s3_server
-    ray.shutdown()
+    @ray.remote(num_cpus=0, runtime_env={"env_vars": s3.env})
+    def read(cfgs) -> list[list[dict]]:
+        from vlbatch.pipeline.sources import open_source
+
+        return [open_source(cfg).read(num_cpus=0.25).take_all() for cfg in cfgs]
+
+    return ray.get(read.remote(cfgs))
 
 
 def _manifest_bytes(kind: str) -> bytes:
@@ -63,18 +67,18 @@ def _check(rows: list[dict], root: str) -> None:
     assert bad["error"] and "climbs above" in bad["error"]  # kept as written, its row an InputError
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
-def test_manifest_on_s3(ray_s3, tmp_path, kind):
-    from vlbatch.pipeline.sources import open_source
-
+def test_manifest_on_s3(s3_server, tmp_path, kind):
     bucket = f"manifests-{kind}"
-    client = ray_s3.client()
+    client = s3_server.client()
     client.create_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key=f"ds/m.{kind}", Body=_manifest_bytes(kind))
-    cfg = _cfg(f"s3://{bucket}/ds/m.{kind}", kind, tmp_path, ray_s3.endpoint_url)
-    _check(open_source(cfg).read(num_cpus=0.25).take_all(), f"s3://{bucket}")
-    folder = _cfg(f"s3://{bucket}/ds/", kind, tmp_path, ray_s3.endpoint_url)  # a folder of manifest files
-    assert len(open_source(folder).read(num_cpus=0.25).take_all()) == len(ROWS)
+    cfg = _cfg(f"s3://{bucket}/ds/m.{kind}", kind, tmp_path, s3_server.endpoint_url)
+    folder = _cfg(f"s3://{bucket}/ds/", kind, tmp_path, s3_server.endpoint_url)  # a folder of manifest files
+    rows, folder_rows = _read_all(s3_server, cfg, folder)
+    _check(rows, f"s3://{bucket}")
+    assert len(folder_rows) == len(ROWS)
 
 
 class _Files(SimpleHTTPRequestHandler):
@@ -107,8 +111,9 @@ def http_files(tmp_path_factory):
     httpd.shutdown()
 
 
+@pytest.mark.ray  # Ray Data reads the manifest (the session's Ray)
 @pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
-def test_manifest_over_http(ray_s3, http_files, tmp_path, kind):
+def test_manifest_over_http(http_files, tmp_path, kind):
     from vlbatch.pipeline.sources import open_source
 
     cfg = _cfg(f"{http_files}/ds/m.{kind}", kind, tmp_path)

@@ -1,7 +1,8 @@
 """Issue 53: a run seen from outside (Ray's Prometheus endpoint) and how busy its model was, and why.
 
-One real `vlbatch run` on the tiny model, joined to a real local Ray head the test starts (`RayHead`: the
-dashboard and its metrics agent, `--metrics-export-port`), serves every check of the held case: its last
+One real `vlbatch run` on the tiny model, joined to the session's Ray (tests/conftest.py `ray_cluster`: its
+node's metrics agent and endpoint; the endpoint holds every run of the session, so the test reads only its
+run's series, a `job` tag of its own: `unique_job`), serves every check of the held case: its last
 image is held by a loopback HTTP server (`HoldingServer`) so the CPU stage holds and the model waits, on
 an event the test controls. While held, the test reads the run's progress lines until they say the model
 waited (no timing: the line is the gate) and scrapes the node's endpoint; then it lets the image go and
@@ -18,19 +19,26 @@ import subprocess
 import sys
 import threading
 import urllib.request
+import uuid
 
 import pytest
 from held_http import held_manifest
-from test_jobs_support import REPO, TEST_ENV, RayHead, write_job
+from test_jobs_support import REPO, TEST_ENV, write_job
 
 from vlbatch.pipeline.telemetry.metrics import SERIES
 
+pytestmark = pytest.mark.ray  # `vlbatch run` on the session's Ray (tests/conftest.py)
 JOB = "metricsjob"
 BUSY_LINE = re.compile(r"model busy (\d+)%: waiting on the CPU stage")
 
 
-def _config(tmp_path, model_dir, manifest) -> str:
-    cfg = tmp_path / f"{JOB}.yaml"
+def unique_job(what: str) -> str:
+    """A job name (the `job` tag of a run's series) no other run of the session has."""
+    return f"{JOB}-{what}-{uuid.uuid4().hex[:8]}"
+
+
+def _config(tmp_path, model_dir, manifest, job: str) -> str:
+    cfg = tmp_path / f"{job}.yaml"
     cfg.write_text(f"""model: {{path: {model_dir}, dtype: float32, device: cpu}}
 input: {{uri: {manifest}, format: jsonl}}
 sampling: {{max_tokens: 4}}
@@ -46,8 +54,8 @@ ray: {{progress_interval_s: 1}}
     return str(cfg)
 
 
-def scrape(port: int) -> dict:
-    """{(series name, sorted labels): value} of vlbatch's series on the node's endpoint, this job's only."""
+def scrape(port: int, job: str) -> dict:
+    """{(series name, sorted labels): value} of vlbatch's series on the node's endpoint, `job`'s only."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -55,7 +63,7 @@ def scrape(port: int) -> dict:
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith("ray_vlbatch_") and s.labels.get("job") == JOB:
+            if s.name.startswith("ray_vlbatch_") and s.labels.get("job") == job:
                 keep = tuple(sorted((k, v) for k, v in s.labels.items() if k in ("run_id", "stage", "kind", "flag",
                                                                                    "error_type", "result", "le")))
                 out[(s.name, keep)] = out.get((s.name, keep), 0.0) + s.value  # summed over workers
@@ -96,38 +104,33 @@ class Lines:
                 self.cond.wait()
 
 
-def _scrape_until(port: int, ok) -> dict:
+def _scrape_until(port: int, job: str, ok) -> dict:
     """Scrape until `ok(series)` (the agent exports every few seconds): bounded by the test's timeout."""
     while True:
-        series = scrape(port)
+        series = scrape(port, job)
         if ok(series):
             return series
         threading.Event().wait(1.0)
 
 
 @pytest.mark.timeout(900)
-def test_metrics_on_the_node_endpoint_and_the_starved_model_names_the_cpu_pool(tmp_path, tiny_ckpt):
-    import ray
-
+def test_metrics_on_the_node_endpoint_and_the_starved_model_names_the_cpu_pool(tmp_path, tiny_ckpt, ray_cluster):
     manifest, server = held_manifest(tmp_path, 3)
     bad = tmp_path / "media" / "img01.png"
     bad.write_bytes(b"not a png at all")  # one error row: the errors counter by type
-    head = RayHead.start(num_cpus=2)
+    port, job = ray_cluster.metrics_port, unique_job("busy")
     proc = None
     try:
-        ray.init(address=head.gcs_address)
-        port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
-        ray.shutdown()
         env = dict(os.environ, **TEST_ENV, HOME=str(tmp_path / "home"))
-        env.pop("RAY_ADDRESS", None)
         proc = subprocess.Popen([sys.executable, "-m", "vlbatch.jobs.cli", "run", _config(tmp_path, tiny_ckpt(),
-                                 manifest), "--no-lock", "--address", head.gcs_address], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True)
+                                 manifest, job), "--no-lock", "--address", ray_cluster.address],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                                start_new_session=True)
         err = Lines(proc.stderr)
         # the gate: the model has waited on the held CPU stage for most of its window
         held = err.wait_for(lambda line: (m := BUSY_LINE.search(line)) is not None and int(m.group(1)) <= 15)
         assert held is not None, "".join(err.lines[-30:])
-        during = _scrape_until(port, lambda s: value(s, "ray_vlbatch_rows_total", stage="generated") >= 1
+        during = _scrape_until(port, job, lambda s: value(s, "ray_vlbatch_rows_total", stage="generated") >= 1
                                and any(n == "ray_vlbatch_model_busy_fraction" for n, _ in s))
         server.release.set()
         stdout, _ = proc.communicate(timeout=600)
@@ -135,7 +138,7 @@ def test_metrics_on_the_node_endpoint_and_the_starved_model_names_the_cpu_pool(t
         summary = json.loads(next((tmp_path / "out").glob("*/_summary.json")).read_text())
         run_id = summary["run_id"]
         committed = sum(summary["processed_by_status"].values())
-        after = _scrape_until(port, lambda s: value(s, "ray_vlbatch_rows_total", stage="committed") >= committed
+        after = _scrape_until(port, job, lambda s: value(s, "ray_vlbatch_rows_total", stage="committed") >= committed
                               and value(s, "ray_vlbatch_tokens_total", kind="generated")
                               >= summary["generated_tokens"]
                               and all(value(s, "ray_vlbatch_quality_flags_total", flag=f) >= n
@@ -144,7 +147,6 @@ def test_metrics_on_the_node_endpoint_and_the_starved_model_names_the_cpu_pool(t
         server.close()
         if proc is not None and proc.poll() is None:
             proc.kill()
-        head.stop()
 
     # the series exist with the job's tags; every series the dashboard may query was seen
     assert {n for n, _ in after} >= set(SERIES), sorted({n for n, _ in after})
@@ -186,10 +188,13 @@ def test_a_slow_model_names_the_model_pool(tmp_path, tiny_ckpt):
     from test_jobs_support import vlbatch
 
     cfg = write_job(tmp_path / "wd", tiny_ckpt(), n_images=8, max_tokens=6, extra="")
-    # one model call at a time (a call takes one block of 2 media): the other rows wait for the model
+    # one model call at a time (a call takes one block of 2 media): the other rows wait for the model. A new
+    # local Ray of the run's own (`local_ray`): the hook's variable reaches the model actor only through the
+    # environment of the raylet that starts it (the session's Ray, started by pytest, has not got it)
     run = vlbatch("run", str(cfg), "--no-lock", "--set", "ray.metrics=false", "--set",
                   "resources.model.max_concurrent_batches=1",
-                  env={"VLBATCH_TEST_STEP_DELAY_S": "0.3", "HOME": str(tmp_path / "home")}, timeout=600)
+                  env={"VLBATCH_TEST_STEP_DELAY_S": "0.3", "HOME": str(tmp_path / "home")}, timeout=600,
+                  local_ray=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     last = [line for line in run.stdout.splitlines() if line.startswith("[vlbatch] done:")][-1]
     assert "the CPU stage waited on the model" in last and "grow the model pool" in last, last

@@ -28,10 +28,17 @@ import pytest
 from test_jobs_support import REPO, TEST_ENV, RayHead, RayWorkerNode, read_output, start_workers, wait_nodes
 from test_pipeline_progress import _Gate, _pngs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]  # heads and worker nodes of their own (a node killed)
 
 MEDIA = 10
 GATED = 2  # the last media: answered only after the kill
+
+
+@pytest.fixture(autouse=True)
+def _state_api_on_the_own_head(monkeypatch):
+    """Ray's state API (`list_nodes(address=...)`) takes RAY_ADDRESS over its `address`: the session's (set for a
+    test marked `ray`, tests/conftest.py) has no dashboard. This module's tests use their own head's."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.fixture

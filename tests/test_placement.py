@@ -3,6 +3,8 @@ whether a pool can still start an actor somewhere, and the real Ray Data path wh
 bounded failure in one line, never a wait). The multi-node runs are tests/test_multinode_faults.py."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from vlbatch.operators.errors import ActorStartError, ConfigError
@@ -19,6 +21,21 @@ def _failed(node_id: str, error: BaseException | None = None) -> StartFailure:
     error = error or NotADirectoryError("[Errno 20] Not a directory: '/x/not-a-folder/cache'")
     return StartFailure("ModelStage", node_id, "10.0.0.9", f"{type(error).__name__}: {error}",
                         isinstance(error, ConfigError), error=error)
+
+
+@contextlib.contextmanager
+def init_deaths(n: int):
+    """Ray Data's `max_consecutive_actor_init_deaths` at `n` (as the run sets it) for the block, restored after:
+    the real runs below use the session's Ray and this process's DataContext, shared with later tests."""
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.max_consecutive_actor_init_deaths
+    ctx.max_consecutive_actor_init_deaths = n
+    try:
+        yield
+    finally:
+        ctx.max_consecutive_actor_init_deaths = saved
 
 
 def test_a_node_left_that_fits_lets_the_pool_go_on():
@@ -45,6 +62,7 @@ def test_the_jobs_own_error_stops_the_run_at_its_first_failure():
     assert info.value.__cause__ is broken
 
 
+@pytest.mark.ray
 def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(tmp_path):
     """Every actor of a pool fails to start on the only node: the run raises `ActorStartError`
     (after one death, the replacement would have nowhere to go) and `describe` makes it one line,
@@ -67,10 +85,7 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
         def __call__(self, batch):
             return batch
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        ctx = ray.data.DataContext.get_current()
-        ctx.max_consecutive_actor_init_deaths = INIT_DEATHS
+    with init_deaths(INIT_DEATHS):
         failures = start_failures()
         kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
         ds = ray.data.range(4).map_batches(reporting(ModelStage, failures),
@@ -78,8 +93,6 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
         with pytest.raises(ActorStartError) as info:
             ds.materialize()
         lines = failed_lines(failures)
-    finally:
-        ray.shutdown()
     assert len(lines) == 1 and lines[0].startswith("ModelStage on node ") and "not-a-folder" in lines[0], lines
     failure = describe(info.value, None, tmp_path / "err.log")
     assert failure.exit_code == 8
@@ -89,6 +102,7 @@ def test_no_node_for_a_failing_actor_pool_ends_a_real_ray_data_run_in_one_line(t
     assert "in __init__" in (tmp_path / "err.log").read_text()  # the actor's own traceback, in the file
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(300)  # a hang guard: before, Ray restarted the actor in place for ever ("0/1 model actors ready")
 def test_an_actor_killed_while_starting_ends_the_run_in_one_line(tmp_path):
     """Issue 60 item 16: the actor's process dies in its constructor (a real SIGKILL); Ray restarts it in place,
@@ -115,9 +129,7 @@ def test_an_actor_killed_while_starting_ends_the_run_in_one_line(tmp_path):
         def __call__(self, batch):
             return batch
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        ray.data.DataContext.get_current().max_consecutive_actor_init_deaths = INIT_DEATHS
+    with init_deaths(INIT_DEATHS):
         failures = start_failures()
         kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
         ds = ray.data.range(4).map_batches(reporting(ModelStage, failures),
@@ -125,8 +137,6 @@ def test_an_actor_killed_while_starting_ends_the_run_in_one_line(tmp_path):
         with pytest.raises(ActorStartError) as info:
             ds.materialize()
         lines = failed_lines(failures)
-    finally:
-        ray.shutdown()
     assert len(lines) == 1 and lines[0].startswith("ModelStage on node ") and "process died" in lines[0], lines
     failure = describe(info.value, None, tmp_path / "err.log")
     assert failure.exit_code == 8 and "\n" not in failure.line
@@ -182,6 +192,7 @@ def test_node_timeout_must_be_positive():
         validate_config({**base, "ray": {"node_loss_timeout_s": 0}})
 
 
+@pytest.mark.ray
 def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path):
     """The watch in a real Ray Data run: once the pool's nodes are gone past the grace, iterating the
     dataset raises `NodesLostError` and `describe` makes it one line, exit 8, naming the stage and the
@@ -208,18 +219,18 @@ def test_every_node_of_a_pool_lost_ends_a_real_ray_data_run_in_one_line(tmp_path
         listed.append(1)
         return [_ray_node("head", 0), _ray_node("worker-a", 1, alive=len(listed) == 1)]
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    placement = RunPlacement(start_failures())
+    kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
+    ds = map_stage(ray.data.range(4), ModelStage, placement, **kw)
+    placement.needs["ModelStage"] = {"num_cpus": 0.25, "num_gpus": 1}  # as a GPU pool asks (none here)
+    grace = RaySection(node_loss_timeout_s=0.5, progress_interval_s=0.1)
+    batches = iter(ds.iter_batches(batch_size=None))  # a generator: closed below
     try:
-        placement = RunPlacement(start_failures())
-        kw = {"num_cpus": 0.25, "compute": ray.data.ActorPoolStrategy(min_size=1, max_size=1)}
-        ds = map_stage(ray.data.range(4), ModelStage, placement, **kw)
-        placement.needs["ModelStage"] = {"num_cpus": 0.25, "num_gpus": 1}  # as a GPU pool asks (none here)
-        grace = RaySection(node_loss_timeout_s=0.5, progress_interval_s=0.1)
         with pytest.raises(NodesLostError) as info, watching_nodes(placement, grace, nodes=nodes):
-            for _ in ds.iter_batches(batch_size=None):
+            for _ in batches:
                 pass
     finally:
-        ray.shutdown()
+        batches.close()  # the session's Ray goes on: the stream ends here, its blocked actor with it
     failure = describe(info.value, None, tmp_path / "err.log")
     assert failure.exit_code == 8
     assert failure.line.startswith("vlbatch: the model stage lost its nodes: NodesLostError: ModelStage lost every "
