@@ -83,19 +83,33 @@ class SessionRay:
     metrics_port: int
 
 
-def _start_session_ray() -> SessionRay:
+def start_session_ray() -> SessionRay:
+    """A new local Ray for the session, as `vlbatch run`'s own (metrics exported every 2 s)."""
     import ray
+
+    from vlbatch.jobs.connect import LOCAL_SYSTEM_CONFIG
 
     ray.shutdown()
     port = free_port()
     os.environ["RAY_AUTH_MODE"] = "disabled"  # children join with no token (TEST_ENV says the same)
     ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _metrics_export_port=port,
+                   _system_config=LOCAL_SYSTEM_CONFIG,
                    runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
     return SessionRay(ctx.address_info["gcs_address"], port)
 
 
+def session_ray(holder: list[SessionRay]) -> SessionRay:
+    """The session's Ray with this process connected to it: as held, else started (again) and held. A module
+    fixture that runs Ray calls it itself (it runs before the test's `ray_cluster`)."""
+    import ray
+
+    if not (holder and ray.is_initialized() and ray.get_runtime_context().gcs_address == holder[0].address):
+        holder[:] = [start_session_ray()]
+    return holder[0]
+
+
 @pytest.fixture(scope="session")
-def _session_ray_holder():
+def session_ray_holder():
     holder: list[SessionRay] = []
     yield holder
     import ray
@@ -104,17 +118,13 @@ def _session_ray_holder():
 
 
 @pytest.fixture
-def ray_cluster(_session_ray_holder, monkeypatch) -> SessionRay:
+def ray_cluster(session_ray_holder, monkeypatch) -> SessionRay:
     """The session's Ray, connected in this process, RAY_ADDRESS naming it for children. Started again if a
     test left this process on another cluster (its own `ray.init`, a multi-node `Cluster`) or on none."""
-    import ray
-
-    held = _session_ray_holder
-    if not (held and ray.is_initialized() and ray.get_runtime_context().gcs_address == held[0].address):
-        held[:] = [_start_session_ray()]
-    monkeypatch.setenv("RAY_ADDRESS", held[0].address)
+    held = session_ray(session_ray_holder)
+    monkeypatch.setenv("RAY_ADDRESS", held.address)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    return held[0]
+    return held
 
 
 @pytest.fixture

@@ -53,12 +53,12 @@ AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, tiny_ckpt, _session_ray_holder):
+def env(tmp_path_factory, tiny_ckpt, session_ray_holder):
     """moto S3 server + the session's Ray + sample media + a tiny checkpoint."""
     import boto3
     import numpy as np
     import ray
-    from conftest import _start_session_ray
+    from conftest import start_session_ray
     from moto.server import ThreadedMotoServer
     from PIL import Image
 
@@ -89,14 +89,14 @@ def env(tmp_path_factory, tiny_ckpt, _session_ray_holder):
     # autouse `ray_cluster` of each test then finds this process on it and keeps it.
     for attempt in range(3):  # Ray gives a raylet 30 s to register; a loaded CI box can miss that
         try:
-            _session_ray_holder[:] = [_start_session_ray()]
+            session_ray_holder[:] = [start_session_ray()]
             break
         except Exception:
             ray.shutdown()
             if attempt == 2:
                 raise
     yield {"server": server, "endpoint": endpoint, "root": root, "good": good, "bad": bad,
-           "ckpt": str(tiny_ckpt("dense")), "gcs": _session_ray_holder[0].address}
+           "ckpt": str(tiny_ckpt("dense")), "gcs": session_ray_holder[0].address}
     # no fake credentials for the rest of the session: the environment as it was, and the next test marked
     # `ray` starts the session's Ray again without them
     for k, v in saved.items():

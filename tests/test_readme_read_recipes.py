@@ -65,15 +65,12 @@ pytestmark = pytest.mark.ray  # both tests read the run `run_dir` makes
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_ckpt, _session_ray_holder) -> Path:
-    import ray
-    from conftest import _start_session_ray
+def run_dir(tmp_path_factory, tiny_ckpt, session_ray_holder) -> Path:
+    from conftest import session_ray
 
     # the run joins the session's Ray (tests/conftest.py); a module fixture runs before the test's
-    # `ray_cluster`, so it connects (or starts) that Ray itself, as `ray_cluster` would
-    held = _session_ray_holder
-    if not (held and ray.is_initialized() and ray.get_runtime_context().gcs_address == held[0].address):
-        held[:] = [_start_session_ray()]
+    # `ray_cluster`, so it connects (or starts) that Ray itself
+    held = [session_ray(session_ray_holder)]
     tmp_path = tmp_path_factory.mktemp("recipes")
     cfg = _job(tmp_path, tiny_ckpt("dense"))
     r = vlbatch("run", str(cfg), "--no-lock", timeout=600,
