@@ -43,6 +43,7 @@ import importlib
 import logging
 import sys
 import time
+from dataclasses import replace
 
 from vlbatch.operators.errors import ConfigError
 from vlbatch.operators.storage import replace_file
@@ -283,6 +284,9 @@ def _record_stopped(plan, sink, progress, index, purged, pending_n, timeline, st
         summary = summarize(cfg, plan.run.run_id, plan.run.run_uri, progress, index, sink.index(), purged, None,
                             total, elapsed=time.monotonic() - t0, expand_s=expand_s, graph_at=graph_at,
                             timeline=timeline)
+        by_status = summary.processed_by_status
+        timeline.settle(sum(by_status.values()), by_status.get("error", 0))
+        summary = replace(summary, timeline=timeline.to_json())
         ended = "failed" if isinstance(stop, Exception) else "interrupted"
         sink.write_summary(with_attempts(summary, sink.read_summary(), ended=ended).to_json())
     except Exception as e:  # noqa: BLE001 - the stop is what the caller reports

@@ -36,3 +36,22 @@ def test_each_summary_appends_its_call_and_inspect_plots_them_all():
     assert [b[0] for b in data["run_timeline"]["buckets"]] == [2, 2, 1, 0, 4]
     assert [r[1] for r in rates(data)] == [2, 2, 1, 0, 4]  # rows/s of both calls, one after the other
     assert [a.ended for a in run_attempts(data)] == ["interrupted", "finished"]
+
+
+def test_a_stopped_calls_rows_published_by_its_tidy_up_are_in_its_timeline():
+    """A SIGINT: the writers' staged batches are published by the stop's tidy-up, no stats block of theirs
+    reached the driver; the stopped call's timeline counts them in the bucket of the stop (its summary's rows)."""
+    import pyarrow as pa
+
+    from vlbatch.pipeline.telemetry.timeline import TOKEN_FIELDS, Timeline
+
+    now = [0.0]
+    t = Timeline(clock=lambda: now[0])
+    t.update(pa.table({"status": ["ok", "error"], **{k: [1, 1] for k in TOKEN_FIELDS}}))
+    now[0] = 3.5
+    t.settle(rows=6, errors=2)  # 4 more published at the stop, 1 of them an error row
+    rows = [b[FIELDS.index("rows")] for b in t.to_json()["buckets"]]
+    errors = [b[FIELDS.index("errors")] for b in t.to_json()["buckets"]]
+    assert rows == [2, 0, 0, 4] and errors == [1, 0, 0, 1]
+    t.settle(rows=5, errors=0)  # never fewer than it saw
+    assert sum(b[0] for b in t.to_json()["buckets"]) == 6

@@ -57,6 +57,16 @@ class Timeline:
             for i, v in enumerate([stats.num_rows, errors, *sums]):
                 bucket[i] += int(v)
 
+    def settle(self, rows: int, errors: int) -> None:
+        """A stopped call's committed `rows` (`errors` of them error rows): those no stats block brought (the
+        writers' batches published by the stop's tidy-up) go to the bucket of now, when they were published."""
+        with self._lock:
+            seen, seen_errors = (sum(b[i] for b in self.buckets) for i in (0, 1))
+            if rows > seen:
+                bucket = self._bucket()
+                bucket[0] += rows - seen
+                bucket[1] += max(0, errors - seen_errors)
+
     def observe_model(self, busy_s: float, wait_s: float) -> None:
         """The model actors' cumulative stepping and waiting seconds now: their growth goes to this bucket."""
         ms = (int(busy_s * 1000), int(wait_s * 1000))
