@@ -4,6 +4,7 @@ whole script runs here at the tiny shape on the CPU (its figures are not asserte
 what it counts)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -38,6 +39,7 @@ def test_config_without_transformers_reads_the_same(tmp_path):
     assert raw == saved and raw.text.hidden_size == 4096
 
 
+@pytest.mark.slow
 def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
     ckpt = tmp_path / "ckpt"
     res = bench.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--requests", "3",
@@ -52,6 +54,7 @@ def test_runs_end_to_end_at_the_tiny_shape_on_cpu(tmp_path):
     assert res["bytes_moved"] > res["decode_steps"] * want and res["bandwidth"] > 0
 
 
+@pytest.mark.slow
 def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_path):
     """On the CPU only the torch kernels exist: torch against torch must agree everywhere, and
     the model keeps the kernels it had."""
@@ -68,6 +71,7 @@ def test_kernel_check_reuses_the_loaded_model_and_counts_identical_tokens(tmp_pa
     assert all(m.kernels == TorchDeltaRule() for m in engine.model.modules() if hasattr(m, "kernels"))
 
 
+@pytest.mark.slow
 def test_backend_check_counts_tokens_across_static_decode(tmp_path):
     """On the CPU: sdpa with static decode off and on; both must give every token of the first."""
     from vlbatch.operators.factory import load_engine

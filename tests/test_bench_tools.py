@@ -11,6 +11,7 @@ from benchmarks import profile_decode
 from benchmarks.startup_cpu import StartupCpu
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_profile_decode_splits_a_decode_step(capsys):
     profile_decode.main(["--seqs", "3", "--prompt", "12", "--steps", "2", "--top", "200"])
@@ -21,6 +22,7 @@ def test_profile_decode_splits_a_decode_step(capsys):
     assert "host outside the forward: " in out and " us per sequence" in out
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_profile_decode_static_times_the_host_around_the_forward(capsys):
     profile_decode.main(["--seqs", "3", "--prompt", "12", "--steps", "2", "--top", "5", "--static"])
@@ -29,6 +31,7 @@ def test_profile_decode_static_times_the_host_around_the_forward(capsys):
     assert "(static decode)" in line and host_ms > 0
 
 
+@pytest.mark.slow
 def test_startup_cpu_counts_this_process_from_its_start():
     # The test takes the window's closing sample itself (the thread's next one is an hour away), so what is
     # counted does not depend on when a loaded machine lets the sampling thread run.

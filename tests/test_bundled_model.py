@@ -58,6 +58,7 @@ def test_bundled_model_loads_in_fp32(reference):
     assert type(model).__name__ == "Qwen3_5ForConditionalGeneration"
 
 
+@pytest.mark.slow
 def test_our_loader_gives_the_reference_logits(reference):
     """vlbatch.operators.model.load_model reads the bundled checkpoint; logits match transformers on images and videos.
 
@@ -87,6 +88,7 @@ def test_our_loader_gives_the_reference_logits(reference):
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.slow
 def test_bundled_answers_are_well_formed_and_stop(heldout):
     """Every answer is a sentence of its task's answer language and ends with <|im_end|> (no thinking)."""
     items, generated = heldout
@@ -96,6 +98,7 @@ def test_bundled_answers_are_well_formed_and_stop(heldout):
     assert not any("<think>" in g.text or "</think>" in g.text for g in generated)
 
 
+@pytest.mark.slow
 def test_engine_gives_the_reference_greedy_answers(heldout):
     """Our engine (batched, caches on) answers every held-out item with transformers' greedy tokens."""
     from vlbatch.operators.engine import Request, SamplingParams

@@ -9,6 +9,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from vlbatch.jobs.cli import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,6 +57,7 @@ def product_strings() -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_every_readme_section_named_by_a_help_or_message_exists():
     headings = readme_headings()
     assert {"troubleshooting", "resume and exactly-once"} <= headings, headings

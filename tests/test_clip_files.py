@@ -106,6 +106,7 @@ def test_scene_clip_files_are_frame_exact(video, tmp_path, worker):
     _check_frame_exact(rows, fsspec.filesystem("file"))
 
 
+@pytest.mark.slow
 def test_clip_files_on_s3(video, s3_server, worker):
     from vlbatch.operators.storage import filesystem
 

@@ -103,6 +103,7 @@ def test_scene_shots_merged_and_split():
 # ---------------------------------------------------------------- decode: real encoded video
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [128, 512], ids=["as-is", "area-averaged"])  # 512: `small_bgr` scales it to DETECT_WIDTH
 def test_scene_cuts_detected_within_one_frame(tmp_path, width):
     data = _video(tmp_path, 90, width=width, height=width * 3 // 4)

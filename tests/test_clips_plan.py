@@ -127,6 +127,7 @@ def _cuts(data: bytes, full_size: bool) -> list[int]:
     return cuts + ours.finish(i)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("period", "speed"), [(10, 3), (10, 1), (16, 5)])
 def test_cuts_match_full_size_detection_when_the_last_scene_is_scrolling_stripes(tmp_path, period, speed):
     """Issue 60 item 4: 640x360, 20 s; every-5th-sample frames made the stripes alias into false cuts (and the

@@ -85,6 +85,7 @@ def _same(got, want) -> None:
     ClipRule(mode="fixed", window_s=2.0, stride_s=1.5, min_clip_s=0.5),  # overlapping windows
     ClipRule(mode="scenes", window_s=3.0, min_clip_s=0.5),
 ], ids=["fixed", "scenes"])
+@pytest.mark.slow
 def test_clips_through_the_child_equal_in_process_clips(video, rule):
     """Frame for frame what `decode_clips` gives in-process, clip by clip, through one child and one ring
     sized to a clip's frames (main: DecodeWorker has no clip path; clips decode in the actor's process)."""
@@ -113,6 +114,7 @@ LIMIT_S = {HANG: 8, CRASH: 120}
     (HANG, MediaTimeoutError, "limit"),
     (CRASH, MediaError, "died"),
 ], ids=["hang", "crash"])
+@pytest.mark.slow
 def test_a_child_stopping_between_clips_keeps_the_clips_sent(video, backend, error, match):
     """A hang (killed at the time limit between clips) or a crash after two clips: those two are the
     caller's, exact; the call then raises the typed error; the next video gets a fresh child."""
@@ -144,6 +146,7 @@ class _FirstWith(DecodeWorker):
 
 @pytest.mark.parametrize(("backend", "error_type"), [(HANG, "MediaTimeoutError"), (CRASH, "MediaError")],
                          ids=["hang", "crash"])
+@pytest.mark.slow
 def test_decode_stage_clip_rows_after_a_hang_or_crash_and_the_next_video(video, backend, error_type):
     """The CPU stage: the clips sent before the child stopped are ok rows; the video's remaining clips are
     one error row under the video's own ids (resume retries it; the committed clips are dropped then);
@@ -172,6 +175,7 @@ def test_decode_stage_clip_rows_after_a_hang_or_crash_and_the_next_video(video, 
     assert stage.worker.starts == 2
 
 
+@pytest.mark.slow
 def test_a_child_repeating_a_clip_index_is_refused(tmp_path):
     """Clip ids are built from the index: a compromised child that repeats one (or skips one) would make
     two rows share an id; the parent refuses it (MediaError) and replaces the child."""
@@ -193,6 +197,7 @@ def _target(tmp_path):
     return ClipTarget(folder=str(tmp_path / "run" / "clips"), settings=ClipFileSettings(), storage=StorageOptions())
 
 
+@pytest.mark.slow
 def test_clip_files_encoded_in_the_child_are_frame_exact(video, tmp_path):
     """The child encodes each clip into the worker's local folder and names it in the clip's header; the
     caller's `on_file` stores it (clip_files.store_clip): every file decodes to exactly its clip's frames,
@@ -225,6 +230,7 @@ def test_clip_files_encoded_in_the_child_are_frame_exact(video, tmp_path):
     _check_frame_exact(rows, fsspec.filesystem("file"))
 
 
+@pytest.mark.slow
 def test_a_hang_with_clip_files_keeps_the_files_sent_and_no_temp_file(video, tmp_path):
     """The CPU stage with clip files, a child hanging after clip 1 (killed at the time limit): clips 0 and 1
     are ok rows with their files stored; the rest of the video is one error row and has no file; the killed

@@ -98,6 +98,7 @@ def test_caption_format_without_a_caption_is_an_ignored_field():
     assert "task.response_format: not used by task.mode=questions without a caption" in msg, msg
 
 
+@pytest.mark.slow
 def test_formats_the_grammar_engine_refuses_are_named_by_validate(tmp_path, tiny_ckpt):
     """Valid for Python's `re` / the meta-schema, refused by xgrammar: a backreference, a dangling $ref.
     `vlbatch validate` (the real CLI) says so in one line naming the field; a plain config imports no xgrammar."""
@@ -120,6 +121,7 @@ def test_formats_the_grammar_engine_refuses_are_named_by_validate(tmp_path, tiny
     assert len(lines) == 1 and "task.questions.0.response_format" in lines[0] and "Backreference" in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_validate_refuses_a_format_over_the_grammar_budget_naming_the_question(tmp_path, tiny_ckpt):
     """A schema of a 60,000-value enum (valid, about ten seconds to compile even at the tiny checkpoint's
     vocabulary; minutes at a real one's): `vlbatch validate` compiles each distinct format once against the

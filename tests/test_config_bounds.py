@@ -43,6 +43,7 @@ def test_a_recursive_alias_is_refused(tmp_path):
     assert _refused(tmp_path, text).endswith(": holds a recursive YAML alias (a node inside itself)")
 
 
+@pytest.mark.slow
 def test_deep_nesting_is_refused_in_one_line(tmp_path):
     assert _refused(tmp_path, JOB + "x: " + "[" * 100_000 + "]" * 100_000 + "\n").endswith(
         ": nested too deeply (at most 64 levels)")

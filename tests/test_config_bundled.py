@@ -37,6 +37,7 @@ def test_an_unknown_bundled_name_is_refused_naming_the_field(tmp_path, name):
     assert str(e.value).startswith("model.path: no bundled model") and "shapes-tiny" in str(e.value)
 
 
+@pytest.mark.slow
 def test_validate_accepts_it_from_another_directory(tmp_path):
     cfg = _job(tmp_path, "bundled:shapes-tiny")
     (cfg.parent / "media").mkdir()

@@ -55,6 +55,7 @@ def test_bad_override_names_the_override_in_one_line(tmp_path, override, want):
     assert msg.startswith(want), msg
 
 
+@pytest.mark.slow
 def test_validate_prints_one_line_naming_the_file_and_the_override(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  path: [a\ninput: {uri: x}\n")

@@ -93,6 +93,7 @@ def test_exported_schema_is_current():
     assert "max_error_fraction" in on_disk["properties"]
 
 
+@pytest.mark.slow
 def test_demo_inputs_match_the_demo_config(tmp_path):
     """prepare_demo writes what configs/demo.yaml (with demo_overrides) points at."""
     import json as _json

@@ -51,6 +51,7 @@ def _prepared(cfg, paths: list[str]) -> list[Prepared]:
     return from_table(to_table([prep.prepare_one(decode.decode_one(r)) for r in rows], Prepared), Prepared)
 
 
+@pytest.mark.slow
 def test_deferred_frames_and_prompts_equal_the_cpu_stage(tmp_path, videos):
     from vlbatch.pipeline.backends.backends import pixel_specs, shared_pixels
     from vlbatch.pipeline.demo import BUNDLED_MODEL

@@ -62,6 +62,7 @@ def alone(dense, dense_requests, engine_kw):
     return out
 
 
+@pytest.mark.slow
 def test_alone_equals_transformers_generate(dense, dense_requests, alone):
     contents = _contents()
     for i in (0, 12, 18, 19, 20):  # image, video, video + image, two images, text
@@ -77,6 +78,7 @@ def test_alone_equals_transformers_generate(dense, dense_requests, alone):
     ("chunked_prefill", {"chunk_size": 7, "max_num_batched_tokens": 64}),
     ("preemption", {"kv_budget_bytes": 400 << 10, "max_num_seqs": 32}),
 ])
+@pytest.mark.slow
 def test_batch_of_32_equals_alone(dense, dense_requests, alone, engine_kw, name, kw):
     got, stats = _run(dense, dense_requests, engine_kw, **kw)
     assert got == alone
@@ -98,6 +100,7 @@ def test_each_cache_alone_keeps_outputs(dense, dense_requests, alone, engine_kw,
         assert stats["vision_encodes"] == 16 and stats["vision_cache_hits"] == 0
 
 
+@pytest.mark.slow
 def test_moe_batch_equals_alone_and_transformers(tiny_ckpt, engine_kw):
     moe = tiny_ckpt("moe")
     contents = _contents()

@@ -71,6 +71,7 @@ def _check_valid(res, fmt):
         assert value == res.text and re.fullmatch(fmt.spec, value)
 
 
+@pytest.mark.slow
 def test_every_constrained_answer_is_valid_and_unconstrained_rows_are_untouched(ckpt, plain):
     fmts = [JSON_FMT, CHOICE_FMT, REGEX_FMT] * 4
     constrained = _constrained(plain, fmts)
@@ -84,6 +85,7 @@ def test_every_constrained_answer_is_valid_and_unconstrained_rows_are_untouched(
     assert stats["grammar_compilations"] == 3  # one per distinct format, 12 requests
 
 
+@pytest.mark.slow
 def test_prefix_cache_on_equals_off_for_constrained(ckpt, plain):
     reqs = _constrained(plain[:6], [JSON_FMT, CHOICE_FMT, REGEX_FMT] * 2)
     on, _ = _run(ckpt, reqs)
@@ -94,6 +96,7 @@ def test_prefix_cache_on_equals_off_for_constrained(ckpt, plain):
         _check_valid(on[r.id], r.response_format)
 
 
+@pytest.mark.slow
 def test_a_value_cut_by_max_tokens_is_truncated_with_no_parsed_value(ckpt, plain):
     reqs = _constrained(plain[:2], [JSON_FMT, REGEX_FMT], max_new_tokens=2)
     out, _ = _run(ckpt, reqs)
@@ -102,6 +105,7 @@ def test_a_value_cut_by_max_tokens_is_truncated_with_no_parsed_value(ckpt, plain
         assert res.finish_reason == "length" and res.truncated and res.parsed is None, res
 
 
+@pytest.mark.slow
 def test_a_format_the_grammar_engine_refuses_is_an_error_result(ckpt, plain):
     bad = replace(plain[0], id="bad", response_format=ResponseFormat("regex", "[12"))
     out, _ = _run(ckpt, [bad, plain[1]])
@@ -109,6 +113,7 @@ def test_a_format_the_grammar_engine_refuses_is_an_error_result(ckpt, plain):
     assert "regex" in out["bad"].error and out[plain[1].id].finish_reason in ("stop", "length")
 
 
+@pytest.mark.slow
 def test_thinking_grammar_starts_after_the_thinking_block(ckpt):
     """Unit level: a thinking request's matcher is inactive (its row unmasked) until `</think>` is
     generated, then constrains; the tiny model rarely writes `</think>` itself."""
@@ -136,6 +141,7 @@ def test_thinking_grammar_starts_after_the_thinking_block(ckpt):
     assert state.terminated and book.compilations == 1
 
 
+@pytest.mark.slow
 def test_no_stop_token_ends_a_whole_value(ckpt, plain):
     """With no stop token (stop_token_ids=()) nothing could end the value: the request finishes at a whole value."""
     reqs = [replace(r, sampling=replace(r.sampling, stop_token_ids=())) for r in _constrained(plain[:2],
@@ -159,6 +165,7 @@ def _tp_rank(rank: int, world: int, cases: list) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_tp2_replica_decodes_the_same_constrained_tokens(ckpt, plain):
     """Rank 0 samples (and holds the matchers); a 2-rank replica gives one rank's tokens and values."""
     from parallel_support import run_ranks
@@ -171,6 +178,7 @@ def test_tp2_replica_decodes_the_same_constrained_tokens(ckpt, plain):
         _check_valid(want[r.id], r.response_format)
 
 
+@pytest.mark.slow
 def test_an_unconstrained_run_never_imports_the_grammar_engine(ckpt, plain):
     """No constrained row: no grammar work and no xgrammar import (the GPU device env has none), in a
     fresh interpreter where nothing imported it before."""

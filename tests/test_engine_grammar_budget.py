@@ -56,6 +56,7 @@ def _counted(engine) -> list[str]:
     return calls
 
 
+@pytest.mark.slow
 def test_a_format_past_the_budget_is_an_error_for_its_question_only(ckpt):
     engine = load_engine(ckpt, kv_budget_bytes=16 << 20, grammar_compile_s=1.0, grammar_max_bytes=1 << 20)
     calls = _counted(engine)
@@ -80,6 +81,7 @@ def test_a_format_past_the_budget_is_an_error_for_its_question_only(ckpt):
     engine.grammars.close()
 
 
+@pytest.mark.slow
 def test_the_loop_decodes_other_requests_while_a_format_compiles(ckpt):
     engine = load_engine(ckpt, kv_budget_bytes=16 << 20)
     started, release = threading.Event(), threading.Event()

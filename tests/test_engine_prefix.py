@@ -111,6 +111,7 @@ def test_copy_on_write_isolation(ckpt, engine_kw, cache_engine):
     assert_static_used(engine.stats(), engine_kw)
 
 
+@pytest.mark.slow
 def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw, cache_engine):
     reqs = [request(ckpt, f"e{g}{i}", [("image", image(20 + g, 40, 40)), q], system=SYSTEM, max_new_tokens=4)
             for g in range(4) for i, q in enumerate(QUESTIONS[:2])]
@@ -125,6 +126,7 @@ def test_eviction_under_tight_budget_keeps_outputs(ckpt, engine_kw, cache_engine
     assert stats["prefix_hit_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_a_full_cache_evicts_what_no_queued_request_will_reuse(ckpt, engine_kw, cache_engine):
     """One sequence at a time, in this order: A, A, B, B, C, A; the cache holds the chat header
     and two image prefixes. When C's prefix comes in, B's was used last, but nobody waits for

@@ -202,6 +202,7 @@ def test_buckets_hold_each_media_whole_and_at_most_one_bucket_is_grouped(run_dir
     assert sorted(many.to_pylist(), key=key) == sorted(one.to_pylist(), key=key)
 
 
+@pytest.mark.slow
 def test_export_to_s3_appears_whole(s3_server, tmp_path, capsys):
     bucket = f"export-{uuid.uuid4().hex[:8]}"
     s3_server.client().create_bucket(Bucket=bucket)

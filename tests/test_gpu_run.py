@@ -39,6 +39,7 @@ def _run(python: Path, *args: str, env: dict | None = None, timeout: int = 60) -
                           env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_the_env_holds_the_device_packages_and_nothing_of_ours(device_python):
     python, _ = device_python
     ok = _run(python, "-c", "import torch, transformers, triton, numba, numpy, PIL, safetensors, tokenizers, "
@@ -49,6 +50,7 @@ def test_the_env_holds_the_device_packages_and_nothing_of_ours(device_python):
         assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr, absent
 
 
+@pytest.mark.slow
 def test_check_names_what_is_missing(device_python, tmp_path):
     """Without the carried wheel the engine cannot import (blake3): the one-line check says so and fails."""
     python, _ = device_python

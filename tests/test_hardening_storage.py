@@ -221,6 +221,7 @@ def test_existing_bucket_passes_the_check(s3, tmp_path):
     check_output(validate_config(job(tmp_path, "s3://hardening-out/new/prefix", s3.endpoint_url)))
 
 
+@pytest.mark.slow
 def test_cli_missing_bucket_exits_2_with_one_line(s3, tmp_path, tiny_ckpt):
     import yaml
 

@@ -38,6 +38,7 @@ def default_width() -> int:
                               "import json; print(json.dumps(w()))"))
 
 
+@pytest.mark.slow
 def test_probe_times_every_kernel_at_the_width_it_is_given(auto, default_width, tmp_path):
     if not AVX512:  # one width only: nothing to choose, and the choice says so
         assert host_simd.choose_simd(tmp_path / "simd.json").source == "one width"
@@ -48,6 +49,7 @@ def test_probe_times_every_kernel_at_the_width_it_is_given(auto, default_width, 
     assert len(run["ms"]) == 10 and all(ms > 0 for ms in run["ms"].values())
 
 
+@pytest.mark.slow
 def test_probe_widths_keeps_the_default_unless_the_other_is_clearly_faster(auto, default_width):
     choice = host_simd.probe_widths(rounds=1)
     assert choice.default == default_width and set(choice.probe_ms) == {256, 512}
@@ -75,6 +77,7 @@ def test_the_choice_is_probed_once_per_machine_and_cached(auto, monkeypatch, tmp
     assert json.loads(path.read_text())[host_simd.machine_key()]["width"] == 256
 
 
+@pytest.mark.slow
 def test_a_fresh_process_compiles_at_the_cached_width(default_width, tmp_path):
     if not AVX512:  # one width only: the cached file is never read, numba's own width stays
         assert _python(f"from vlbatch.operators.host_simd import use_fastest_simd as u; "
@@ -106,6 +109,7 @@ def test_modes_and_a_users_own_features(monkeypatch, tmp_path):
     assert not (tmp_path / "s.json").exists()
 
 
+@pytest.mark.slow
 def test_the_model_actor_builds_its_kernels_at_the_chosen_width(default_width, tiny_ckpt, tmp_path):
     """The pipeline's model actor on the CPU: its module imported first (as Ray unpickles the actor
     class), then the actor built; its process compiles at the width VLBATCH_SIMD fixes."""

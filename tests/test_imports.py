@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"operators": "vlbatch.operators", "pipeline": "vlbatch.pipeline", "jobs": "vlbatch.jobs"}
 
@@ -57,6 +59,7 @@ def test_no_cycles_between_module_pairs():
         assert a_imports_b or b_imports_a, (a, b)  # the dependency still exists, in one direction
 
 
+@pytest.mark.slow
 def test_no_private_ray_api():
     offenders = {}
     for folder in PACKAGES:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_jobs_support import REPO
 
 SETUP = REPO / "infra" / "airflow" / "setup-venv.sh"
@@ -25,6 +26,7 @@ def _run(venv: Path, code: str) -> str:
     return r.stdout.strip()
 
 
+@pytest.mark.slow
 def test_airflow_venv_imports_this_interpreters_vlbatch_and_ray(tmp_path):
     venv = tmp_path / "af"
     _setup(sys.executable, venv)
@@ -33,6 +35,7 @@ def test_airflow_venv_imports_this_interpreters_vlbatch_and_ray(tmp_path):
     assert Path(out) == REPO / "jobs" / "spec.py"
 
 
+@pytest.mark.slow
 def test_a_venv_callers_own_site_packages_and_pth_files_reach_the_airflow_venv(tmp_path):
     """$PY is a fresh venv (no system site packages) holding a package and an editable-style
     .pth (a path line) in its own site-packages: both must be importable from the Airflow venv."""

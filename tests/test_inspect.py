@@ -81,6 +81,7 @@ def test_terminal_report_counts_errors_tokens_throughput_and_rows(run):
         assert (r["answer"] or r["error_message"]) in out
 
 
+@pytest.mark.slow
 def test_sample_where_seed_and_bad_arguments(run):
     run_dir, _, _ = run
     first = _cli(str(run_dir), "--where", "status=error", "--sample", "3", "--seed", "1")
@@ -119,6 +120,7 @@ def _jpeg(src: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("RGB"))
 
 
+@pytest.mark.slow
 def test_html_page_in_headless_chromium(run, tmp_path):
     run_dir, table, web = run
     page = tmp_path / "report.html"
@@ -258,6 +260,7 @@ def test_summary_without_attempts_or_with_bad_ones_is_still_reported(run, tmp_pa
     assert re.search(r"^\s+9  not recorded\s+0", buf.getvalue(), re.M), buf.getvalue()  # no time zone: not UTC
 
 
+@pytest.mark.slow
 def test_inspect_names_the_runs_log_folder_on_this_machine(run, tmp_path):
     """Issue 50: a run's logs live in its own folder of the user's state directory, named by run id
     (jobs/run_logs.py); `inspect` says where when that folder is on this machine, and not otherwise."""

@@ -43,6 +43,7 @@ def _src(card: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(src))).convert("RGB"))
 
 
+@pytest.mark.slow
 def test_inspect_a_run_on_s3_with_thumbnails_from_s3(s3_run, tmp_path):
     bucket, server = s3_run
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}

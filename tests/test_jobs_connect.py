@@ -48,6 +48,7 @@ def test_target_never_joins_an_unasked_for_ray(monkeypatch):
     assert RayTarget("auto").gcs_host_port() is None and RayTarget("head").gcs_host_port() is None
 
 
+@pytest.mark.slow
 def test_probe_passes_a_grpc_server_and_names_every_failure(silent_port):
     import grpc
 
@@ -79,12 +80,14 @@ def _run_unreachable(cfg, port: int, why: str) -> None:
     assert "[vlbatch] job" not in r.stdout  # nothing ran
 
 
+@pytest.mark.slow
 def test_run_against_a_closed_or_silent_port_exits_5_with_one_line(tmp_path, tiny_ckpt, silent_port):
     cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=1)
     _run_unreachable(cfg, _closed_port(), "Connection refused")
     _run_unreachable(cfg, silent_port, "did not answer")
 
 
+@pytest.mark.slow
 def test_missing_model_and_input_fail_validation_before_ray(tmp_path, tiny_ckpt):
     cfg = write_job(tmp_path / "wd", tiny_ckpt("dense"), n_images=1)
     bad = ["--set", f"model.path={tmp_path / 'nope'}", "--set", f"input.uri={tmp_path / 'none-*.jsonl'}"]

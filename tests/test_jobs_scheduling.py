@@ -33,6 +33,7 @@ def _brute_latest(expr: str, now: dt.datetime) -> dt.datetime:
     "0 2 * * *", "*/15 * * * *", "30 4 1,15 * *", "0 0 * * 0", "0 12 * * 1-5", "5 */6 * * 7",
     "0 0 13 * 5", "59 23 31 12 *", "0 9-17/4 * 2,8 *",
 ])
+@pytest.mark.slow
 def test_latest_slot_matches_naive_reference(expr):
     for now in (dt.datetime(2026, 11, 29, 17, 54, 31, tzinfo=UTC), dt.datetime(2027, 3, 1, 0, 0, tzinfo=UTC),
                 dt.datetime(2028, 2, 29, 2, 0, 59, tzinfo=UTC)):
@@ -110,6 +111,7 @@ def test_spec_rejects_config_outside_workdir(tmp_path, tiny_ckpt):
         build_spec(cfg, workdir=tmp_path / "b", slot="x")
 
 
+@pytest.mark.slow
 def test_cli_validate_exit_codes(tmp_path, tiny_ckpt):
     cfg = write_job(tmp_path, tiny_ckpt("dense"), n_images=1)
     ok = vlbatch("validate", str(cfg), "--json")

@@ -69,6 +69,7 @@ def test_auto_selects_the_cpu_kernel_on_the_cpu_only():
     assert not isinstance(meta, CpuPagedAttention) and meta.name == "sdpa"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,scale", [(1, 1.0), (7, 3.0), (33, 40.0), (513, 0.01), (1000, 200.0)])
 def test_softmax_exp_matches_exp(n, scale):
     """The vectorised exp (cpu_decode.softmax_exp_) against float64 exp and its libm twin, odd

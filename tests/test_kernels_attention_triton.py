@@ -15,6 +15,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow
 def test_triton_paged_decode_matches_naive_under_the_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}

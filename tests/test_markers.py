@@ -19,12 +19,14 @@ def _inner(pytester, body: str):
     return pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
 
 
+@pytest.mark.slow
 def test_an_unmarked_test_starting_ray_in_process_fails_naming_the_marker(pytester):
     r = _inner(pytester, "def test_x():\n    import ray\n    ray.init(num_cpus=1)\n")
     r.assert_outcomes(failed=1)
     assert "test_inner.py::test_x starts Ray: mark it `pytest.mark.ray`" in r.stdout.str()
 
 
+@pytest.mark.slow
 def test_an_unmarked_test_whose_child_validates_plans_for_this_machine(pytester, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # a developer's shell: unmarked tests never see it
     r = _inner(pytester, "import os\ndef test_x():\n    assert 'RAY_ADDRESS' not in os.environ\n")

@@ -42,6 +42,7 @@ def read(v) -> bytes:
         return f.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["decord", "pyav"])
 def test_every_frame_is_the_right_one_and_metadata_is_true(videos, backend):
     for v in good(videos):

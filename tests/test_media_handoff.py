@@ -66,6 +66,7 @@ def test_downloaded_bytes_become_a_sealed_memfd(video_path):
         assert os.readlink(f"/proc/self/fd/{media.fd}").startswith("/memfd:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["pyav", "decord", "torchcodec"])
 def test_frames_from_the_file_equal_frames_from_bytes(video_path, backend):
     if backend_problem(backend):
@@ -129,6 +130,7 @@ def test_load_media_hands_a_local_video_over_as_a_file(video_path):
     assert np.array_equal(got.frames, want.frames)
 
 
+@pytest.mark.slow
 def test_a_downloaded_video_is_held_once_in_a_sealed_memfd(tmp_path, video_path):
     """http(s): `open_media` reads the bytes (read_bytes' rules) into a sealed memfd; the child decodes from it."""
     from held_http import HoldingServer

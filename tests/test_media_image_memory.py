@@ -77,6 +77,7 @@ def large_pngs(tmp_path_factory):
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rgb", "rgba", "palette"])
 def test_peak_memory_is_one_decoded_copy(large_pngs, name):
     done = subprocess.run([sys.executable, "-c", MEASURE, large_pngs[name]], check=True, capture_output=True,

@@ -221,6 +221,7 @@ def test_open_input_reads_like_a_file(tmp_path):
         assert f.read() == data
 
 
+@pytest.mark.slow
 def test_manifest_reads_through_arrow_retry_transient_failures(bucket, caplog):
     """Ray Data reads manifests through `arrow_filesystem`: its calls follow the same retry policy."""
     import io

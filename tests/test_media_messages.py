@@ -51,6 +51,7 @@ def _messages(paths: list[str]) -> dict[str, str | None]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_bad_files_give_stable_messages_without_addresses(bad_files):
     first, second = _messages(bad_files), _messages(bad_files)
     assert set(first) == {f"{p}|{b}" for p in bad_files for b in ("decord", "pyav")}

@@ -31,6 +31,7 @@ def sample_dirs(tmp_path_factory):
     return a, b
 
 
+@pytest.mark.slow
 def test_generation_is_byte_for_byte_reproducible(sample_dirs):
     a, b = sample_dirs
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.suffix != ".json")

@@ -52,6 +52,7 @@ def read(v) -> bytes:
         return f.read()
 
 
+@pytest.mark.slow
 @needs_torchcodec
 def test_torchcodec_is_frame_exact_against_pyav_on_every_sample(videos, long_gop):
     cases = [(v.name, read(v)) for v in good(videos)] + [("long_gop.mp4", long_gop)]
@@ -79,6 +80,7 @@ def test_torchcodec_sampled_clips_equal_pyav_including_vfr_and_rotation(videos):
             assert np.array_equal(a.frames, b.frames), name
 
 
+@pytest.mark.slow
 @needs_torchcodec
 def test_torchcodec_in_the_worker_clamps_lying_headers_and_types_bad_files(videos):
     with DecodeWorker(timeout_s=60, preload="torchcodec") as w:  # the child imports torchcodec before "ready"
@@ -138,6 +140,7 @@ def test_video_config_decoder_defaults_to_auto_and_accepts_the_old_name():
     assert VideoSection(decoder="torchcodec").decoder == "torchcodec"
 
 
+@pytest.mark.slow
 def test_validate_without_torchcodec_says_what_to_install_in_one_line(tmp_path, tiny_ckpt):
     """A stand-in `torchcodec` module that fails to import plays a machine without it (the real one is
     installed here); `vlbatch validate` must name the field and what to install, before any work."""

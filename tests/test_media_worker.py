@@ -60,6 +60,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_a_hung_decode_is_killed_and_the_worker_recovers(video):
     with DecodeWorker(timeout_s=2.5) as w:
         first = w.decode(video, FrameSampling(fps=2))
@@ -73,6 +74,7 @@ def test_a_hung_decode_is_killed_and_the_worker_recovers(video):
         np.testing.assert_array_equal(first.frames, again.frames)
 
 
+@pytest.mark.slow
 def test_a_crashing_decoder_gives_media_error_not_a_crash(video):
     with DecodeWorker(timeout_s=10) as w:
         with pytest.raises(MediaError, match="died") as e:
@@ -101,6 +103,7 @@ def test_worker_output_equals_in_process_decode(video):
     assert [frame_index(f) for f in clip.frames] == list(clip.indices)
 
 
+@pytest.mark.slow
 def test_one_shot_decode_and_config_errors(video):
     clip = decode_video(video, FrameSampling(num_frames=5), timeout_s=10)
     assert [frame_index(f) for f in clip.frames] == [0, 5, 10, 15, 20]
@@ -329,6 +332,7 @@ def test_frames_come_through_shared_memory_not_the_pipe(video):
     np.testing.assert_array_equal(clip.frames, decode_video_inprocess(video, FrameSampling(fps=10), "pyav").frames)
 
 
+@pytest.mark.slow
 def test_a_child_killed_while_the_parent_holds_its_frames(video):
     """Frames returned are the parent's own copy: a child killed after (or during) a hand-off changes
     nothing in them, the next call starts a fresh child on the same ring, and close frees the ring
@@ -359,6 +363,7 @@ def test_a_child_killed_while_the_parent_holds_its_frames(video):
     assert sorted(os.listdir("/dev/shm")) == shm_before
 
 
+@pytest.mark.slow
 def test_a_child_killed_just_before_a_call_costs_that_video_nothing(video):
     """A child killed an instant before the next call (the OOM killer between videos) may still look alive: a
     multi-threaded child's leader stays unreapable until its threads exit. The call finds it gone before a byte

@@ -132,6 +132,7 @@ def test_missing_files_are_clear_errors(tiny_ckpt, tmp_path):
         load_model(tmp_path)
 
 
+@pytest.mark.slow
 def test_model_runs_without_importing_transformers(tiny_ckpt):
     code = (
         "import sys, torch; from vlbatch.operators.model import load_model; "

@@ -133,6 +133,7 @@ def test_prefill_then_decode_equals_full_forward(models, variant, kind):
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant,kind", [("dense", "image"), ("dense_tied", "text"), ("moe", "video")])
 def test_greedy_64_tokens_equal_transformers_generate(models, variant, kind):
     ours, ref, processor = models(variant)

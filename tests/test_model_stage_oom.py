@@ -9,6 +9,7 @@ stage, engine loop and engine on the tiny checkpoint.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from vlbatch.pipeline.config import validate_config
@@ -51,6 +52,7 @@ def _inject_oom(engine, seen: list[int]) -> None:
     engine.step = limited
 
 
+@pytest.mark.slow
 def test_out_of_memory_splits_the_batch_and_fails_only_the_request_that_fails_alone(tmp_path, tiny_ckpt):
     from vlbatch.pipeline.stages.model_stage import ModelStage
     from vlbatch.pipeline.stages.prepare import PrepareStage

@@ -49,6 +49,7 @@ print(json.dumps({"at_load": at_load, "after": sigs()}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_generate_after_load_compiles_nothing(tiny_ckpt):
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_ckpt("dense")), str(TESTS)],

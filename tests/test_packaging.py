@@ -39,6 +39,7 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
+@pytest.mark.slow
 def test_wheel_holds_only_the_vlbatch_namespace(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names}
@@ -53,6 +54,7 @@ def test_wheel_holds_only_the_vlbatch_namespace(wheel):
     assert "vlbatch = vlbatch.jobs.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
+@pytest.mark.slow
 def test_fresh_venv_imports_vlbatch_and_not_the_folder_names(wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -105,6 +107,7 @@ def test_product_path_never_imports_devtools():
     assert not offenders, offenders
 
 
+@pytest.mark.slow
 def test_running_a_job_loads_no_devtools_module():
     """The modules a `vlbatch run` loads (CLI, runner, stages, engine backend) pull in no devtools module."""
     probe = ("import sys; import vlbatch.jobs.cli, vlbatch.jobs.local, vlbatch.pipeline.graph, "

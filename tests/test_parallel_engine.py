@@ -42,6 +42,7 @@ def _rank(rank: int, world: int, cases: list) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_tp2_engine_equals_one_rank(tiny_ckpt):
     cases = []
     for variant, ep in (("dense", False), ("moe", True)):
@@ -72,6 +73,7 @@ def _rank_sized(rank: int, world: int, ckpt: str, reqs: list, kw: dict):
     return follow_pretrained(ckpt, world, **kw)
 
 
+@pytest.mark.slow
 def test_tp2_memory_fraction_sizes_every_rank_alike(tiny_ckpt):
     """The sizing runs on every rank (the tightest rank's figures; CPU ranks split the host's
     free memory) and the followers take rank 0's resolved budgets."""

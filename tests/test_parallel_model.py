@@ -46,6 +46,7 @@ def tp2(tiny_ckpt):
     return {case: [r[i] for r in ranks] for i, case in enumerate(CASES)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant,ep", CASES)
 def test_tp2_logits_equal_one_rank(tiny_ckpt, tp2, variant, ep):
     ckpt = tiny_ckpt(variant)

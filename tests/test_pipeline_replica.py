@@ -92,6 +92,7 @@ def _follower_rank(port: int) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_real_2_rank_group_joins_through_a_store_listening_on_loopback_only():
     """The product's rendezvous (`rendezvous_store`, `join_group`, `store_client`) with a follower in its own
     process: the group works, and while it is up rank 0's store port is open on 127.0.0.1 alone."""

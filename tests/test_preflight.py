@@ -56,6 +56,7 @@ def _edit_json(path, **changes):
     path.write_text(json.dumps(data))
 
 
+@pytest.mark.slow
 def test_tp_that_does_not_divide_is_refused_in_one_line_before_torch(tmp_path, ckpt):
     cfg = _job(tmp_path, ckpt)
     r = _validate(cfg, "--set", "model.tensor_parallel_size=3")
@@ -100,6 +101,7 @@ BROKEN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_broken_checkpoint_is_refused_at_validate(tmp_path, ckpt, case):
     breaker, expect = BROKEN[case]
@@ -110,6 +112,7 @@ def test_a_broken_checkpoint_is_refused_at_validate(tmp_path, ckpt, case):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_engine_and_output_problems_are_refused_at_validate(tmp_path, ckpt):
     cfg = _job(tmp_path, ckpt)
     r = _validate(cfg, "--set", "model.engine.attention=triton")  # a CUDA kernel, the model on the CPU
@@ -121,6 +124,7 @@ def test_engine_and_output_problems_are_refused_at_validate(tmp_path, ckpt):
     assert r.returncode == 2 and "output.uri" in r.stderr and "is a file" in r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_resources_the_machine_cannot_hold_are_refused_at_validate(tmp_path, ckpt):
     cfg = _job(tmp_path, ckpt)
     r = _validate(cfg, "--set", "resources.model.memory_gb=100000")
@@ -134,6 +138,7 @@ def test_resources_the_machine_cannot_hold_are_refused_at_validate(tmp_path, ckp
         assert r.returncode == 2 and "model.device" in r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_default_pools_fit_the_machine_and_validate_says_so(tmp_path, ckpt):
     from vlbatch.pipeline.plan.cluster import Cluster
     from vlbatch.pipeline.plan.fit import fit_defaults, fit_problems
@@ -166,6 +171,7 @@ def test_tp_replica_resources_are_exact_ray_quantities(tmp_path):
     assert model.ray_args()["num_cpus"] == 0.3  # not 0.30000000000000004
 
 
+@pytest.mark.slow
 def test_validate_json_into_a_closed_pipe_is_quiet(tmp_path, ckpt):
     """`vlbatch validate --json | head`: the reader is gone before validate writes (its end of the
     pipe closed first), so every write fails; no BrokenPipeError traceback, exit 141."""

@@ -74,6 +74,7 @@ def _demo(tmp_path: Path) -> list[str]:
     return demo_overrides(tmp_path)
 
 
+@pytest.mark.slow
 def test_readme_example_after_the_demo_is_refused_naming_the_field(tmp_path):
     """After `make demo`, `vlbatch run configs/demo.yaml --set sampling.max_tokens=32` used to
     print `0 ok, 0 error, 20 skipped` (answers made with 64 tokens). Now: exit 2 before Ray, one

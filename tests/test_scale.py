@@ -273,6 +273,7 @@ def test_ordered_map_keeps_order_bounds_its_window_and_raises_in_turn():
     assert got == [i * i for i in range(37)]
 
 
+@pytest.mark.slow
 def test_seal_reads_many_staged_files_in_parallel_and_commits_each_row_once(tmp_path):
     """The end of a run publishes hundreds of staged batches (read `READ_THREADS` at a time):
     every row once, in the rolled parts, none of the already-committed ones again."""

@@ -38,6 +38,7 @@ def _task(uri: str, data: bytes, rid: str):
     return MediaTask(uri, "video", (rid,), (0,), (PROMPT,), media_bytes=data)
 
 
+@pytest.mark.slow
 def test_scan_cuts_scenes_and_prices_each_clip(tmp_path, tiny_ckpt):
     from vlbatch.pipeline.stages.requests import clip_request_id
 

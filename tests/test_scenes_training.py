@@ -67,6 +67,7 @@ def test_linear_patch_embed_matches_conv3d(n_patches):
     assert use_linear_patch_embed(wrapper) == 1
 
 
+@pytest.mark.slow
 def test_short_training_run_saves_a_loadable_checkpoint(tmp_path, capsys):
     from transformers import AutoModelForImageTextToText
 

@@ -129,6 +129,7 @@ def _commit_in_child(sink_cls, uri: str, table: pa.Table, path, kill_at: int) ->
                            str(path), str(kill_at)], capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replace", [False, True], ids=["new", "replace"])
 def test_a_crash_mid_commit_leaves_nothing_or_the_whole_batch(sink_cls, tmp_path, replace):
     before = _rows(range(5), answer="old")  # with `replace`: already committed, the batch recommits its ids

@@ -241,6 +241,7 @@ def http_server():
 FAST = StorageOptions(max_attempts=3, backoff_s=0.01, backoff_max_s=0.05, read_timeout_s=0.5, connect_timeout_s=0.5)
 
 
+@pytest.mark.slow
 def test_http_good_permanent_and_transient(http_server):
     u = http_server.url
     assert read_bytes(f"{u}/good.png", FAST) == http_server.png
@@ -264,6 +265,7 @@ def test_http_good_permanent_and_transient(http_server):
         read_bytes(f"{u}/big-unsized.png", FAST, max_bytes=100)  # no Content-Length: cut while streaming
 
 
+@pytest.mark.slow
 def test_http_per_host_limit(http_server):
     lim = HostLimiter(2)
     http_server.max_in_flight = 0
@@ -313,6 +315,7 @@ def s3_ckpt(tiny_ckpt):
     server.stop()
 
 
+@pytest.mark.slow
 def test_checkpoint_on_s3_downloaded_once_by_two_processes(s3_ckpt, tmp_path):
     cache = str(tmp_path / "cache")
     stale = Path(cache)

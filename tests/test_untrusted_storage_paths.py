@@ -69,6 +69,7 @@ def test_checkpoint_folder_markers_are_not_names(ckpt_bucket, tmp_path):
     assert (got / "sub" / "a.txt").read_bytes() == b"a" and (got / "config.json").read_bytes() == b"{}"
 
 
+@pytest.mark.slow
 def test_checkpoint_index_shard_names_are_checked_before_any_download(ckpt_bucket, tmp_path):
     from vlbatch.operators.storage.checkpoint_cache import fetch_checkpoint
 
@@ -196,6 +197,7 @@ def trickle():
     ("/steady", {"http_min_bytes_per_s": 10, "http_rate_window_s": 0.5, "http_total_timeout_s": 1}),
     ("/headers", {"http_min_bytes_per_s": 0, "http_total_timeout_s": 1}),
 ], ids=["below-min-rate", "past-the-deadline", "trickled-headers"])
+@pytest.mark.slow
 def test_read_http_ends_a_trickling_response_with_storage_error(trickle, path, opts):
     from vlbatch.operators.storage.http import read_http
 
@@ -206,6 +208,7 @@ def test_read_http_ends_a_trickling_response_with_storage_error(trickle, path, o
     assert ("http_min_bytes_per_s" if path == "/body" else "http_total_timeout_s") in str(e.value)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_headers_have_the_unscaled_deadline(trickle):
     from vlbatch.operators.storage.http import read_http
@@ -226,6 +229,7 @@ def test_the_deadline_scales_with_max_bytes():
     assert response_deadline_s(StorageOptions(http_total_timeout_s=5, http_min_bytes_per_s=0), 2 << 30) == 5
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_good_image_beside_a_trickling_one_still_gets_its_row(trickle, tmp_path):
     from vlbatch.pipeline.stages.decode import DecodeStage

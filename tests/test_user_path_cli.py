@@ -75,6 +75,7 @@ def cli(cwd: Path, env: dict, *args: str, timeout: float = 600) -> subprocess.Co
                           capture_output=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_validate_refuses_a_media_column_the_manifest_does_not_have(project):
     root, env = project
     got = cli(root, env, "validate", "job.yaml", "--set", "input.columns.media=image_path")
@@ -85,6 +86,7 @@ def test_validate_refuses_a_media_column_the_manifest_does_not_have(project):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_validate_on_a_gpu_less_machine_says_the_model_runs_on_the_cpu(project):
     root, env = project
     got = cli(root, env, "validate", "job.yaml", "--set", "resources.model.num_gpus=1", "--set", "model.device=auto")
@@ -93,6 +95,7 @@ def test_validate_on_a_gpu_less_machine_says_the_model_runs_on_the_cpu(project):
     assert len(said) == 1 and "no GPU here" in said[0] and "resources.model.num_gpus=1" in said[0], got.stdout
 
 
+@pytest.mark.slow
 def test_validate_an_s3_output_without_credentials_is_exit_2_naming_output_uri(project, s3_server):
     root, env = project
     got = cli(root, env, "validate", "job.yaml", "--set", "output.uri=s3://user-path-out/runs",

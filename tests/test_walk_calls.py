@@ -8,10 +8,13 @@ config and its media, a local Ray started and shut down by the script (the graph
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 WATCHED = ("sink", "fingerprint", "preflight")
@@ -26,9 +29,12 @@ def _figures(out: str) -> dict[str, dict[str, int]]:
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.ray  # the script starts a local Ray of its own: the walk a user's `vlbatch run` takes (no RAY_ADDRESS)
 def test_the_start_up_walk_returns_at_most_8_times_and_enters_each_check_module_once():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     r = subprocess.run([sys.executable, "scripts/walk_calls.py", "configs/demo.yaml"], cwd=REPO, text=True,
-                       capture_output=True, timeout=900)
+                       capture_output=True, timeout=900, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     walks = _figures(r.stdout)
     assert set(walks) == {"validate", "run (up to the graph)"}, r.stdout

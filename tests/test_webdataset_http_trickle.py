@@ -105,6 +105,7 @@ def shards():
     httpd.server_close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_trickling_http_shard_ends_with_a_storage_error_row_and_the_good_shard_is_whole(shards, tmp_path):
     from vlbatch.pipeline.sources.base import COLUMNS
@@ -135,6 +136,7 @@ def test_a_trickling_http_shard_ends_with_a_storage_error_row_and_the_good_shard
     assert "trickle.tar" in failed.error_message and "http_min_bytes_per_s=200" in failed.error_message
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_shard_whose_headers_trickle_is_a_storage_error_row(tmp_path):
     """The opening of a stream has the headers deadline (`http_total_timeout_s`), as `read_http`:
@@ -172,6 +174,7 @@ def test_a_shard_whose_headers_trickle_is_a_storage_error_row(tmp_path):
     assert task.error_type == "StorageError", task.error_message
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_paused_reader_is_not_a_slow_server(shards):
     """Only time spent waiting on the server counts towards a window: a reader that stops reading

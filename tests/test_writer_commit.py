@@ -159,6 +159,7 @@ def moto():
             os.environ[k] = v
 
 
+@pytest.mark.slow
 def test_s3_commit_index_and_outage(moto):
     server, endpoint = moto
     sink = ParquetSink("s3://out-bucket/run1", StorageOptions(endpoint_url=endpoint, region="us-east-1",

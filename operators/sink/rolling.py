@@ -95,7 +95,9 @@ class PartRoller:
 
     @property
     def held_rows(self) -> int:
-        return self._rows
+        """Rows held now (a publish in progress on the timer's thread: after it)."""
+        with self._lock:
+            return self._rows
 
 
 class PublishTimer:
