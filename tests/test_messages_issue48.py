@@ -102,7 +102,6 @@ def test_the_cli_run_prints_the_plan_validate_printed(tmp_path, tiny_ckpt, monke
     from vlbatch.jobs.local import run_plan
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # validate plans for this machine, as a user's would
     config = _gpu_config(tmp_path, tiny_ckpt)
     cfg = tmp_path / "wd" / "job.yaml"
     assert main(["validate", str(cfg), "--set", "model.device=auto"]) == 0

@@ -51,7 +51,6 @@ def test_validate_and_run_run_the_same_checks_once_in_the_same_order(tmp_path, t
     from vlbatch.jobs.local import run_plan
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the plan on this machine as a local Ray sees it
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # this machine's plan, not a cluster's: no Ray here
     path, overrides = _job(tmp_path, tiny_ckpt)
     args = argparse.Namespace(config=str(path), overrides=overrides, address=None, json=False,
                               allow_config_change=False)

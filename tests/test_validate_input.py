@@ -23,13 +23,6 @@ from vlbatch.operators.errors import ConfigError
 from vlbatch.pipeline.config import validate_config
 
 
-@pytest.fixture(autouse=True)
-def _validate_plans_for_this_machine(monkeypatch):
-    """The CLI's `validate` here runs in this process, as a user's would: no RAY_ADDRESS, so it plans for this
-    machine (tests/conftest.py sets an unreachable one for a test not marked `ray`; validate starts no Ray)."""
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-
-
 def _cfg(tmp_path, uri, fmt, **columns):
     task = {"mode": "questions"} if columns.get("questions") else {}
     return validate_config({"model": {"path": "m"}, "input": {"uri": str(uri), "format": fmt, "columns": columns},
